@@ -1,0 +1,64 @@
+"""Fashion-MNIST from its original idx files, as Debian's package installs them.
+
+`apt-get install dataset-fashion-mnist` puts the four gzipped idx files in
+DEFAULT_DIR. Nothing is downloaded: a missing directory is an error that says
+how to get the files.
+"""
+import os
+
+import numpy as np
+
+from engine.datasets import idx
+from engine.datasets.splits import DatasetInfo, Examples, Splits
+from engine.errors import UserError
+
+DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+NUM_CLASSES = 10
+
+
+def load(data_dir: str) -> Splits:
+  data_dir = data_dir or DEFAULT_DIR
+  if not os.path.isdir(data_dir):
+    hint = ("install it with: apt-get install dataset-fashion-mnist"
+            if data_dir == DEFAULT_DIR else
+            "pass --data_dir=DIR holding the four Fashion-MNIST idx files")
+    raise UserError(f"--data_dir={data_dir}: no such directory; {hint}")
+  arrays = {key: idx.read(_find(data_dir, stem)) for key, stem in FILES.items()}
+  train_x, train_y = _examples(arrays["train_images"], arrays["train_labels"],
+                               data_dir, "train")
+  test_x, test_y = _examples(arrays["test_images"], arrays["test_labels"],
+                             data_dir, "t10k")
+  pixels = train_x.astype(np.float64)
+  info = DatasetInfo(
+      name="fashion_mnist", image_shape=train_x.shape[1:],
+      num_classes=NUM_CLASSES, num_train=len(train_x), num_test=len(test_x),
+      mean=(float(pixels.mean()),), std=(float(pixels.std()),))
+  return Splits(train=Examples(train_x, train_y), test=Examples(test_x, test_y),
+                info=info)
+
+
+def _find(data_dir: str, stem: str) -> str:
+  for name in (stem + ".gz", stem):
+    path = os.path.join(data_dir, name)
+    if os.path.exists(path):
+      return path
+  raise UserError(f"--data_dir={data_dir}: {stem}.gz is missing; the "
+                  f"directory must hold {', '.join(FILES.values())} (.gz)")
+
+
+def _examples(images: np.ndarray, labels: np.ndarray, data_dir: str,
+              split: str) -> tuple[np.ndarray, np.ndarray]:
+  """Checks one split's arrays agree and shapes them as (N, 28, 28, 1)."""
+  if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+    raise UserError(f"--data_dir={data_dir}: {split} images {images.shape} "
+                    f"and labels {labels.shape} do not match")
+  if labels.size and labels.max() >= NUM_CLASSES:
+    raise UserError(f"--data_dir={data_dir}: {split} labels go up to "
+                    f"{labels.max()}, Fashion-MNIST has {NUM_CLASSES} classes")
+  return images[..., np.newaxis], labels.astype(np.int64)
