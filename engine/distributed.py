@@ -1,0 +1,123 @@
+"""Distributed setup: Horovod, devices, threads, and the few collectives we use.
+
+Everything that knows about ranks lives here, so a reader finds the whole
+distributed story in one file: `init()` starts Horovod and places the process
+on its device; `is_chief()` names the one process that talks and writes;
+`sum_across_ranks()` is the exact reduction every reported figure goes through.
+"""
+import dataclasses
+import os
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+  """Where this process stands among the others."""
+  rank: int
+  size: int
+  local_rank: int
+  local_size: int
+  device: str            # "GPU" or "CPU"
+  intra_op_threads: int  # 0 = TensorFlow's default (on GPU)
+  inter_op_threads: int
+
+
+def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
+         bind_cpus: bool = True) -> World:
+  """Starts Horovod and gives this process its device and its share of cores.
+
+  On CPU, thread counts of 0 mean "this process's share" (`cpu_threads`).
+  Must run before TensorFlow executes anything: devices and thread pools are
+  fixed at the first op.
+  """
+  hvd.init()
+  gpus = tf.config.list_physical_devices("GPU")
+  if gpus:
+    # One GPU per process, chosen by local rank; memory growth so a process
+    # takes what it uses rather than the whole card at start-up.
+    gpu = gpus[hvd.local_rank() % len(gpus)]
+    tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.set_visible_devices(gpu, "GPU")
+    return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+                 device="GPU", intra_op_threads=0, inter_op_threads=0)
+  if bind_cpus:
+    bind_to_own_cores(hvd.local_rank(), hvd.local_size())
+  auto_intra, auto_inter = cpu_threads(available_cores(), hvd.local_size())
+  intra = intra_op_threads or auto_intra
+  inter = inter_op_threads or auto_inter
+  tf.config.threading.set_intra_op_parallelism_threads(intra)
+  tf.config.threading.set_inter_op_parallelism_threads(inter)
+  return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+               device="CPU", intra_op_threads=intra, inter_op_threads=inter)
+
+
+def bind_to_own_cores(local_rank: int, local_size: int) -> None:
+  """Gives each process on a host its own slice of the host's cores.
+
+  Unbound, the processes wake each other over loopback at every allreduce,
+  and the scheduler's wake-affinity keeps pulling them onto one core: on two
+  cores we measured epochs at exactly half speed about a third of the time
+  (bench/cpu_threads.sh). Binding, as `mpirun --bind-to core` does, removes
+  that mode. The slice is taken from the cores this process may already use,
+  and only when there is at least one per process, so a launcher's own
+  binding is refined, never widened.
+  """
+  cores = sorted(os.sched_getaffinity(0))
+  share = len(cores) // local_size
+  if share == 0:
+    return
+  mine = set(cores[local_rank * share:(local_rank + 1) * share])
+  # Threads inherit affinity from their creator; Horovod's and TensorFlow's
+  # already exist, so set it on every thread of the process.
+  for thread in os.listdir("/proc/self/task"):
+    os.sched_setaffinity(int(thread), mine)
+
+
+def available_cores() -> int:
+  """Cores this process may run on (respects taskset, cgroups via affinity)."""
+  return len(os.sched_getaffinity(0))
+
+
+def cpu_threads(cores: int, processes_on_host: int) -> tuple[int, int]:
+  """Thread pools for one of `processes_on_host` processes sharing `cores`.
+
+  TensorFlow sizes both pools to every core by default, so N processes on one
+  host run N times as many busy threads as cores and lose time to context
+  switches. Each process gets an equal share of the cores for its kernels
+  (oneDNN runs in the intra-op pool) and one inter-op thread: the train step
+  is a chain of layers with little independent work to overlap. BUILD.md
+  gives the measurement behind this choice.
+  """
+  return max(1, cores // processes_on_host), 1
+
+
+def is_chief() -> bool:
+  """The one process that logs, writes files and owns checkpoints."""
+  return hvd.rank() == 0
+
+
+def sum_across_ranks(values, name: str) -> np.ndarray:
+  """Sums a vector of float64 values over all ranks, exactly.
+
+  Reported figures are built from sums and counts (loss sum, correct
+  predictions, examples) rather than per-rank means, so the result is the
+  figure of the whole data set however unevenly it was split across ranks.
+  """
+  tensor = tf.constant(values, dtype=tf.float64)
+  return hvd.allreduce(tensor, op=hvd.Sum, name=name).numpy()
+
+
+def broadcast_from_chief(variables) -> None:
+  """Makes every rank's copy of `variables` equal to rank 0's."""
+  hvd.broadcast_variables(variables, root_rank=0)
+
+
+def average_across_ranks(variables) -> None:
+  """Replaces each variable by its mean over ranks (in place)."""
+  for variable in variables:
+    variable.assign(hvd.allreduce(variable, op=hvd.Average,
+                                  name="average/" + variable.name))
+

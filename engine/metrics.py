@@ -1,0 +1,50 @@
+"""Loss and accuracy kept as sums and counts, reduced exactly across ranks.
+
+Each rank accumulates, inside the compiled step, the sum of per-example
+losses, the number of correct predictions and the number of examples. Only
+when a figure is read are the three sums added across ranks, once. Means of
+per-rank means would be wrong whenever ranks hold different numbers of
+examples (the last eval batch, uneven shards), and a per-step allreduce of
+metrics would cost a collective on every step for figures read once an epoch.
+"""
+import dataclasses
+
+import tensorflow as tf
+
+from engine import distributed
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  loss: float       # mean cross-entropy per example (no weight-decay term)
+  accuracy: float
+  examples: int
+
+
+class Totals:
+  """This rank's running sums; `result()` gives the figure over all ranks."""
+
+  def __init__(self, name: str):
+    self._name = name
+    self._sums = tf.Variable(tf.zeros([3], tf.float64), trainable=False,
+                             name=name)
+
+  def update(self, per_example_loss: tf.Tensor, logits: tf.Tensor,
+             labels: tf.Tensor) -> None:
+    """Adds one batch; meant to run inside the step's tf.function."""
+    predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
+    correct = tf.reduce_sum(tf.cast(predictions == labels, tf.float64))
+    self._sums.assign_add(tf.stack([
+        tf.reduce_sum(tf.cast(per_example_loss, tf.float64)), correct,
+        tf.cast(tf.size(labels), tf.float64)]))
+
+  def reset(self) -> None:
+    self._sums.assign(tf.zeros([3], tf.float64))
+
+  def result(self) -> Result:
+    """The figure over every rank's examples. A collective: call on all ranks."""
+    loss_sum, correct, examples = distributed.sum_across_ranks(
+        self._sums.numpy(), name=self._name)
+    count = max(examples, 1.0)
+    return Result(loss=loss_sum / count, accuracy=correct / count,
+                  examples=int(examples))

@@ -1,0 +1,205 @@
+r"""Data-parallel training with Horovod: the engine's one training loop.
+
+Launch one process per device:
+
+  horovodrun -np 2 .venv/bin/python -m engine.train --flagfile=flags/X.cfg
+
+Read `train()` top to bottom to follow a batch from disk to the optimizer:
+distributed setup, input pipeline, model, optimizer, the train loop, and what
+is reported.
+"""
+import dataclasses
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import tensorflow as tf
+
+from engine import data
+from engine import datasets
+from engine import distributed
+from engine import optimizers
+from engine import report
+from engine import step as steps
+from engine.errors import UserError
+import flags as engine_flags  # noqa: F401 (defines the flags)
+import models
+
+FLAGS = flags.FLAGS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+  """Everything a run depends on, as plain values (see flags/ for meanings)."""
+  # Data
+  dataset: str
+  data_dir: str
+  random_flip: bool
+  random_shift: float
+  # Model
+  model: str
+  model_params: dict
+  # Training
+  batch_size: int
+  epochs: int
+  steps_per_epoch: int
+  optimizer: str
+  base_lr: float
+  momentum: float
+  nesterov: bool
+  seed: int
+  model_dir: str
+  # Devices
+  intra_op_threads: int
+  inter_op_threads: int
+  bind_cpus: bool
+
+
+@dataclasses.dataclass
+class TrainResult:
+  model: tf.keras.Model
+  history: list[dict]    # the metrics.jsonl records, on every rank
+  train_step: steps.TrainStep
+  eval_step: steps.EvalStep
+
+
+def train(config: TrainConfig) -> TrainResult:
+  # Distributed setup: Horovod, this process's device and cores.
+  world = distributed.init(intra_op_threads=config.intra_op_threads,
+                           inter_op_threads=config.inter_op_threads,
+                           bind_cpus=config.bind_cpus)
+  chief = distributed.is_chief()
+  report.configure_logging(chief)
+  logging.info("%d processes; %s", world.size, _describe(world))
+
+  # Input pipeline: every rank reads its own shard of the same examples.
+  splits = datasets.load(config.dataset, config.data_dir)
+  info = splits.info
+  steps_per_epoch = data.steps_per_epoch(
+      num_train=info.num_train, batch_size=config.batch_size,
+      world_size=world.size, requested=config.steps_per_epoch)
+  global_batch = config.batch_size * world.size
+  logging.info("%s: %d train, %d test examples of %s; global batch %d, "
+               "%d steps per epoch", info.name, info.num_train, info.num_test,
+               "x".join(map(str, info.image_shape)), global_batch,
+               steps_per_epoch)
+
+  # Model: the same seed everywhere, then rank 0's weights win anyway.
+  tf.keras.utils.set_random_seed(config.seed)
+  model = models.build(config.model, input_shape=info.image_shape,
+                       num_classes=info.num_classes, **config.model_params)
+  logging.info("model %s: %d parameters", model.name, model.count_params())
+
+  # Optimizer: the linear scaling rule, the global batch is world.size times
+  # the per-process batch the base rate was tuned for.
+  learning_rate = config.base_lr * world.size
+  optimizer = optimizers.build(config.optimizer, learning_rate=learning_rate,
+                               momentum=config.momentum,
+                               nesterov=config.nesterov)
+
+  train_step = steps.TrainStep(model=model, optimizer=optimizer)
+  eval_step = steps.EvalStep(model=model)
+  model_dir = config.model_dir or os.path.join(
+      "runs", f"{config.dataset}_{config.model}")
+  if chief:
+    os.makedirs(model_dir, exist_ok=True)
+  metrics_log = report.MetricsLog(model_dir, chief=chief)
+
+  # Train loop.
+  # Every rank starts from rank 0's initial weights, so the first averaged
+  # gradient is taken at one point, not at N different ones.
+  distributed.broadcast_from_chief(model.variables)
+  optimizer_state_broadcast = False
+  history = []
+  cumulative_seconds = 0.0
+  batches = iter(data.train_batches(
+      splits.train, info, rank=world.rank, world_size=world.size,
+      batch_size=config.batch_size, steps=steps_per_epoch, seed=config.seed,
+      first_epoch=0, flip=config.random_flip, shift=config.random_shift))
+  for epoch in range(config.epochs):
+    start = time.perf_counter()
+    train_step.totals.reset()
+    for _ in range(steps_per_epoch):
+      train_step(*next(batches))
+      if not optimizer_state_broadcast:
+        # After the first update every optimizer has its state (slots of
+        # legacy optimizers exist only now): broadcast it with the weights
+        # so every rank continues from rank 0's exact state.
+        distributed.broadcast_from_chief(model.variables +
+                                         optimizer.variables)
+        optimizer_state_broadcast = True
+    train = train_step.totals.result()  # an allreduce: all ranks are done
+    train_seconds = time.perf_counter() - start
+
+    # BatchNorm's moving statistics are updated from each rank's own batches
+    # and drift apart; average them so every rank evaluates (and ends with)
+    # one model.
+    distributed.average_across_ranks(model.non_trainable_variables)
+    val = steps.evaluate(eval_step, data.eval_batches(
+        splits.test, info, rank=world.rank, world_size=world.size,
+        batch_size=config.batch_size))
+    epoch_seconds = time.perf_counter() - start
+    cumulative_seconds += epoch_seconds
+
+    record = {
+        "epoch": epoch + 1,
+        "global_step": int(optimizer.iterations.numpy()),
+        "train_loss": train.loss,
+        "train_accuracy": train.accuracy,
+        "val_loss": val.loss,
+        "val_accuracy": val.accuracy,
+        "learning_rate": float(optimizer.learning_rate.numpy()),
+        "images_per_sec": train.examples / train_seconds,
+        "epoch_seconds": epoch_seconds,
+        "cumulative_seconds": cumulative_seconds,
+        "world_size": world.size,
+    }
+    history.append(record)
+    report.log_epoch(record, config.epochs)
+    metrics_log.write(record)
+
+  logging.info("final test loss %.4f, test accuracy %.4f (%d examples); "
+               "metrics in %s", val.loss, val.accuracy, val.examples,
+               metrics_log.path)
+  return TrainResult(model=model, history=history, train_step=train_step,
+                     eval_step=eval_step)
+
+
+def _describe(world: distributed.World) -> str:
+  if world.device == "GPU":
+    return "one GPU per process"
+  return (f"CPU, {world.intra_op_threads} intra-op and "
+          f"{world.inter_op_threads} inter-op threads per process")
+
+
+def config_from_flags() -> TrainConfig:
+  return TrainConfig(
+      dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
+      random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
+      model=FLAGS.model,
+      model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
+                        filters=FLAGS.filters, dropout=FLAGS.dropout,
+                        weight_decay=FLAGS.weight_decay),
+      batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
+      steps_per_epoch=FLAGS.steps_per_epoch, optimizer=FLAGS.optimizer,
+      base_lr=FLAGS.base_lr, momentum=FLAGS.momentum, nesterov=FLAGS.nesterov,
+      seed=FLAGS.seed, model_dir=FLAGS.model_dir,
+      intra_op_threads=FLAGS.intra_op_threads,
+      inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    train(config_from_flags())
+  except UserError as e:
+    print(f"engine.train: error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main)
