@@ -1,0 +1,63 @@
+import gzip
+
+import numpy as np
+import pytest
+
+from engine import datasets
+from engine.datasets import fashion_mnist, idx
+from engine.errors import UserError
+from tests import fixtures
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return fixtures.write_fashion_mnist(str(tmp_path_factory.mktemp("fm")),
+                                      num_train=50, num_test=20)
+
+
+def test_fashion_mnist_reads_all_four_files(data_dir):
+  splits = datasets.load("fashion_mnist", data_dir)
+  info = splits.info
+  assert (info.num_train, info.num_test) == (50, 20)
+  assert info.image_shape == (28, 28, 1) and info.num_classes == 10
+  expected, expected_labels = fixtures.learnable_images(50, (28, 28), 10, 0)
+  np.testing.assert_array_equal(splits.train.images[..., 0], expected)
+  np.testing.assert_array_equal(splits.train.labels, expected_labels)
+  assert splits.train.images.dtype == np.uint8
+  assert splits.train.labels.dtype == np.int64
+  assert splits.test.images.shape == (20, 28, 28, 1)
+  assert info.mean == pytest.approx((expected.mean(),))
+  assert info.std == pytest.approx((expected.std(),))
+
+
+def test_missing_directory_says_how_to_get_the_data(tmp_path):
+  with pytest.raises(UserError, match="--data_dir=.*no such directory"):
+    datasets.load("fashion_mnist", str(tmp_path / "nowhere"))
+
+
+def test_missing_file_is_named(tmp_path):
+  fixtures.write_fashion_mnist(str(tmp_path), num_train=5, num_test=5)
+  (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+  with pytest.raises(UserError, match="t10k-labels-idx1-ubyte.gz is missing"):
+    datasets.load("fashion_mnist", str(tmp_path))
+
+
+def test_images_and_labels_of_different_lengths(tmp_path):
+  fixtures.write_fashion_mnist(str(tmp_path), num_train=5, num_test=5)
+  labels = gzip.compress(idx.encode(np.zeros(6, np.uint8)))
+  (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(labels)
+  with pytest.raises(UserError, match=r"train images \(5, 28, 28\) and "
+                     r"labels \(6,\) do not match"):
+    datasets.load("fashion_mnist", str(tmp_path))
+
+
+def test_unknown_data_set():
+  with pytest.raises(UserError, match="--dataset=imagenet22k is unknown"):
+    datasets.load("imagenet22k", "")
+
+
+def test_missing_default_directory_says_which_package(monkeypatch, tmp_path):
+  monkeypatch.setattr(fashion_mnist, "DEFAULT_DIR", str(tmp_path / "absent"))
+  with pytest.raises(UserError,
+                     match="apt-get install dataset-fashion-mnist"):
+    datasets.load("fashion_mnist", "")

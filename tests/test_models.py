@@ -1,0 +1,60 @@
+import pytest
+import tensorflow as tf
+
+import models
+from engine.errors import UserError
+
+
+@pytest.mark.parametrize("name, params, input_shape", [
+    ("cnn", dict(filters=8), (28, 28, 1)),
+    ("cnn", dict(filters=8), (32, 32, 3)),
+    ("wrn", dict(depth=10, width=1), (28, 28, 1)),
+    ("wrn", dict(depth=10, width=1), (32, 32, 3)),
+])
+def test_output_is_float32_logits_per_class(name, params, input_shape):
+  model = models.build(name, input_shape=input_shape, num_classes=7, **params)
+  logits = model(tf.zeros((3, *input_shape)), training=False)
+  assert logits.shape == (3, 7) and logits.dtype == tf.float32
+
+
+@pytest.mark.parametrize("depth, width, millions", [
+    (16, 10, 17.1),  # the Horovod lab's WRN-16-10 (paper, table 4: 17.2M)
+    (28, 10, 36.5),  # paper, table 4
+    (40, 4, 8.9),    # paper, table 4
+])
+def test_wide_resnet_has_the_papers_parameter_count(depth, width, millions):
+  model = models.build("wrn", input_shape=(32, 32, 3), num_classes=10,
+                       depth=depth, width=width)
+  assert model.count_params() / 1e6 == pytest.approx(millions, abs=0.1)
+
+
+def test_wide_resnet_batch_norm_as_in_the_lab():
+  model = models.build("wrn", input_shape=(28, 28, 1), num_classes=10,
+                       depth=10, width=1)
+  norms = [l for l in model.layers
+           if isinstance(l, tf.keras.layers.BatchNormalization)]
+  assert norms and all(l.momentum == 0.9 and l.epsilon == 1e-5 for l in norms)
+
+
+def test_weight_decay_adds_an_l2_term_per_kernel():
+  model = models.build("wrn", input_shape=(28, 28, 1), num_classes=10,
+                       depth=10, width=1, weight_decay=1e-4)
+  kernels = [w for w in model.trainable_weights if "kernel" in w.name]
+  assert len(model.losses) == len(kernels)
+  expected = sum(1e-4 * float(tf.reduce_sum(k ** 2)) for k in kernels)
+  assert float(tf.add_n(model.losses)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_params_a_model_does_not_take_are_ignored():
+  model = models.build("cnn", input_shape=(28, 28, 1), num_classes=10,
+                       filters=4, depth=16, width=10)
+  assert model.name == "cnn_4"
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("resnet9000", {}, "--model=resnet9000 is unknown"),
+    ("wrn", dict(depth=12), "--depth=12"),
+])
+def test_bad_model_choices_are_named(name, params, message):
+  with pytest.raises(UserError, match=message):
+    models.build(name, input_shape=(28, 28, 1), num_classes=10, **params)

@@ -1,0 +1,69 @@
+import horovod.tensorflow as hvd
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import models
+from engine import step as steps
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod():
+  hvd.init()  # one process: allreduce is the identity
+
+
+def tiny_model():
+  tf.keras.utils.set_random_seed(1)
+  return models.build("cnn", input_shape=(28, 28, 1), num_classes=10,
+                      filters=4, weight_decay=1e-4)
+
+
+def batch(size, seed):
+  rng = np.random.default_rng(seed)
+  return (tf.constant(rng.normal(size=(size, 28, 28, 1)), tf.float32),
+          tf.constant(rng.integers(0, 10, size), tf.int64))
+
+
+def test_train_step_lowers_the_loss_and_is_traced_once():
+  model = tiny_model()
+  step = steps.TrainStep(model=model,
+                         optimizer=tf.keras.optimizers.SGD(0.1, momentum=0.9))
+  images, labels = batch(32, 0)
+  losses = []
+  for _ in range(20):
+    step.totals.reset()
+    step(images, labels)
+    losses.append(step.totals.result().loss)
+  step(*batch(32, 1))  # other values, same shapes: no retrace
+  assert losses[-1] < 0.5 * losses[0]
+  assert step.traces == 1
+
+
+def test_train_loss_includes_weight_decay_in_the_gradient():
+  model = tiny_model()
+  before = [w.numpy() for w in model.trainable_weights]
+  images, labels = batch(8, 2)
+  with tf.GradientTape() as tape:
+    data_loss = tf.reduce_mean(steps.cross_entropy(labels, model(images)))
+    loss = data_loss + tf.add_n(model.losses)
+  expected = tape.gradient(loss, model.trainable_weights)
+  steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(1.0))(
+      images, labels)
+  for old, new, gradient in zip(before, model.trainable_weights, expected):
+    np.testing.assert_allclose(old - new.numpy(), gradient.numpy(),
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_eval_is_exact_over_uneven_batches_and_traced_once():
+  model = tiny_model()
+  images, labels = batch(50, 3)
+  step = steps.EvalStep(model=model)
+  dataset = tf.data.Dataset.from_tensor_slices((images, labels)).batch(16)
+  result = steps.evaluate(step, dataset)  # batches of 16, 16, 16 and 2
+  logits = model(images, training=False).numpy()
+  loss = steps.cross_entropy(labels, logits).numpy()
+  assert result.examples == 50
+  assert result.loss == pytest.approx(loss.mean(), rel=1e-6)
+  assert result.accuracy == np.mean(logits.argmax(1) == labels.numpy())
+  assert steps.evaluate(step, dataset) == result  # totals reset per call
+  assert step.traces == 1
