@@ -6,7 +6,7 @@ from engine import optimizers
 flags.DEFINE_integer("batch_size", 128,
                      "Examples per process per step. The global batch is "
                      "batch_size x the number of processes.", lower_bound=1)
-flags.DEFINE_integer("epochs", 5, "Epochs to train.", lower_bound=1)
+flags.DEFINE_integer("epochs", 7, "Epochs to train.", lower_bound=1)
 flags.DEFINE_integer("steps_per_epoch", 0,
                      "Steps per epoch, the same on every process. 0: one pass "
                      "over the training set, floor(examples / global batch).",

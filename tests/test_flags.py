@@ -1,0 +1,50 @@
+"""The recipes parse, and the CPU recipe is what the flags' defaults say."""
+import glob
+import os
+
+from absl import flags
+import pytest
+
+from engine import train as engine_train
+from tests import fixtures
+
+FLAGS = flags.FLAGS
+RECIPES = sorted(glob.glob(os.path.join(fixtures.REPO, "flags", "*.cfg")))
+
+
+@pytest.fixture
+def parsed():
+  def parse(*args):
+    FLAGS.unparse_flags()
+    FLAGS(["engine.train", *args])
+    return engine_train.config_from_flags()
+  yield parse
+  FLAGS.unparse_flags()
+
+
+def test_there_are_recipes():
+  names = [os.path.basename(r) for r in RECIPES]
+  assert {"fashion_mnist_cpu.cfg", "fashion_mnist_wrn16_10.cfg"} <= set(names)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=os.path.basename)
+def test_recipe_parses_and_starts_with_its_command(recipe, parsed):
+  config = parsed(f"--flagfile={recipe}")
+  assert config.model_dir.startswith("runs/")
+  with open(recipe) as f:
+    header = f.read().split("\n--", 1)[0]
+  assert "engine.train" in header or "make train" in header
+  assert "Measured" in header or "measured" in header
+
+
+def test_cpu_recipe_is_the_defaults(parsed):
+  defaults = parsed()
+  recipe = parsed(f"--flagfile={fixtures.REPO}/flags/fashion_mnist_cpu.cfg")
+  assert recipe == engine_train.TrainConfig(
+      **{**defaults.__dict__, "model_dir": "runs/fashion_mnist_cpu"})
+
+
+def test_flags_after_the_flagfile_override_it(parsed):
+  config = parsed(f"--flagfile={fixtures.REPO}/flags/fashion_mnist_cpu.cfg",
+                  "--epochs=2", "--model=wrn")
+  assert (config.epochs, config.model) == (2, "wrn")
