@@ -7,10 +7,13 @@ on its device; `is_chief()` names the one process that talks and writes;
 """
 import dataclasses
 import os
+from typing import Callable
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+
+from engine.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,3 +124,26 @@ def average_across_ranks(variables) -> None:
     variable.assign(hvd.allreduce(variable, op=hvd.Average,
                                   name="average/" + variable.name))
 
+
+
+def on_chief(action: Callable[[], None], name: str) -> None:
+  """Runs `action` on rank 0 only; a UserError it raises is raised everywhere.
+
+  Without this, rank 0 would exit on a bad --model_dir alone and the others
+  would learn of it at their next collective, as a Horovod shutdown error.
+  """
+  message = None
+  if is_chief():
+    try:
+      action()
+    except UserError as e:
+      message = str(e)
+  message = hvd.broadcast_object(message, root_rank=0, name=name)
+  if message:
+    raise UserError(message)
+
+
+def is_peer_failure(error: Exception) -> bool:
+  """Whether a collective failed because another process has stopped."""
+  return (isinstance(error, tf.errors.OpError)
+          and "Horovod has been shut down" in error.message)

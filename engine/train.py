@@ -104,8 +104,7 @@ def train(config: TrainConfig) -> TrainResult:
   eval_step = steps.EvalStep(model=model)
   model_dir = config.model_dir or os.path.join(
       "runs", f"{config.dataset}_{config.model}")
-  if chief:
-    os.makedirs(model_dir, exist_ok=True)
+  distributed.on_chief(lambda: _make_model_dir(model_dir), name="model_dir")
   metrics_log = report.MetricsLog(model_dir, chief=chief)
 
   # Train loop.
@@ -168,6 +167,14 @@ def train(config: TrainConfig) -> TrainResult:
                      eval_step=eval_step)
 
 
+def _make_model_dir(path: str) -> None:
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"--model_dir={path}: cannot create it ({e.strerror}); "
+                    "pass a writable directory") from None
+
+
 def _describe(world: distributed.World) -> str:
   if world.device == "GPU":
     return "one GPU per process"
@@ -197,8 +204,16 @@ def main(argv):
   try:
     train(config_from_flags())
   except UserError as e:
-    print(f"engine.train: error: {e}", file=sys.stderr)
-    sys.exit(2)
+    _exit_with_error(str(e))
+  except tf.errors.OpError as e:
+    if not distributed.is_peer_failure(e):
+      raise
+    _exit_with_error("another process stopped the job; its error is above")
+
+
+def _exit_with_error(message: str) -> None:
+  print(f"engine.train: error: {message}", file=sys.stderr)
+  sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -56,3 +56,18 @@ def test_bad_flags(flag, message):
 def test_global_batch_larger_than_the_data(data_dir):
   fails_with([f"--data_dir={data_dir}", "--batch_size=64"],
              "--batch_size=64 on 1 processes is a global batch of 64")
+
+
+def test_unwritable_model_dir_stops_every_process_with_one_line(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  result = fixtures.launch(
+      ["-m", "engine.train", f"--model_dir={blocker}/run", "--epochs=1",
+       "--steps_per_epoch=1"], processes=2, timeout=120)
+  assert result.returncode != 0
+  ranks = [l for l in result.stderr.splitlines() if l[:3] in ("[0]", "[1]")]
+  assert not [l for l in ranks if "Traceback" in l], result.stderr[-3000:]
+  for rank in ("[0]", "[1]"):
+    errors = [l for l in ranks if l.startswith(rank) and "error:" in l]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert f"--model_dir={blocker}/run: cannot create it" in errors[0]
