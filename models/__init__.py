@@ -2,32 +2,18 @@
 
 Every builder takes `input_shape` and `num_classes` and returns a functional
 Keras model whose output is float32 logits. Builders declare the parameters
-they use in their signatures; `build` passes each builder only those, so the
-flags shared by several models (dropout, weight decay) reach the models that
-have them and are ignored by the others.
+they use in their signatures and receive only those (engine/registry.py), so
+the flags shared by several models (dropout, weight decay) reach the models
+that have them and are ignored by the others.
 """
-import inspect
-from typing import Callable
+from engine.registry import Registry
+from models import cnn, resnet, wrn
 
-import tensorflow as tf
-
-from engine.errors import UserError
-from models import cnn, wrn
-
-_BUILDERS: dict[str, Callable[..., tf.keras.Model]] = {
+_MODELS = Registry("model", {
     "cnn": cnn.build,
+    "resnet50": resnet.resnet50,
+    "resnet_small": resnet.resnet_small,
     "wrn": wrn.build,
-}
-
-
-def names() -> list[str]:
-  return sorted(_BUILDERS)
-
-
-def build(name: str, **params) -> tf.keras.Model:
-  if name not in _BUILDERS:
-    raise UserError(f"--model={name} is unknown; choose one of "
-                    f"{', '.join(names())}")
-  builder = _BUILDERS[name]
-  accepted = inspect.signature(builder).parameters
-  return builder(**{k: v for k, v in params.items() if k in accepted})
+})
+names = _MODELS.names
+build = _MODELS.build
