@@ -1,32 +1,33 @@
 """Input pipeline: shard, shuffle, batch, augment, normalize, prefetch.
 
-The same for every in-memory data set (see `engine/datasets`). Three
-properties matter more than speed here:
+The same for every data set (see `engine/datasets`), with two kinds of
+source: examples held in memory (`Examples`), and TFRecord files streamed
+from disk (`RecordFiles`). Three properties matter more than speed here:
 
 * Every rank runs the same number of steps each epoch. Horovod's allreduce
   waits for all ranks, so one rank with an extra batch would hang the job.
   `steps_per_epoch` is fixed from the global batch, and a rank whose shard
-  is too short for it (only with --steps_per_epoch above one pass over the
-  data) starts another pass over its shard.
-* Ranks see disjoint examples: rank r keeps examples r, r + N, r + 2N, ...,
-  the selection `tf.data.Dataset.shard(N, r)` makes, and shuffles only those.
-* An epoch's batches depend only on (seed, epoch, rank, size): the shuffle is
-  a stateless permutation keyed by (seed, epoch), and augmentation uses
+  is too short for it starts another pass over its shard.
+* Ranks see disjoint data. In memory, rank r keeps examples r, r + N,
+  r + 2N, ..., the selection `tf.data.Dataset.shard(N, r)` makes, and
+  shuffles only those; from files, rank r reads files r, r + N, ...
+* An epoch's batches depend only on (seed, epoch, rank, size): shuffles are
+  stateless permutations keyed by (seed, epoch), and augmentation uses
   stateless random ops keyed by epoch, step and rank. A run is reproducible,
   every epoch differs from the last, no two ranks augment alike, and a run
   can start at any epoch.
 
 Training reads one stream for the whole run, epoch after epoch, through one
 iterator: prefetching carries on across epoch ends, and no iterator is torn
-down between epochs. Batches are gathered by index
-from the in-memory arrays, a vectorized copy per batch rather than a shuffle
-buffer filled one example at a time.
+down between epochs. In memory, batches are gathered by index, a vectorized
+copy per batch rather than a shuffle buffer filled one example at a time.
 """
 import math
+import os
 
 import tensorflow as tf
 
-from engine.datasets import DatasetInfo, Examples
+from engine.datasets import DatasetInfo, Examples, RecordFiles
 from engine.errors import UserError
 
 # Fixed parallelism rather than tf.data's autotuning: our per-batch work (a
@@ -37,6 +38,10 @@ from engine.errors import UserError
 # epoch end and at exit on 2 processes sharing 2 cores).
 PARALLEL_BATCHES = 2
 PREFETCH_BATCHES = 2
+# TFRecord streams: files read at once, and records shuffled through a
+# buffer (serialized, before decoding: about 110 KB each for ImageNet).
+PARALLEL_FILES = 4
+RECORD_SHUFFLE_BUFFER = 4096
 
 
 def _without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -60,11 +65,53 @@ def steps_per_epoch(*, num_train: int, batch_size: int, world_size: int,
   return steps
 
 
-def train_batches(examples: Examples, info: DatasetInfo, *, rank: int,
-                  world_size: int, batch_size: int, steps: int, seed: int,
-                  first_epoch: int, flip: bool,
+def train_batches(source: Examples | RecordFiles, info: DatasetInfo, *,
+                  rank: int, world_size: int, batch_size: int, steps: int,
+                  seed: int, first_epoch: int, flip: bool,
                   shift: float) -> tf.data.Dataset:
-  """This rank's training batches from `first_epoch` on, `steps` per epoch."""
+  """This rank's training batches from `first_epoch` on, `steps` per epoch.
+
+  Normalized float32 images and int64 labels, one stream for the whole run.
+  """
+  if isinstance(source, RecordFiles):
+    batches = _record_train_batches(
+        source, info, rank=rank, world_size=world_size, batch_size=batch_size,
+        steps=steps, seed=seed, first_epoch=first_epoch, flip=flip)
+  else:
+    batches = _memory_train_batches(
+        source, info, rank=rank, world_size=world_size, batch_size=batch_size,
+        steps=steps, seed=seed, first_epoch=first_epoch, flip=flip,
+        shift=shift)
+  return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
+
+
+def eval_batches(source: Examples | RecordFiles, info: DatasetInfo, *,
+                 rank: int, world_size: int,
+                 batch_size: int) -> tf.data.Dataset:
+  """This rank's share of the whole split, each example exactly once.
+
+  No padding and no repetition: the last batch may be short, and ranks may
+  hold more examples than others. Figures are reduced as sums and counts, so
+  the result is exactly the whole split's.
+  """
+  if isinstance(source, RecordFiles):
+    files = _rank_files(source, rank, world_size)
+    examples = _records(tf.data.Dataset.from_tensor_slices(list(files))).map(
+        lambda record: _decode_eval(record, info, source.label_offset),
+        num_parallel_calls=_decode_parallelism())
+  else:
+    examples = tf.data.Dataset.from_tensor_slices(
+        (source.images, source.labels)).shard(world_size, rank)
+  batches = examples.batch(batch_size).map(
+      lambda images, labels: (normalize(images, info), labels),
+      num_parallel_calls=PARALLEL_BATCHES)
+  return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
+
+
+def _memory_train_batches(examples: Examples, info: DatasetInfo, *,
+                          rank: int, world_size: int, batch_size: int,
+                          steps: int, seed: int, first_epoch: int,
+                          flip: bool, shift: float) -> tf.data.Dataset:
   shard = tf.range(rank, len(examples.labels), world_size, dtype=tf.int64)
   per_epoch = steps * batch_size
   passes = math.ceil(per_epoch / len(shard))
@@ -85,40 +132,122 @@ def train_batches(examples: Examples, info: DatasetInfo, *, rank: int,
   def load(epoch_key, step, indices):
     key = tf.random.experimental.stateless_fold_in(
         epoch_key, step * world_size + rank)
-    batch = augment(tf.gather(images, indices), key, flip=flip, shift=shift)
+    batch = augment(tf.gather(images, indices), key, flip=flip, shift=shift,
+                    fill=info.shift_fill)
     return normalize(batch, info), tf.gather(labels, indices)
 
-  return _without_autotune(tf.data.Dataset.counter(first_epoch)
-                           .flat_map(epoch_indices)
-                           .map(load, num_parallel_calls=PARALLEL_BATCHES)
-                           .prefetch(PREFETCH_BATCHES))
+  return (tf.data.Dataset.counter(first_epoch)
+          .flat_map(epoch_indices)
+          .map(load, num_parallel_calls=PARALLEL_BATCHES))
 
 
-def eval_batches(examples: Examples, info: DatasetInfo, *, rank: int,
-                 world_size: int, batch_size: int) -> tf.data.Dataset:
-  """This rank's share of the whole split, each example exactly once.
+def _record_train_batches(source: RecordFiles, info: DatasetInfo, *,
+                          rank: int, world_size: int, batch_size: int,
+                          steps: int, seed: int, first_epoch: int,
+                          flip: bool) -> tf.data.Dataset:
+  """Training batches streamed from this rank's TFRecord files.
 
-  No padding and no repetition: the last batch may be short, and ranks may
-  hold one example more than others. Figures are reduced as sums and counts,
-  so the result is exactly the whole split's.
+  Files, not examples, are split across ranks (rank r reads files r, r + N,
+  ...), so each rank opens only its own files. Each epoch reads them in an
+  order permuted by (seed, epoch), several at a time (interleave), through a
+  shuffle buffer of records. A rank whose files run out before `steps`
+  batches starts another pass over them, so every rank runs `steps` steps.
   """
-  return _without_autotune(
-      tf.data.Dataset.from_tensor_slices((examples.images, examples.labels))
-      .shard(world_size, rank)
-      .batch(batch_size)
-      .map(lambda images, labels: (normalize(images, info), labels),
-           num_parallel_calls=PARALLEL_BATCHES)
-      .prefetch(PREFETCH_BATCHES))
+  files = tf.constant(_rank_files(source, rank, world_size))
+  root_key = tf.constant([seed, 1], tf.int64)
+
+  def epoch_batches(epoch):
+    key = tf.random.experimental.stateless_fold_in(root_key, epoch)
+
+    def one_pass(index):
+      # Shuffled within the pass, so a pass reads every record once.
+      order = tf.random.experimental.stateless_shuffle(
+          files, tf.random.experimental.stateless_fold_in(key, index))
+      return (_records(tf.data.Dataset.from_tensor_slices(order))
+              .shuffle(RECORD_SHUFFLE_BUFFER, seed=seed))
+
+    records = tf.data.Dataset.counter().flat_map(one_pass).enumerate()
+    examples = records.map(
+        lambda index, record: _decode_train(
+            record, info, source.label_offset, flip=flip,
+            key=tf.random.experimental.stateless_fold_in(key, index)),
+        num_parallel_calls=_decode_parallelism())
+    return examples.batch(batch_size, drop_remainder=True).take(steps)
+
+  return (tf.data.Dataset.counter(first_epoch).flat_map(epoch_batches)
+          .map(lambda images, labels: (normalize(images, info), labels),
+               num_parallel_calls=PARALLEL_BATCHES))
 
 
-def augment(images: tf.Tensor, key: tf.Tensor, *, flip: bool,
-            shift: float) -> tf.Tensor:
+def _rank_files(source: RecordFiles, rank: int,
+                world_size: int) -> tuple[str, ...]:
+  if len(source.files) < world_size:
+    raise UserError(
+        f"{len(source.files)} TFRecord files cannot be split across "
+        f"{world_size} processes ({source.files[0]}, ...): write the data in "
+        "at least as many files as processes")
+  return source.files[rank::world_size]
+
+
+def _records(files: tf.data.Dataset) -> tf.data.Dataset:
+  return files.interleave(tf.data.TFRecordDataset,
+                          cycle_length=PARALLEL_FILES,
+                          num_parallel_calls=PARALLEL_FILES,
+                          deterministic=True)
+
+
+_FEATURES = {
+    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+    "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+}
+
+
+def _parse(record, label_offset: int):
+  features = tf.io.parse_single_example(record, _FEATURES)
+  image = tf.io.decode_image(features["image/encoded"], channels=3,
+                             expand_animations=False)
+  return image, features["image/class/label"] - label_offset
+
+
+def _decode_train(record, info: DatasetInfo, label_offset: int, *,
+                  flip: bool, key):
+  """A random crop of 8-100% of the area, resized, maybe flipped (Inception)."""
+  image, label = _parse(record, label_offset)
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      tf.shape(image), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+      seed=key, min_object_covered=0.1, aspect_ratio_range=(0.75, 1.33),
+      area_range=(0.08, 1.0), max_attempts=10,
+      use_image_if_no_bounding_boxes=True)
+  image = tf.image.resize(tf.slice(image, begin, size), info.image_shape[:2])
+  if flip:
+    image = tf.image.stateless_random_flip_left_right(
+        image, tf.random.experimental.stateless_fold_in(key, 1))
+  return image, label
+
+
+def _decode_eval(record, info: DatasetInfo, label_offset: int):
+  """The central 87.5% of the image, resized (the usual ImageNet eval)."""
+  image, label = _parse(record, label_offset)
+  image = tf.image.resize(tf.image.central_crop(image, 0.875),
+                          info.image_shape[:2])
+  return image, label
+
+
+def _decode_parallelism() -> int:
+  """Decoding runs on the cores this process may use (after binding)."""
+  return len(os.sched_getaffinity(0))
+
+
+def augment(images: tf.Tensor, key: tf.Tensor, *, flip: bool, shift: float,
+            fill: str = "nearest") -> tf.Tensor:
   """Random horizontal flips and shifts of a uint8 batch, as the Horovod lab.
 
   The lab's ImageDataGenerator shifted by up to `shift` of the width and
   height and filled the border with the nearest pixel; we shift by whole
-  pixels, the same transform without interpolation blur. One image transform
-  op for the whole batch is far cheaper than a per-example map.
+  pixels, the same transform without interpolation blur. With
+  `fill="constant"` the border is zeros: CIFAR's pad-4-and-crop is a shift
+  of up to 4/32 = 0.125. One image transform op for the whole batch is far
+  cheaper than a per-example map.
   """
   batch = tf.shape(images)[0]
   flip_key = tf.random.experimental.stateless_fold_in(key, 0)
@@ -140,7 +269,7 @@ def augment(images: tf.Tensor, key: tf.Tensor, *, flip: bool,
     images = tf.raw_ops.ImageProjectiveTransformV3(
         images=images, transforms=transforms,
         output_shape=tf.constant([height, width]), fill_value=0.0,
-        interpolation="NEAREST", fill_mode="NEAREST")
+        interpolation="NEAREST", fill_mode=fill.upper())
   return images
 
 

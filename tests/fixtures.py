@@ -3,14 +3,18 @@
 Tests never read the real Fashion-MNIST: they write a few hundred examples
 in the same idx format, with class-dependent patterns a model can learn.
 """
+import dataclasses
 import gzip
+import io
 import os
+import pickle
 import subprocess
 import sys
+import tarfile
 
 import numpy as np
 
-from engine.datasets import fashion_mnist, idx
+from engine.datasets import cifar10, fashion_mnist, idx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
@@ -42,6 +46,55 @@ def write_fashion_mnist(directory: str, num_train: int = 601,
   return directory
 
 
+def write_cifar10(directory: str, num_per_batch: int = 20, num_test: int = 20,
+                  layout: str = "dir", seed: int = 0) -> str:
+  """Writes a tiny CIFAR-10 in the python version's format.
+
+  Batch i of (data_batch_1, ..., data_batch_5, test_batch) holds
+  `learnable_images(n, (32, 32, 3), 10, seed + i)`, stored as the originals
+  are: a protocol-2 pickle of a dict with the same keys, the images as planar
+  uint8 rows. `layout` "dir" writes DIRECTORY/cifar-10-batches-py/; "tar"
+  writes DIRECTORY/cifar-10-python.tar.gz with the members in reverse order,
+  so a reader cannot depend on the archive's order.
+  """
+  label_names = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog",
+                 b"frog", b"horse", b"ship", b"truck"]
+  files = {"batches.meta": {b"label_names": label_names,
+                            b"num_cases_per_batch": num_per_batch,
+                            b"num_vis": 32 * 32 * 3}}
+  names = (*cifar10.TRAIN_BATCHES, cifar10.TEST_BATCH)
+  for i, name in enumerate(names):
+    num = num_test if name == cifar10.TEST_BATCH else num_per_batch
+    images, labels = learnable_images(num, (32, 32, 3), 10, seed + i)
+    files[name] = {
+        b"batch_label": name.encode(),
+        b"labels": labels.tolist(),
+        b"data": images.transpose(0, 3, 1, 2).reshape(num, -1),
+        b"filenames": [label_names[label] + b"_s_%06d.png" % j
+                       for j, label in enumerate(labels)],
+    }
+  raw = {name: pickle.dumps(batch, protocol=2) for name, batch in files.items()}
+  if layout == "dir":
+    batches_dir = os.path.join(directory, cifar10.BATCHES_DIR)
+    os.makedirs(batches_dir, exist_ok=True)
+    for name, content in raw.items():
+      with open(os.path.join(batches_dir, name), "wb") as f:
+        f.write(content)
+  elif layout == "tar":
+    os.makedirs(directory, exist_ok=True)
+    with tarfile.open(os.path.join(directory, cifar10.ARCHIVE), "w:gz") as tar:
+      folder = tarfile.TarInfo(cifar10.BATCHES_DIR)
+      folder.type = tarfile.DIRTYPE
+      tar.addfile(folder)
+      for name, content in reversed(raw.items()):
+        member = tarfile.TarInfo(f"{cifar10.BATCHES_DIR}/{name}")
+        member.size = len(content)
+        tar.addfile(member, io.BytesIO(content))
+  else:
+    raise ValueError(f"layout={layout!r}: expected 'dir' or 'tar'")
+  return directory
+
+
 def launch(python_args, *, processes: int = 1,
            timeout: int = 300) -> subprocess.CompletedProcess:
   """Runs `python *python_args` directly, or under `horovodrun -np N`.
@@ -55,3 +108,43 @@ def launch(python_args, *, processes: int = 1,
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
   return subprocess.run(command, cwd=REPO, env=env, text=True,
                         capture_output=True, timeout=timeout)
+
+
+def train_config(**overrides):
+  """The engine's TrainConfig at the flags' defaults, with `overrides`."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from engine import train  # pylint: disable=import-outside-toplevel
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS(["tests"])
+  return dataclasses.replace(train.config_from_flags(), **overrides)
+
+
+def write_tfrecords(directory: str, *, num_files: int = 3,
+                    per_file: int = 8, test_files: int = 2,
+                    label_offset: int = 0, seed: int = 0) -> str:
+  """Sharded TFRecords in ImageNet's layout: train-* and validation-* files.
+
+  Images are 24x20 (not square, not the training size), JPEG in even files
+  and PNG in odd ones. Example i of a split has label (i % 10) + offset
+  and a class band, so loaders can be checked example by example.
+  """
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  os.makedirs(directory, exist_ok=True)
+  for split, files in (("train", num_files), ("validation", test_files)):
+    images, labels = learnable_images(files * per_file, (24, 20, 3), 10,
+                                      seed + (split == "validation"))
+    for f in range(files):
+      path = os.path.join(directory, f"{split}-{f:05d}-of-{files:05d}")
+      with tf.io.TFRecordWriter(path) as writer:
+        for i in range(f * per_file, (f + 1) * per_file):
+          encode = tf.io.encode_png if f % 2 else tf.io.encode_jpeg
+          feature = {
+              "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(
+                  value=[encode(images[i]).numpy()])),
+              "image/class/label": tf.train.Feature(
+                  int64_list=tf.train.Int64List(
+                      value=[int(labels[i]) + label_offset])),
+          }
+          writer.write(tf.train.Example(features=tf.train.Features(
+              feature=feature)).SerializeToString())
+  return directory

@@ -1,29 +1,22 @@
 """Data sets by name: each loader returns its splits and what the model needs.
 
-A loader returns raw examples, uint8 images and int64 labels in a fixed
-order, and the statistics to normalize them; sharding, shuffling,
-augmentation and batching are the input pipeline's job (`engine/data.py`), the
-same for every data set.
+A loader returns raw examples, uint8 images and int64 labels, and the
+statistics to normalize them; sharding, shuffling, augmentation and batching
+are the input pipeline's job (`engine/data.py`). In-memory data sets return
+`Examples`; data sets too large for memory return `RecordFiles`, read by the
+pipeline file by file. Loaders declare the options they take in their
+signatures and receive only those (engine/registry.py).
 """
-from typing import Callable
+from engine.datasets import cifar10, fashion_mnist, synthetic, tfrecord
+from engine.datasets.splits import (DatasetInfo, Examples, RecordFiles,  # noqa: F401
+                                    Splits)
+from engine.registry import Registry
 
-from engine.datasets import fashion_mnist
-from engine.datasets.splits import DatasetInfo, Examples, Splits  # noqa: F401
-from engine.errors import UserError
-
-
-_LOADERS: dict[str, Callable[[str], Splits]] = {
+_DATASETS = Registry("dataset", {
+    "cifar10": cifar10.load,
     "fashion_mnist": fashion_mnist.load,
-}
-
-
-def names() -> list[str]:
-  return sorted(_LOADERS)
-
-
-def load(name: str, data_dir: str) -> Splits:
-  """The splits of data set `name`, read from `data_dir` ('' = its default)."""
-  if name not in _LOADERS:
-    raise UserError(f"--dataset={name} is unknown; choose one of "
-                    f"{', '.join(names())}")
-  return _LOADERS[name](data_dir)
+    "synthetic": synthetic.load,
+    "tfrecord": tfrecord.load,
+})
+names = _DATASETS.names
+load = _DATASETS.build

@@ -13,6 +13,10 @@ class DatasetInfo:
   num_test: int
   mean: tuple[float, ...]  # per channel, of the training images, in [0, 255]
   std: tuple[float, ...]
+  # How a shifted image's uncovered border is filled: "nearest" repeats the
+  # edge (the Horovod lab's Fashion-MNIST), "constant" fills zeros (CIFAR's
+  # pad-and-crop).
+  shift_fill: str = "nearest"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +27,19 @@ class Examples:
 
 
 @dataclasses.dataclass(frozen=True)
+class RecordFiles:
+  """One split as TFRecord files of encoded images, read file by file.
+
+  Each record holds `image/encoded` (JPEG or PNG bytes) and
+  `image/class/label` (int64), the layout of ImageNet's TFRecords.
+  """
+  files: tuple[str, ...]
+  num_examples: int
+  label_offset: int  # subtracted from stored labels (1 for 1-based labels)
+
+
+@dataclasses.dataclass(frozen=True)
 class Splits:
-  train: Examples
-  test: Examples
+  train: Examples | RecordFiles
+  test: Examples | RecordFiles
   info: DatasetInfo
