@@ -1,20 +1,35 @@
-"""Optimizers by name.
+"""Optimizers by name, and their state, whichever Keras API they come from.
+
+sgd and adam are Keras' own optimizers; novograd and lamb, the large-batch
+optimizers of the Horovod lab, come from tensorflow-addons, which builds them
+on Keras' legacy optimizer API. The two APIs create and list their state
+differently; `build_state` and `state` hide that from the rest of the engine.
 
 Weight decay is not an optimizer option here: it is the L2 term the models'
-kernel regularizers add to the loss (`--weight_decay`), so it reaches every
-optimizer the same way, as the Horovod lab's recipe does.
+kernel regularizers add to the loss (--weight_decay), so its gradient
+2 * weight_decay * w joins every gradient before the optimizer sees it:
+- sgd: classic weight decay, scaled by the learning rate (and momentum);
+- adam: L2 regularization, divided by Adam's second-moment estimate like the
+  rest of the gradient (not AdamW's decoupled decay);
+- novograd: normalized per layer together with the gradient;
+- lamb: part of the update whose per-layer trust ratio LAMB computes.
+The addons optimizers' own `weight_decay` arguments are left at 0, so decay
+is never applied twice.
 """
+import warnings
+
 import tensorflow as tf
 
 from engine.errors import UserError
 
 
 def names() -> list[str]:
-  return ["adam", "sgd"]
+  return ["adam", "lamb", "novograd", "sgd"]
 
 
-def build(name: str, *, learning_rate: float, momentum: float,
+def build(name: str, *, learning_rate, momentum: float,
           nesterov: bool) -> tf.keras.optimizers.Optimizer:
+  """`learning_rate` is a float or a LearningRateSchedule of the step."""
   # jit_compile=False: XLA is a per-run choice of the step, not of the
   # optimizer's update alone.
   if name == "sgd":
@@ -22,6 +37,37 @@ def build(name: str, *, learning_rate: float, momentum: float,
                                    nesterov=nesterov, jit_compile=False)
   if name == "adam":
     return tf.keras.optimizers.Adam(learning_rate, jit_compile=False)
+  if name in ("novograd", "lamb"):
+    addons = _tensorflow_addons()
+    if name == "novograd":
+      return addons.optimizers.NovoGrad(learning_rate)
+    return addons.optimizers.LAMB(learning_rate)
   raise UserError(f"--optimizer={name} is unknown; choose one of "
                   f"{', '.join(names())}")
 
+
+def build_state(optimizer, variables) -> None:
+  """Creates the optimizer's slots for `variables` now, not at its first step.
+
+  A tf.function whose first call creates variables is traced twice; with the
+  slots made beforehand the train step is traced once.
+  """
+  if hasattr(optimizer, "build"):
+    optimizer.build(variables)
+  else:  # Keras' legacy API, used by tensorflow-addons
+    optimizer._create_all_weights(variables)  # pylint: disable=protected-access
+
+
+def state(optimizer) -> list[tf.Variable]:
+  """The optimizer's variables (step counter and slots), in either API."""
+  variables = optimizer.variables
+  return list(variables() if callable(variables) else variables)
+
+
+def _tensorflow_addons():
+  """Imported only for the optimizers that need it: it is slow to import and
+  warns at import time that it is in maintenance mode, which we know."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import tensorflow_addons  # pylint: disable=import-outside-toplevel
+  return tensorflow_addons

@@ -10,6 +10,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from engine import metrics
+from engine import optimizers
 
 
 class TrainStep:
@@ -23,9 +24,7 @@ class TrainStep:
                optimizer: tf.keras.optimizers.Optimizer):
     self.model = model
     self.optimizer = optimizer
-    # Create the optimizer's slots now: a tf.function whose first call
-    # creates variables is traced a second time.
-    optimizer.build(model.trainable_variables)
+    optimizers.build_state(optimizer, model.trainable_variables)
     self.totals = metrics.Totals("train_totals")
     self.traces = 0
     self._step = tf.function(self._train_step)
