@@ -1,43 +1,61 @@
-"""What the chief tells the user: log lines and `model_dir/metrics.jsonl`.
+"""What the chief tells the user: log lines, metrics.jsonl, TensorBoard.
 
 Only rank 0 narrates and writes; the others log warnings and errors only, so
-N processes produce one story rather than N interleaved copies.
+N processes produce one story rather than N interleaved copies, and one set
+of files.
 """
 import json
 import os
 
 from absl import logging
+import tensorflow as tf
 
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+# metrics.jsonl key -> TensorBoard tag.
+SCALARS = {
+    "train_loss": "train/loss",
+    "train_accuracy": "train/accuracy",
+    "val_loss": "val/loss",
+    "val_accuracy": "val/accuracy",
+    "learning_rate": "learning_rate",
+    "images_per_sec": "images_per_sec",
+}
 
 
 def configure_logging(chief: bool) -> None:
   logging.set_verbosity(logging.INFO if chief else logging.WARNING)
 
 
-class MetricsLog:
-  """Appends one JSON object per epoch to model_dir/metrics.jsonl (chief only).
+class Reporter:
+  """Reports each epoch: a log line, a metrics.jsonl record, TB scalars.
 
-  One line per record, flushed as written: a reader (or a crash) never sees a
-  half-written epoch, and `tail -f` follows a run as it goes.
+  metrics.jsonl gets one JSON object per line, flushed as written: a reader
+  (or a crash) never sees a half-written epoch, and `tail -f` follows a run.
+  TensorBoard scalars go to model_dir/tensorboard, indexed by global step.
+  On ranks other than 0 every method does nothing.
   """
 
-  def __init__(self, model_dir: str, *, chief: bool):
-    self.path = os.path.join(model_dir, METRICS_FILE)
+  def __init__(self, model_dir: str, *, chief: bool, epochs: int):
+    self.metrics_path = os.path.join(model_dir, METRICS_FILE)
     self._chief = chief
+    self._epochs = epochs
+    self._summaries = (tf.summary.create_file_writer(
+        os.path.join(model_dir, TENSORBOARD_DIR)) if chief else None)
 
-  def write(self, record: dict) -> None:
+  def epoch(self, record: dict) -> None:
     if not self._chief:
       return
-    with open(self.path, "a") as f:
+    logging.info(
+        "epoch %d/%d  train loss %.4f acc %.4f | val loss %.4f acc %.4f | "
+        "lr %.3g | %.0f img/s | %.1fs (total %.1fs)",
+        record["epoch"], self._epochs, record["train_loss"],
+        record["train_accuracy"], record["val_loss"], record["val_accuracy"],
+        record["learning_rate"], record["images_per_sec"],
+        record["epoch_seconds"], record["cumulative_seconds"])
+    with open(self.metrics_path, "a") as f:
       f.write(json.dumps(record) + "\n")
-
-
-def log_epoch(record: dict, epochs: int) -> None:
-  logging.info(
-      "epoch %d/%d  train loss %.4f acc %.4f | val loss %.4f acc %.4f | "
-      "lr %.3g | %.0f img/s | %.1fs (total %.1fs)",
-      record["epoch"], epochs, record["train_loss"], record["train_accuracy"],
-      record["val_loss"], record["val_accuracy"], record["learning_rate"],
-      record["images_per_sec"], record["epoch_seconds"],
-      record["cumulative_seconds"])
+    with self._summaries.as_default(step=record["global_step"]):
+      for key, tag in SCALARS.items():
+        tf.summary.scalar(tag, record[key])
+    self._summaries.flush()

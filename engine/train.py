@@ -22,8 +22,11 @@ from engine import data
 from engine import datasets
 from engine import distributed
 from engine import optimizers
+from engine import progress as progress_lib
 from engine import report
+from engine import schedules
 from engine import step as steps
+from engine import stopping
 from engine.errors import UserError
 import flags as engine_flags  # noqa: F401 (defines the flags)
 import models
@@ -37,21 +40,31 @@ class TrainConfig:
   # Data
   dataset: str
   data_dir: str
+  data_params: dict  # what a data set's loader declares it takes
   random_flip: bool
   random_shift: float
   # Model
   model: str
   model_params: dict
+  # Optimization
+  optimizer: str
+  base_lr: float
+  lr_scaling: str
+  warmup_epochs: float
+  lr_schedule: str
+  lr_decay_epochs: tuple
+  lr_decay_factor: float
+  momentum: float
+  nesterov: bool
   # Training
   batch_size: int
   epochs: int
   steps_per_epoch: int
-  optimizer: str
-  base_lr: float
-  momentum: float
-  nesterov: bool
+  target_accuracy: float
+  patience: int
   seed: int
   model_dir: str
+  progress: str
   # Devices
   intra_op_threads: int
   inter_op_threads: int
@@ -76,7 +89,8 @@ def train(config: TrainConfig) -> TrainResult:
   logging.info("%d processes; %s", world.size, _describe(world))
 
   # Input pipeline: every rank reads its own shard of the same examples.
-  splits = datasets.load(config.dataset, config.data_dir)
+  splits = datasets.load(config.dataset, data_dir=config.data_dir,
+                         **config.data_params)
   info = splits.info
   steps_per_epoch = data.steps_per_epoch(
       num_train=info.num_train, batch_size=config.batch_size,
@@ -93,19 +107,36 @@ def train(config: TrainConfig) -> TrainResult:
                        num_classes=info.num_classes, **config.model_params)
   logging.info("model %s: %d parameters", model.name, model.count_params())
 
-  # Optimizer: the linear scaling rule, the global batch is world.size times
-  # the per-process batch the base rate was tuned for.
-  learning_rate = config.base_lr * world.size
+  # Optimizer and learning rate: scaled with the global batch (linear:
+  # base_lr * world.size), warmed up per step, then decayed; a function of
+  # the step evaluated inside the train step.
+  peak_lr = schedules.scaled_rate(config.base_lr, world.size,
+                                  config.lr_scaling)
+  learning_rate = schedules.WarmupThenDecay(
+      base_lr=config.base_lr, peak_lr=peak_lr,
+      warmup_steps=round(config.warmup_epochs * steps_per_epoch),
+      decay=config.lr_schedule, steps_per_epoch=steps_per_epoch,
+      decay_epochs=config.lr_decay_epochs,
+      decay_factor=config.lr_decay_factor,
+      total_steps=config.epochs * steps_per_epoch)
   optimizer = optimizers.build(config.optimizer, learning_rate=learning_rate,
                                momentum=config.momentum,
                                nesterov=config.nesterov)
+  logging.info("%s, learning rate %g x %d processes (%s) = %g%s", config.optimizer,
+               config.base_lr, world.size, config.lr_scaling, peak_lr,
+               f" after {config.warmup_epochs:g} warmup epochs"
+               if config.warmup_epochs else "")
 
   train_step = steps.TrainStep(model=model, optimizer=optimizer)
   eval_step = steps.EvalStep(model=model)
   model_dir = config.model_dir or os.path.join(
       "runs", f"{config.dataset}_{config.model}")
   distributed.on_chief(lambda: _make_model_dir(model_dir), name="model_dir")
-  metrics_log = report.MetricsLog(model_dir, chief=chief)
+  reporter = report.Reporter(model_dir, chief=chief, epochs=config.epochs)
+  progress = progress_lib.Progress(
+      mode=config.progress, chief=chief, steps_per_epoch=steps_per_epoch,
+      epochs=config.epochs, global_batch=global_batch)
+  stop = stopping.TargetAccuracy(config.target_accuracy, config.patience)
 
   # Train loop.
   # Every rank starts from rank 0's initial weights, so the first averaged
@@ -121,15 +152,17 @@ def train(config: TrainConfig) -> TrainResult:
   for epoch in range(config.epochs):
     start = time.perf_counter()
     train_step.totals.reset()
-    for _ in range(steps_per_epoch):
+    progress.start_epoch(epoch)
+    for done in range(1, steps_per_epoch + 1):
       train_step(*next(batches))
       if not optimizer_state_broadcast:
         # After the first update every optimizer has its state (slots of
         # legacy optimizers exist only now): broadcast it with the weights
         # so every rank continues from rank 0's exact state.
         distributed.broadcast_from_chief(model.variables +
-                                         optimizer.variables)
+                                         optimizers.state(optimizer))
         optimizer_state_broadcast = True
+      progress.step(done)
     train = train_step.totals.result()  # an allreduce: all ranks are done
     train_seconds = time.perf_counter() - start
 
@@ -142,27 +175,39 @@ def train(config: TrainConfig) -> TrainResult:
         batch_size=config.batch_size))
     epoch_seconds = time.perf_counter() - start
     cumulative_seconds += epoch_seconds
+    global_step = int(optimizer.iterations.numpy())
+    stop_now = stop.update(epoch=epoch + 1, val_accuracy=val.accuracy,
+                           cumulative_seconds=cumulative_seconds)
 
     record = {
         "epoch": epoch + 1,
-        "global_step": int(optimizer.iterations.numpy()),
+        "global_step": global_step,
         "train_loss": train.loss,
         "train_accuracy": train.accuracy,
         "val_loss": val.loss,
         "val_accuracy": val.accuracy,
-        "learning_rate": float(optimizer.learning_rate.numpy()),
+        # The rate of the epoch's last update, as the optimizer applied it.
+        "learning_rate": float(learning_rate(global_step - 1)),
         "images_per_sec": train.examples / train_seconds,
         "epoch_seconds": epoch_seconds,
         "cumulative_seconds": cumulative_seconds,
         "world_size": world.size,
     }
+    if config.target_accuracy:
+      record["target_accuracy_first_epoch"] = stop.first_reached_epoch
+      record["target_accuracy_first_seconds"] = stop.first_reached_seconds
     history.append(record)
-    report.log_epoch(record, config.epochs)
-    metrics_log.write(record)
+    reporter.epoch(record)
+    if stop_now:
+      logging.info("stopping early: validation accuracy >= %g for %d "
+                   "epochs; first reached at epoch %d, %.1fs",
+                   config.target_accuracy, config.patience,
+                   stop.first_reached_epoch, stop.first_reached_seconds)
+      break
 
   logging.info("final test loss %.4f, test accuracy %.4f (%d examples); "
                "metrics in %s", val.loss, val.accuracy, val.examples,
-               metrics_log.path)
+               reporter.metrics_path)
   return TrainResult(model=model, history=history, train_step=train_step,
                      eval_step=eval_step)
 
@@ -185,14 +230,29 @@ def _describe(world: distributed.World) -> str:
 def config_from_flags() -> TrainConfig:
   return TrainConfig(
       dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
+      data_params=dict(
+          image_size=FLAGS.image_size, num_classes=FLAGS.num_classes,
+          label_offset=FLAGS.label_offset,
+          train_examples=FLAGS.train_examples,
+          test_examples=FLAGS.test_examples,
+          synthetic_image_shape=tuple(
+              int(d) for d in FLAGS.synthetic_image_shape),
+          synthetic_classes=FLAGS.synthetic_classes),
       random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
       model=FLAGS.model,
       model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
                         filters=FLAGS.filters, dropout=FLAGS.dropout,
                         weight_decay=FLAGS.weight_decay),
+      optimizer=FLAGS.optimizer, base_lr=FLAGS.base_lr,
+      lr_scaling=FLAGS.lr_scaling, warmup_epochs=FLAGS.warmup_epochs,
+      lr_schedule=FLAGS.lr_schedule,
+      lr_decay_epochs=tuple(int(e) for e in FLAGS.lr_decay_epochs),
+      lr_decay_factor=FLAGS.lr_decay_factor, momentum=FLAGS.momentum,
+      nesterov=FLAGS.nesterov,
       batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
-      steps_per_epoch=FLAGS.steps_per_epoch, optimizer=FLAGS.optimizer,
-      base_lr=FLAGS.base_lr, momentum=FLAGS.momentum, nesterov=FLAGS.nesterov,
+      steps_per_epoch=FLAGS.steps_per_epoch,
+      target_accuracy=FLAGS.target_accuracy, patience=FLAGS.patience,
+      progress=FLAGS.progress,
       seed=FLAGS.seed, model_dir=FLAGS.model_dir,
       intra_op_threads=FLAGS.intra_op_threads,
       inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus)

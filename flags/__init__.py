@@ -1,8 +1,9 @@
 """The engine's command-line flags, one module per concern.
 
 Importing this package defines them all. `--helpfull` lists them grouped by
-these modules: flags.data, flags.model, flags.training. Their defaults are the
-CPU preset (flags/fashion_mnist_cpu.cfg): with no flags at all, the engine
-trains a small CNN on Fashion-MNIST to over 90% test accuracy in minutes.
+these modules: flags.data, flags.model, flags.optimization, flags.training,
+flags.devices. Their defaults are the CPU preset (flags/fashion_mnist_cpu.cfg):
+with no flags at all, the engine trains a small CNN on Fashion-MNIST to over
+90% test accuracy in minutes.
 """
-from flags import data, model, training  # noqa: F401 (defines the flags)
+from flags import data, devices, model, optimization, training  # noqa: F401

@@ -4,8 +4,9 @@ Two checks in one launch, since each TensorFlow process takes seconds to
 start. Each rank writes what it observed to OUT/rank<r>.json; the test
 asserts on those files.
 
-1. A real engine run on generated Fashion-MNIST files: afterwards, every
-   rank's variables (including BatchNorm statistics), the reported validation
+1. Real engine runs on generated files (Fashion-MNIST, and when given,
+   CIFAR-10, TFRecords, and synthetic data): afterwards, every rank's
+   variables (including BatchNorm statistics), the reported validation
    figures against the full test set evaluated locally, trace counts, steps.
 2. The data-parallel step: a fixed global batch of 2B examples, split across
    the ranks, through the engine's TrainStep; rank 0 saves the weights to
@@ -23,30 +24,19 @@ from engine import data, datasets, distributed
 from engine import step as steps
 from engine import train as engine_train
 import models
+from tests import fixtures
 
 GLOBAL_BATCH, STEPS = 16, 3
 
 
-def engine_run(data_dir: str, model_dir: str) -> dict:
-  config = engine_train.TrainConfig(
-      dataset="fashion_mnist", data_dir=data_dir, random_flip=True,
-      random_shift=0.1, model="wrn",
-      model_params=dict(depth=10, width=1, dropout=0.1, weight_decay=1e-4),
-      batch_size=16, epochs=2, steps_per_epoch=0, optimizer="sgd",
-      base_lr=0.01, momentum=0.9, nesterov=True, seed=3, model_dir=model_dir,
-      intra_op_threads=0, inter_op_threads=0, bind_cpus=True)
+def engine_run(config) -> dict:
+  """Trains with `config`; what this rank holds and reports afterwards."""
   result = engine_train.train(config)
   model = result.model
-
   flat = np.concatenate([v.numpy().ravel() for v in model.variables])
-  everyone = hvd.allgather(tf.constant(flat[None]), name="weights").numpy()
-
-  splits = datasets.load("fashion_mnist", data_dir)
-  images, labels = splits.test.images, splits.test.labels
-  logits = model(data.normalize(images, splits.info), training=False)
-  full_loss = float(tf.reduce_mean(steps.cross_entropy(labels, logits)))
-  full_accuracy = float(tf.reduce_mean(tf.cast(
-      tf.argmax(logits, -1) == labels, tf.float64)))
+  everyone = hvd.allgather(tf.constant(flat[None]),
+                           name=f"weights_{config.dataset}").numpy()
+  full_loss, full_accuracy = full_split_figures(model, config)
   return {
       "max_weight_difference_across_ranks":
           float(np.abs(everyone - everyone[0]).max()),
@@ -59,6 +49,20 @@ def engine_run(data_dir: str, model_dir: str) -> dict:
       "global_step": result.history[-1]["global_step"],
       "history": result.history,
   }
+
+
+def full_split_figures(model, config) -> tuple[float, float]:
+  """Loss and accuracy of the whole test split, computed by this rank alone."""
+  splits = datasets.load(config.dataset, data_dir=config.data_dir,
+                         **config.data_params)
+  losses, correct = [], 0
+  for images, labels in data.eval_batches(splits.test, splits.info, rank=0,
+                                          world_size=1, batch_size=64):
+    logits = model(images, training=False)
+    losses += steps.cross_entropy(labels, logits).numpy().tolist()
+    correct += int(tf.reduce_sum(tf.cast(
+        tf.argmax(logits, -1) == labels, tf.int32)))
+  return float(np.mean(losses)), correct / len(losses)
 
 
 def data_parallel_steps(out_dir: str) -> None:
@@ -82,8 +86,33 @@ def data_parallel_steps(out_dir: str) -> None:
              *[w.numpy() for w in model.trainable_weights])
 
 
-def main(data_dir: str, out_dir: str) -> None:
-  observed = engine_run(data_dir, os.path.join(out_dir, "model"))
+def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
+         tfrecord_dir: str = "") -> None:
+  """Without CIFAR-10 and TFRecord directories (the 1-process reference),
+  only Fashion-MNIST is trained."""
+  model_dir = os.path.join(out_dir, "model")
+  observed = engine_run(fixtures.train_config(
+      data_dir=fashion_mnist_dir, model="wrn",
+      model_params=dict(depth=10, width=1, dropout=0.1, weight_decay=1e-4),
+      batch_size=16, epochs=2, optimizer="sgd", base_lr=0.01, nesterov=True,
+      seed=3, model_dir=model_dir, progress="none"))
+  observed["datasets"] = {}
+  if cifar10_dir and tfrecord_dir:
+    data_params = fixtures.train_config().data_params
+    each = {
+        "cifar10": dict(data_dir=cifar10_dir, random_shift=0.125),
+        "synthetic": dict(data_params={
+            **data_params, "train_examples": 40, "test_examples": 9,
+            "synthetic_image_shape": (16, 16, 3)}),
+        "tfrecord": dict(data_dir=tfrecord_dir, data_params={
+            **data_params, "image_size": 16, "num_classes": 10}),
+    }
+    for name, params in each.items():
+      observed["datasets"][name] = engine_run(fixtures.train_config(
+          dataset=name, model_dir=os.path.join(out_dir, name), epochs=2,
+          steps_per_epoch=3, batch_size=4, progress="none",
+          model="resnet_small", optimizer="lamb", base_lr=0.01,
+          warmup_epochs=1.0, lr_schedule="cosine", **params))
   data_parallel_steps(out_dir)
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump(observed, f)

@@ -1,0 +1,45 @@
+"""Progress through an epoch's steps, on the chief.
+
+A bar when the chief writes to a terminal (one process, run by hand); plain
+log lines, one per tenth of the epoch, when it does not (horovodrun pipes
+every rank's output, CI, files), so logs stay readable.
+"""
+import sys
+import time
+
+from absl import logging
+import tensorflow as tf
+
+MODES = ("auto", "bar", "log", "none")
+_BAR_REFRESH_SECONDS = 0.2
+
+
+class Progress:
+
+  def __init__(self, *, mode: str, chief: bool, steps_per_epoch: int,
+               epochs: int, global_batch: int):
+    if mode == "auto":
+      mode = "bar" if sys.stdout.isatty() else "log"
+    self.mode = mode if chief else "none"
+    self._steps = steps_per_epoch
+    self._epochs = epochs
+    self._global_batch = global_batch
+    self._log_every = max(1, steps_per_epoch // 10)
+
+  def start_epoch(self, epoch: int) -> None:
+    self._epoch = epoch
+    self._start = self._shown = time.perf_counter()
+    if self.mode == "bar":
+      self._bar = tf.keras.utils.Progbar(self._steps, unit_name="step")
+
+  def step(self, done: int) -> None:
+    """`done` steps of this epoch are finished (1-based)."""
+    if self.mode == "bar":
+      now = time.perf_counter()
+      if now - self._shown >= _BAR_REFRESH_SECONDS or done == self._steps:
+        self._bar.update(done)
+        self._shown = now
+    elif self.mode == "log" and done % self._log_every == 0:
+      rate = done * self._global_batch / (time.perf_counter() - self._start)
+      logging.info("epoch %d/%d step %d/%d, %.0f img/s", self._epoch + 1,
+                   self._epochs, done, self._steps, rate)

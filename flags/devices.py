@@ -1,0 +1,14 @@
+"""Flags: how each process uses the host's cores (CPU only)."""
+from absl import flags
+
+flags.DEFINE_integer("intra_op_threads", 0,
+                     "Threads per process for one op's kernels. 0: the "
+                     "process's share of the cores (cores / processes on the "
+                     "host).", lower_bound=0)
+flags.DEFINE_integer("inter_op_threads", 0,
+                     "Threads per process running independent ops side by "
+                     "side. 0: 1.", lower_bound=0)
+flags.DEFINE_bool("bind_cpus", True,
+                  "Bind each process to its own slice of the host's cores "
+                  "(as mpirun --bind-to core). Turn off when the launcher "
+                  "already binds processes to distinct cores.")

@@ -1,0 +1,42 @@
+"""Flags: optimizer and learning rate (scaling, warmup, decay)."""
+from absl import flags
+
+from engine import optimizers, schedules
+
+flags.DEFINE_enum(
+    "optimizer", "adam", optimizers.names(),
+    "Optimizer. Weight decay (--weight_decay) is an L2 term in the loss for "
+    "all of them: for sgd it is classic weight decay; for adam it is L2 "
+    "regularization scaled by Adam's second moments (not AdamW); for "
+    "novograd it is normalized per layer with the gradient; for lamb it "
+    "passes through LAMB's per-layer trust ratio.")
+flags.DEFINE_float("base_lr", 0.001,
+                   "Learning rate of one process; scaled by --lr_scaling.",
+                   lower_bound=0.0)
+flags.DEFINE_enum("lr_scaling", "linear", schedules.SCALINGS,
+                  "How the rate grows with N processes (the global batch "
+                  "grows N-fold): linear, base_lr x N; sqrt, base_lr x "
+                  "sqrt(N); none.")
+flags.DEFINE_float("warmup_epochs", 0.0,
+                   "Epochs over which the rate rises, per step, from base_lr "
+                   "to the scaled rate (Goyal et al. 2017).",
+                   lower_bound=0.0)
+flags.DEFINE_enum("lr_schedule", "constant", schedules.DECAYS,
+                  "After warmup: constant; step (x --lr_decay_factor at each "
+                  "of --lr_decay_epochs); cosine (to 0 at the last epoch).")
+flags.DEFINE_list("lr_decay_epochs", ["15", "25", "35"],
+                  "step schedule: epochs (counted from the start) at which "
+                  "the rate is multiplied by --lr_decay_factor.")
+flags.DEFINE_float("lr_decay_factor", 0.1, "step schedule: the multiplier.",
+                   lower_bound=0.0)
+flags.DEFINE_float("momentum", 0.9, "sgd: momentum.", lower_bound=0.0)
+flags.DEFINE_bool("nesterov", False, "sgd: use Nesterov momentum.")
+
+
+def _decay_epochs_are_integers(values):
+  return all(v.strip().isdigit() for v in values)
+
+
+flags.register_validator("lr_decay_epochs", _decay_epochs_are_integers,
+                         "must be a comma-separated list of epoch numbers, "
+                         "e.g. 15,25,35")

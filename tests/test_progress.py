@@ -1,0 +1,38 @@
+from absl import logging
+
+from engine import progress
+
+
+def run(mode, chief=True, steps=20):
+  bar = progress.Progress(mode=mode, chief=chief, steps_per_epoch=steps,
+                          epochs=3, global_batch=64)
+  bar.start_epoch(1)
+  for done in range(1, steps + 1):
+    bar.step(done)
+  return bar
+
+
+def test_log_mode_writes_a_line_per_tenth_of_the_epoch(monkeypatch):
+  lines = []
+  monkeypatch.setattr(logging, "info", lambda fmt, *a: lines.append(fmt % a))
+  run("log")
+  assert len(lines) == 10
+  assert lines[-1].startswith("epoch 2/3 step 20/20, ")
+
+
+def test_bar_mode_draws_a_keras_progress_bar(capsys):
+  run("bar")
+  out = capsys.readouterr().out
+  assert "20/20" in out and "[" in out
+
+
+def test_auto_is_log_lines_when_output_is_not_a_terminal(capsys):
+  assert run("auto").mode == "log"  # pytest captures: not a terminal
+
+
+def test_only_the_chief_shows_progress(capsys, monkeypatch):
+  lines = []
+  monkeypatch.setattr(logging, "info", lambda fmt, *a: lines.append(fmt))
+  assert run("bar", chief=False).mode == "none"
+  assert run("log", chief=False).mode == "none"
+  assert not lines and not capsys.readouterr().out

@@ -1,0 +1,29 @@
+"""The training loop, run for real on one process (engine/train.py)."""
+import json
+
+import pytest
+
+from tests import fixtures
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return fixtures.write_fashion_mnist(str(tmp_path_factory.mktemp("fm")),
+                                      num_train=200, num_test=50)
+
+
+def test_early_stopping_stops_at_the_right_epoch_and_says_when(data_dir,
+                                                               tmp_path):
+  result = fixtures.launch(
+      ["-m", "engine.train", f"--data_dir={data_dir}", "--epochs=6",
+       "--batch_size=20", "--steps_per_epoch=5", f"--model_dir={tmp_path}",
+       "--target_accuracy=0.01", "--patience=3", "--progress=none"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = [json.loads(l) for l in
+             (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["epoch"] for r in records] == [1, 2, 3]  # patience 3, reached at 1
+  assert all(r["target_accuracy_first_epoch"] == 1 for r in records)
+  assert records[0]["target_accuracy_first_seconds"] == pytest.approx(
+      records[0]["cumulative_seconds"])
+  assert "stopping early" in result.stderr
+  assert "first reached at epoch 1" in result.stderr
