@@ -10,6 +10,7 @@ is reported.
 """
 import dataclasses
 import os
+import re
 import sys
 import time
 
@@ -265,6 +266,13 @@ def main(argv):
     train(config_from_flags())
   except UserError as e:
     _exit_with_error(str(e))
+  except tf.errors.DataLossError as e:
+    # A TFRecord file found corrupt while streaming: its counts came from
+    # flags, so it was not read at start-up, where the check names the file.
+    detail = re.sub(r"\{\{.*?\}\}|\[Op:.*", "", e.message).strip()
+    _exit_with_error(
+        f"corrupt input data ({detail}); run with --train_examples=0 "
+        "--test_examples=0 to check every file at start-up and name it")
   except tf.errors.OpError as e:
     if not distributed.is_peer_failure(e):
       raise

@@ -71,3 +71,14 @@ def test_unwritable_model_dir_stops_every_process_with_one_line(tmp_path):
     errors = [l for l in ranks if l.startswith(rank) and "error:" in l]
     assert len(errors) == 1, result.stderr[-3000:]
     assert f"--model_dir={blocker}/run: cannot create it" in errors[0]
+
+
+def test_tfrecord_found_corrupt_while_training(tmp_path):
+  data_dir = fixtures.write_tfrecords(str(tmp_path / "records"), num_files=2)
+  path = tmp_path / "records" / "train-00001-of-00002"
+  path.write_bytes(path.read_bytes()[:-10])
+  fails_with([f"--data_dir={data_dir}", "--dataset=tfrecord",
+              "--image_size=16", "--num_classes=10", "--train_examples=16",
+              "--test_examples=16", "--batch_size=4", "--epochs=2",
+              f"--model_dir={tmp_path}/run"],
+             "corrupt input data (truncated record at ")
