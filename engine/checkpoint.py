@@ -1,0 +1,197 @@
+"""Checkpoints: rank 0 alone writes and reads them; every rank resumes.
+
+A checkpoint holds the model, the optimizer (its step counter, which drives
+the learning-rate schedule, and its slots), and the position in the data:
+the epoch and the step within it, with the global batch those steps were
+taken with. The data order and augmentation are functions of (seed, epoch,
+step), so that position is all it takes to continue the same stream.
+
+Only rank 0 touches the files, so N processes never race on one directory
+(the Horovod lab's step 7); after a restore the weights, the optimizer state
+and the position are broadcast to the other ranks.
+
+`tf.train.CheckpointManager` writes a checkpoint's files before it names it
+in the `checkpoint` state file, so a crash during a save leaves the previous
+one as latest. A latest checkpoint damaged afterwards (a truncated copy, a
+full disk) is detected when it is read, reported, and the one before it is
+used instead. A checkpoint of another model or data set is refused before
+anything is written, naming both.
+"""
+import dataclasses
+import os
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+
+from engine.errors import UserError
+
+CHECKPOINT_DIR = "checkpoints"
+BEST_DIR = "best"
+RESUME_MODES = ("auto", "never")
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+  """Where training stands: `step` steps of epoch `epoch` (0-based) are done."""
+  epoch: int
+  step: int
+  global_batch: int
+  world_size: int
+
+
+def identity(model: tf.keras.Model, info) -> str:
+  """What a checkpoint's variables mean: which model, on which data."""
+  return (f"model {model.name} ({model.count_params()} parameters) on "
+          f"{info.name} ({info.num_classes} classes, "
+          f"{'x'.join(map(str, info.image_shape))} images)")
+
+
+class Checkpoints:
+  """The run's checkpoints: the latest few, and the best by validation.
+
+  Create it on rank 0 only: constructing it reads the directory.
+  `identity` describes what the variables mean (model, data set); a
+  checkpoint whose identity differs is refused rather than half-restored.
+  """
+
+  def __init__(self, model_dir: str, *, model: tf.keras.Model, optimizer,
+               keep: int, identity: str):
+    self.directory = os.path.join(model_dir, CHECKPOINT_DIR)
+    self._identity = identity
+    self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self._step = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self._global_batch = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self._world_size = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self._best_accuracy = tf.Variable(-1.0, dtype=tf.float64, trainable=False)
+    self._identity_variable = tf.Variable(identity, dtype=tf.string,
+                                          trainable=False)
+    objects = dict(model=model, epoch=self._epoch, step=self._step,
+                   global_batch=self._global_batch,
+                   world_size=self._world_size,
+                   best_accuracy=self._best_accuracy,
+                   identity=self._identity_variable)
+    if optimizer is not None:
+      objects["optimizer"] = optimizer
+    self._checkpoint = tf.train.Checkpoint(**objects)
+    self._latest = tf.train.CheckpointManager(
+        self._checkpoint, self.directory, max_to_keep=keep)
+    self._best = tf.train.CheckpointManager(
+        self._checkpoint, os.path.join(self.directory, BEST_DIR),
+        max_to_keep=1, checkpoint_name="best")
+
+  # Restoring.
+
+  def existing(self) -> list[str]:
+    """This run's checkpoints, oldest first."""
+    return list(self._latest.checkpoints)
+
+  def restore_latest_readable(self) -> Position:
+    """The newest checkpoint that reads back whole; older ones if it won't."""
+    candidates = self.existing()
+    for path in reversed(candidates):
+      try:
+        return self.restore(path)
+      except _Unreadable as e:
+        logging.warning("checkpoint %s is unreadable (%s); trying the one "
+                        "before it", path, e)
+    raise UserError(f"{self.directory}: none of its {len(candidates)} "
+                    "checkpoints is readable; move the directory away to "
+                    "start over")
+
+  def restore(self, path: str) -> Position:
+    """Restores `path` into the model and optimizer; returns its position."""
+    try:
+      reader = tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError) as e:
+      if not _exists(path):
+        raise UserError(f"{path}: no such checkpoint") from None
+      raise _Unreadable(_first_line(e)) from None
+    if not reader.has_tensor(_IDENTITY_KEY):
+      raise UserError(f"{path} was not written by this engine (it records "
+                      "no model identity); pass another --resume_from")
+    try:
+      stored = reader.get_tensor(_IDENTITY_KEY)
+    except _DAMAGE as e:
+      raise _Unreadable(_first_line(e)) from None
+    stored = stored.decode() if isinstance(stored, bytes) else str(stored)
+    if stored != self._identity:
+      raise UserError(f"checkpoint {path} holds {stored}, but this run is "
+                      f"{self._identity}; use another --model_dir, or the "
+                      "flags that run was started with")
+    try:
+      # expect_partial: evaluation restores a model without its optimizer.
+      self._checkpoint.restore(path).expect_partial() \
+          .assert_existing_objects_matched()
+    except _DAMAGE as e:  # a damaged data file
+      raise _Unreadable(_first_line(e)) from None
+    except (AssertionError, ValueError) as e:
+      raise UserError(f"checkpoint {path} does not match this model: "
+                      f"{_first_line(e)}") from None
+    return Position(int(self._epoch.numpy()), int(self._step.numpy()),
+                    int(self._global_batch.numpy()),
+                    int(self._world_size.numpy()))
+
+  @property
+  def best_accuracy(self) -> float:
+    return float(self._best_accuracy.numpy())
+
+  # Saving.
+
+  def save(self, position: Position, global_step: int) -> str:
+    """Saves as ckpt-<global_step>."""
+    self._set_position(position)
+    return self._latest.save(checkpoint_number=global_step)
+
+  def save_if_best(self, position: Position, global_step: int,
+                   val_accuracy: float) -> bool:
+    """Keeps a separate copy of the best epoch by validation accuracy."""
+    if val_accuracy <= self.best_accuracy:
+      return False
+    self._best_accuracy.assign(val_accuracy)
+    self._set_position(position)
+    self._best.save(checkpoint_number=global_step)
+    return True
+
+  @property
+  def best_path(self) -> Optional[str]:
+    return self._best.latest_checkpoint
+
+  def _set_position(self, position: Position) -> None:
+    self._epoch.assign(position.epoch)
+    self._step.assign(position.step)
+    self._global_batch.assign(position.global_batch)
+    self._world_size.assign(position.world_size)
+
+
+def resolve(path: str) -> str:
+  """A checkpoint prefix from `path`: a prefix, a checkpoint directory, or a
+  model_dir (whose checkpoints/ holds them)."""
+  for directory in (path, os.path.join(path, CHECKPOINT_DIR)):
+    if os.path.isdir(directory):
+      latest = tf.train.latest_checkpoint(directory)
+      if latest:
+        return latest
+  if _exists(path):
+    return path
+  raise UserError(f"--resume_from={path}: no checkpoint there (give a "
+                  "model_dir, its checkpoints/ directory or a checkpoint "
+                  "prefix such as .../ckpt-12)")
+
+
+_IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
+# What TensorFlow's checkpoint reader raises for truncated or garbled files.
+_DAMAGE = (tf.errors.OpError, IndexError, OSError)
+
+
+class _Unreadable(Exception):
+  """A checkpoint whose files are damaged: fall back to an older one."""
+
+
+def _exists(prefix: str) -> bool:
+  return bool(tf.io.gfile.glob(prefix + ".index"))
+
+
+def _first_line(error: Exception) -> str:
+  message = getattr(error, "message", None) or str(error)
+  return message.strip().splitlines()[0] if message.strip() else repr(error)

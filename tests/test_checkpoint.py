@@ -1,0 +1,99 @@
+import os
+
+import pytest
+import tensorflow as tf
+
+import models
+from engine import checkpoint
+from engine.errors import UserError
+
+IDENTITY = "model cnn_4 (1234 parameters) on fashion_mnist"
+
+
+def build(seed=0, filters=4):
+  tf.keras.utils.set_random_seed(seed)
+  model = models.build("cnn", input_shape=(8, 8, 1), num_classes=3,
+                       filters=filters)
+  optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+  optimizer.build(model.trainable_variables)
+  return model, optimizer
+
+
+def manager(model_dir, model, optimizer, identity=IDENTITY, keep=3):
+  return checkpoint.Checkpoints(str(model_dir), model=model,
+                                optimizer=optimizer, keep=keep,
+                                identity=identity)
+
+
+def test_save_and_restore_weights_optimizer_and_position(tmp_path):
+  model, optimizer = build(seed=1)
+  optimizer.iterations.assign(17)
+  saved = manager(tmp_path, model, optimizer)
+  path = saved.save(checkpoint.Position(2, 5, 64, 2), global_step=17)
+  assert os.path.basename(path) == "ckpt-17"
+  other, other_optimizer = build(seed=2)
+  position = manager(tmp_path, other, other_optimizer).restore_latest_readable()
+  assert position == checkpoint.Position(2, 5, 64, 2)
+  assert int(other_optimizer.iterations.numpy()) == 17
+  for a, b in zip(model.weights, other.weights):
+    assert (a.numpy() == b.numpy()).all()
+
+
+def test_keeps_the_latest_few_and_the_best_apart(tmp_path):
+  model, optimizer = build()
+  saved = manager(tmp_path, model, optimizer, keep=2)
+  for step, accuracy in enumerate([0.5, 0.9, 0.7, 0.8], start=1):
+    position = checkpoint.Position(step, 0, 8, 1)
+    saved.save(position, step)
+    saved.save_if_best(position, step, accuracy)
+  assert [os.path.basename(p) for p in saved.existing()] == ["ckpt-3",
+                                                             "ckpt-4"]
+  assert os.path.basename(saved.best_path) == "best-2"
+  assert saved.best_accuracy == 0.9
+
+
+def test_a_damaged_latest_falls_back_to_the_one_before(tmp_path, caplog):
+  model, optimizer = build()
+  saved = manager(tmp_path, model, optimizer)
+  saved.save(checkpoint.Position(1, 0, 8, 1), 1)
+  saved.save(checkpoint.Position(2, 0, 8, 1), 2)
+  data = tmp_path / "checkpoints" / "ckpt-2.data-00000-of-00001"
+  data.write_bytes(data.read_bytes()[:100])
+  restored = manager(tmp_path, *build()).restore_latest_readable()
+  assert restored.epoch == 1
+  assert "ckpt-2 is unreadable" in caplog.text
+
+
+def test_no_readable_checkpoint_at_all(tmp_path):
+  model, optimizer = build()
+  manager(tmp_path, model, optimizer).save(checkpoint.Position(1, 0, 8, 1), 1)
+  (tmp_path / "checkpoints" / "ckpt-1.index").write_bytes(b"garbage")
+  with pytest.raises(UserError, match="none of its 1 checkpoints is readable"):
+    manager(tmp_path, *build()).restore_latest_readable()
+
+
+def test_another_models_checkpoint_is_refused_naming_both(tmp_path):
+  model, optimizer = build()
+  manager(tmp_path, model, optimizer).save(checkpoint.Position(1, 0, 8, 1), 1)
+  before = {p: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()
+            if p.is_file()}
+  other = build(filters=8)
+  with pytest.raises(UserError, match=r"holds model cnn_4 .*, but this run "
+                     r"is model cnn_8"):
+    manager(tmp_path, *other, identity="model cnn_8 on fashion_mnist") \
+        .restore_latest_readable()
+  # Same identity but different shapes: refused too, not half-restored.
+  with pytest.raises(UserError, match="does not match this model"):
+    manager(tmp_path, *other).restore_latest_readable()
+  assert before == {p: p.read_bytes() for p in before}
+
+
+def test_resolve_accepts_a_model_dir_a_checkpoint_dir_or_a_prefix(tmp_path):
+  model, optimizer = build()
+  manager(tmp_path, model, optimizer).save(checkpoint.Position(1, 0, 8, 1), 7)
+  prefix = str(tmp_path / "checkpoints" / "ckpt-7")
+  assert checkpoint.resolve(str(tmp_path)) == prefix
+  assert checkpoint.resolve(str(tmp_path / "checkpoints")) == prefix
+  assert checkpoint.resolve(prefix) == prefix
+  with pytest.raises(UserError, match="--resume_from=.*: no checkpoint there"):
+    checkpoint.resolve(str(tmp_path / "nothing"))
