@@ -67,21 +67,24 @@ def steps_per_epoch(*, num_train: int, batch_size: int, world_size: int,
 
 def train_batches(source: Examples | RecordFiles, info: DatasetInfo, *,
                   rank: int, world_size: int, batch_size: int, steps: int,
-                  seed: int, first_epoch: int, flip: bool,
-                  shift: float) -> tf.data.Dataset:
+                  seed: int, first_epoch: int, flip: bool, shift: float,
+                  first_step: int = 0) -> tf.data.Dataset:
   """This rank's training batches from `first_epoch` on, `steps` per epoch.
 
   Normalized float32 images and int64 labels, one stream for the whole run.
+  A run resumed mid-epoch starts at `first_step` of `first_epoch`, with the
+  very batches an uninterrupted run would have had there.
   """
   if isinstance(source, RecordFiles):
     batches = _record_train_batches(
         source, info, rank=rank, world_size=world_size, batch_size=batch_size,
-        steps=steps, seed=seed, first_epoch=first_epoch, flip=flip)
+        steps=steps, seed=seed, first_epoch=first_epoch, first_step=first_step,
+        flip=flip)
   else:
     batches = _memory_train_batches(
         source, info, rank=rank, world_size=world_size, batch_size=batch_size,
-        steps=steps, seed=seed, first_epoch=first_epoch, flip=flip,
-        shift=shift)
+        steps=steps, seed=seed, first_epoch=first_epoch, first_step=first_step,
+        flip=flip, shift=shift)
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
 
 
@@ -111,7 +114,8 @@ def eval_batches(source: Examples | RecordFiles, info: DatasetInfo, *,
 def _memory_train_batches(examples: Examples, info: DatasetInfo, *,
                           rank: int, world_size: int, batch_size: int,
                           steps: int, seed: int, first_epoch: int,
-                          flip: bool, shift: float) -> tf.data.Dataset:
+                          first_step: int, flip: bool,
+                          shift: float) -> tf.data.Dataset:
   shard = tf.range(rank, len(examples.labels), world_size, dtype=tf.int64)
   per_epoch = steps * batch_size
   passes = math.ceil(per_epoch / len(shard))
@@ -138,13 +142,14 @@ def _memory_train_batches(examples: Examples, info: DatasetInfo, *,
 
   return (tf.data.Dataset.counter(first_epoch)
           .flat_map(epoch_indices)
+          .skip(first_step)  # indices only: skipping costs nothing
           .map(load, num_parallel_calls=PARALLEL_BATCHES))
 
 
 def _record_train_batches(source: RecordFiles, info: DatasetInfo, *,
                           rank: int, world_size: int, batch_size: int,
                           steps: int, seed: int, first_epoch: int,
-                          flip: bool) -> tf.data.Dataset:
+                          first_step: int, flip: bool) -> tf.data.Dataset:
   """Training batches streamed from this rank's TFRecord files.
 
   Files, not examples, are split across ranks (rank r reads files r, r + N,
@@ -175,6 +180,7 @@ def _record_train_batches(source: RecordFiles, info: DatasetInfo, *,
     return examples.batch(batch_size, drop_remainder=True).take(steps)
 
   return (tf.data.Dataset.counter(first_epoch).flat_map(epoch_batches)
+          .skip(first_step)  # a stream: the skipped records are still read
           .map(lambda images, labels: (normalize(images, info), labels),
                num_parallel_calls=PARALLEL_BATCHES))
 

@@ -7,7 +7,7 @@ on its device; `is_chief()` names the one process that talks and writes;
 """
 import dataclasses
 import os
-from typing import Callable
+from typing import Any, Callable, Optional
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -29,7 +29,7 @@ class World:
 
 
 def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
-         bind_cpus: bool = True) -> World:
+         bind_cpus: bool = True, deterministic: bool = False) -> World:
   """Starts Horovod and gives this process its device and its share of cores.
 
   On CPU, thread counts of 0 mean "this process's share" (`cpu_threads`).
@@ -37,6 +37,10 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
   fixed at the first op.
   """
   hvd.init()
+  if deterministic:
+    # Same inputs, same results, op by op (slower on GPUs); what makes a
+    # resumed run land on exactly the weights of an uninterrupted one.
+    tf.config.experimental.enable_op_determinism()
   gpus = tf.config.list_physical_devices("GPU")
   if gpus:
     # One GPU per process, chosen by local rank; memory growth so a process
@@ -126,21 +130,23 @@ def average_across_ranks(variables) -> None:
 
 
 
-def on_chief(action: Callable[[], None], name: str) -> None:
-  """Runs `action` on rank 0 only; a UserError it raises is raised everywhere.
+def on_chief(action: Optional[Callable[[], Any]], name: str) -> Any:
+  """Runs `action` on rank 0 only; every rank gets its result or its error.
 
-  Without this, rank 0 would exit on a bad --model_dir alone and the others
-  would learn of it at their next collective, as a Horovod shutdown error.
+  Other ranks pass None. Without this, rank 0 would exit on a bad
+  --model_dir alone and the others would learn of it at their next
+  collective, as a Horovod shutdown error.
   """
-  message = None
+  outcome = (None, None)
   if is_chief():
     try:
-      action()
+      outcome = (action(), None)
     except UserError as e:
-      message = str(e)
-  message = hvd.broadcast_object(message, root_rank=0, name=name)
+      outcome = (None, str(e))
+  result, message = hvd.broadcast_object(outcome, root_rank=0, name=name)
   if message:
     raise UserError(message)
+  return result
 
 
 def is_peer_failure(error: Exception) -> bool:

@@ -43,6 +43,20 @@ class Reporter:
     self._summaries = (tf.summary.create_file_writer(
         os.path.join(model_dir, TENSORBOARD_DIR)) if chief else None)
 
+  def keep_epochs_up_to(self, epoch: int) -> None:
+    """On resume: drops records of epochs after the checkpoint, which the
+    resumed run is about to redo (written before a crash, say)."""
+    if not self._chief or not os.path.exists(self.metrics_path):
+      return
+    with open(self.metrics_path) as f:
+      lines = [l for l in f if l.strip()]
+    kept = [l for l in lines if json.loads(l)["epoch"] <= epoch]
+    if len(kept) < len(lines):
+      temporary = self.metrics_path + ".tmp"
+      with open(temporary, "w") as f:
+        f.writelines(kept)
+      os.replace(temporary, self.metrics_path)
+
   def epoch(self, record: dict) -> None:
     if not self._chief:
       return

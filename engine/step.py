@@ -27,12 +27,16 @@ class TrainStep:
     optimizers.build_state(optimizer, model.trainable_variables)
     self.totals = metrics.Totals("train_totals")
     self.traces = 0
+    # Tensors, not Python floats: a Python argument would be traced in.
+    self._flags = {False: tf.constant(0.0), True: tf.constant(1.0)}
     self._step = tf.function(self._train_step)
 
-  def __call__(self, images: tf.Tensor, labels: tf.Tensor) -> None:
-    self._step(images, labels)
+  def __call__(self, images: tf.Tensor, labels: tf.Tensor,
+               stop_requested: bool = False) -> bool:
+    """One step; returns whether any rank asked to stop (see preemption)."""
+    return bool(self._step(images, labels, self._flags[stop_requested]))
 
-  def _train_step(self, images, labels):
+  def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
     with tf.GradientTape() as tape:
       logits = self.model(images, training=True)
@@ -45,6 +49,10 @@ class TrainStep:
     gradients = tape.gradient(loss, variables)
     self.optimizer.apply_gradients(zip(gradients, variables))
     self.totals.update(per_example_loss, logits, labels)
+    # Fused with the gradients' allreduce: the stop decision costs no
+    # extra round trip, and every rank takes it after the same step.
+    return hvd.allreduce(stop_requested, op=hvd.Max,
+                         name="stop_requested") > 0
 
 
 class EvalStep:

@@ -11,28 +11,34 @@ is reported.
 import dataclasses
 import os
 import re
+import signal
 import sys
 import time
+from typing import Optional
 
 from absl import app
 from absl import flags
 from absl import logging
 import tensorflow as tf
 
+from engine import checkpoint
 from engine import data
 from engine import datasets
 from engine import distributed
+from engine import export
 from engine import optimizers
+from engine import preemption
 from engine import progress as progress_lib
 from engine import report
 from engine import schedules
 from engine import step as steps
 from engine import stopping
 from engine.errors import UserError
-import flags as engine_flags  # noqa: F401 (defines the flags)
+import flags as engine_flags
 import models
 
 FLAGS = flags.FLAGS
+FLAGS_FILE = "flags.txt"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,10 +72,17 @@ class TrainConfig:
   seed: int
   model_dir: str
   progress: str
+  # Checkpoints
+  resume: str
+  resume_from: str
+  keep_checkpoints: int
+  checkpoint_every_steps: int
+  command_line: str  # the flags as a flagfile, recorded in model_dir
   # Devices
   intra_op_threads: int
   inter_op_threads: int
   bind_cpus: bool
+  deterministic: bool
 
 
 @dataclasses.dataclass
@@ -84,7 +97,8 @@ def train(config: TrainConfig) -> TrainResult:
   # Distributed setup: Horovod, this process's device and cores.
   world = distributed.init(intra_op_threads=config.intra_op_threads,
                            inter_op_threads=config.inter_op_threads,
-                           bind_cpus=config.bind_cpus)
+                           bind_cpus=config.bind_cpus,
+                           deterministic=config.deterministic)
   chief = distributed.is_chief()
   report.configure_logging(chief)
   logging.info("%d processes; %s", world.size, _describe(world))
@@ -123,94 +137,234 @@ def train(config: TrainConfig) -> TrainResult:
   optimizer = optimizers.build(config.optimizer, learning_rate=learning_rate,
                                momentum=config.momentum,
                                nesterov=config.nesterov)
-  logging.info("%s, learning rate %g x %d processes (%s) = %g%s", config.optimizer,
-               config.base_lr, world.size, config.lr_scaling, peak_lr,
+  logging.info("%s, learning rate %g x %d processes (%s) = %g%s",
+               config.optimizer, config.base_lr, world.size,
+               config.lr_scaling, peak_lr,
                f" after {config.warmup_epochs:g} warmup epochs"
                if config.warmup_epochs else "")
-
   train_step = steps.TrainStep(model=model, optimizer=optimizer)
   eval_step = steps.EvalStep(model=model)
+
+  # Checkpoints and resuming: rank 0 alone reads and writes model_dir.
   model_dir = config.model_dir or os.path.join(
       "runs", f"{config.dataset}_{config.model}")
-  distributed.on_chief(lambda: _make_model_dir(model_dir), name="model_dir")
+  run = _Run(model_dir, config, model=model, optimizer=optimizer,
+             identity=checkpoint.identity(model, info)) if chief else None
+  position = distributed.on_chief(run.open if chief else None, name="resume")
+  # Every rank continues from rank 0's weights and optimizer state, restored
+  # or initial, so the first averaged gradient is taken at one point.
+  distributed.broadcast_from_chief(model.variables +
+                                   optimizers.state(optimizer))
+  first_epoch, first_step = _starting_point(position, steps_per_epoch,
+                                            global_batch, world.size)
+  optimizer.iterations.assign(first_epoch * steps_per_epoch + first_step)
+
   reporter = report.Reporter(model_dir, chief=chief, epochs=config.epochs)
+  reporter.keep_epochs_up_to(first_epoch)  # records of undone epochs go
   progress = progress_lib.Progress(
       mode=config.progress, chief=chief, steps_per_epoch=steps_per_epoch,
       epochs=config.epochs, global_batch=global_batch)
   stop = stopping.TargetAccuracy(config.target_accuracy, config.patience)
+  stop_requests = preemption.StopRequests()
+  stop_requests.install()
 
   # Train loop.
-  # Every rank starts from rank 0's initial weights, so the first averaged
-  # gradient is taken at one point, not at N different ones.
-  distributed.broadcast_from_chief(model.variables)
   optimizer_state_broadcast = False
   history = []
   cumulative_seconds = 0.0
   batches = iter(data.train_batches(
       splits.train, info, rank=world.rank, world_size=world.size,
       batch_size=config.batch_size, steps=steps_per_epoch, seed=config.seed,
-      first_epoch=0, flip=config.random_flip, shift=config.random_shift))
-  for epoch in range(config.epochs):
-    start = time.perf_counter()
-    train_step.totals.reset()
-    progress.start_epoch(epoch)
-    for done in range(1, steps_per_epoch + 1):
-      train_step(*next(batches))
-      if not optimizer_state_broadcast:
-        # After the first update every optimizer has its state (slots of
-        # legacy optimizers exist only now): broadcast it with the weights
-        # so every rank continues from rank 0's exact state.
-        distributed.broadcast_from_chief(model.variables +
-                                         optimizers.state(optimizer))
-        optimizer_state_broadcast = True
-      progress.step(done)
-    train = train_step.totals.result()  # an allreduce: all ranks are done
-    train_seconds = time.perf_counter() - start
+      first_epoch=first_epoch, first_step=first_step,
+      flip=config.random_flip, shift=config.random_shift))
+  try:
+    for epoch in range(first_epoch, config.epochs):
+      start = time.perf_counter()
+      train_step.totals.reset()
+      progress.start_epoch(epoch)
+      for done in range(first_step + 1, steps_per_epoch + 1):
+        stop_agreed = train_step(*next(batches), stop_requests.requested)
+        if not optimizer_state_broadcast:
+          # After the first update every optimizer has its state (slots of
+          # legacy optimizers exist only now): broadcast it with the
+          # weights so every rank continues from rank 0's exact state.
+          distributed.broadcast_from_chief(model.variables +
+                                           optimizers.state(optimizer))
+          optimizer_state_broadcast = True
+        here = checkpoint.Position(epoch, done, global_batch, world.size)
+        global_step = epoch * steps_per_epoch + done
+        if stop_agreed:
+          _preempted(run, here, global_step, stop_requests.signum)
+        every = config.checkpoint_every_steps
+        if run and every and global_step % every == 0:
+          run.checkpoints.save(here, global_step)
+        progress.step(done)
+      first_step = 0
+      train = train_step.totals.result()  # an allreduce: all ranks are done
+      train_seconds = time.perf_counter() - start
 
-    # BatchNorm's moving statistics are updated from each rank's own batches
-    # and drift apart; average them so every rank evaluates (and ends with)
-    # one model.
-    distributed.average_across_ranks(model.non_trainable_variables)
-    val = steps.evaluate(eval_step, data.eval_batches(
-        splits.test, info, rank=world.rank, world_size=world.size,
-        batch_size=config.batch_size))
-    epoch_seconds = time.perf_counter() - start
-    cumulative_seconds += epoch_seconds
-    global_step = int(optimizer.iterations.numpy())
-    stop_now = stop.update(epoch=epoch + 1, val_accuracy=val.accuracy,
-                           cumulative_seconds=cumulative_seconds)
+      # BatchNorm's moving statistics are updated from each rank's own
+      # batches and drift apart; average them so every rank evaluates (and
+      # ends with) one model.
+      distributed.average_across_ranks(model.non_trainable_variables)
+      val = steps.evaluate(eval_step, data.eval_batches(
+          splits.test, info, rank=world.rank, world_size=world.size,
+          batch_size=config.batch_size))
+      epoch_seconds = time.perf_counter() - start
+      cumulative_seconds += epoch_seconds
+      global_step = (epoch + 1) * steps_per_epoch
+      stop_now = stop.update(epoch=epoch + 1, val_accuracy=val.accuracy,
+                             cumulative_seconds=cumulative_seconds)
 
-    record = {
-        "epoch": epoch + 1,
-        "global_step": global_step,
-        "train_loss": train.loss,
-        "train_accuracy": train.accuracy,
-        "val_loss": val.loss,
-        "val_accuracy": val.accuracy,
-        # The rate of the epoch's last update, as the optimizer applied it.
-        "learning_rate": float(learning_rate(global_step - 1)),
-        "images_per_sec": train.examples / train_seconds,
-        "epoch_seconds": epoch_seconds,
-        "cumulative_seconds": cumulative_seconds,
-        "world_size": world.size,
-    }
-    if config.target_accuracy:
-      record["target_accuracy_first_epoch"] = stop.first_reached_epoch
-      record["target_accuracy_first_seconds"] = stop.first_reached_seconds
-    history.append(record)
-    reporter.epoch(record)
-    if stop_now:
-      logging.info("stopping early: validation accuracy >= %g for %d "
-                   "epochs; first reached at epoch %d, %.1fs",
-                   config.target_accuracy, config.patience,
-                   stop.first_reached_epoch, stop.first_reached_seconds)
-      break
+      record = {
+          "epoch": epoch + 1,
+          "global_step": global_step,
+          "train_loss": train.loss,
+          "train_accuracy": train.accuracy,
+          "val_loss": val.loss,
+          "val_accuracy": val.accuracy,
+          # The rate of the epoch's last update, as the optimizer applied it.
+          "learning_rate": float(learning_rate(global_step - 1)),
+          "images_per_sec": train.examples / train_seconds,
+          "epoch_seconds": epoch_seconds,
+          "cumulative_seconds": cumulative_seconds,
+          "world_size": world.size,
+      }
+      if config.target_accuracy:
+        record["target_accuracy_first_epoch"] = stop.first_reached_epoch
+        record["target_accuracy_first_seconds"] = stop.first_reached_seconds
+      history.append(record)
+      reporter.epoch(record)
+      if run:
+        run.end_epoch(checkpoint.Position(epoch + 1, 0, global_batch,
+                                          world.size), global_step,
+                      val.accuracy)
+      if stop_now:
+        logging.info("stopping early: validation accuracy >= %g for %d "
+                     "epochs; first reached at epoch %d, %.1fs",
+                     config.target_accuracy, config.patience,
+                     stop.first_reached_epoch, stop.first_reached_seconds)
+        break
+  finally:
+    stop_requests.uninstall()
 
-  logging.info("final test loss %.4f, test accuracy %.4f (%d examples); "
-               "metrics in %s", val.loss, val.accuracy, val.examples,
-               reporter.metrics_path)
+  if history:
+    logging.info("final test loss %.4f, test accuracy %.4f (%d examples); "
+                 "metrics in %s", val.loss, val.accuracy, val.examples,
+                 reporter.metrics_path)
+  if run:
+    run.export(info)
   return TrainResult(model=model, history=history, train_step=train_step,
                      eval_step=eval_step)
+
+
+class _Run:
+  """Rank 0's side of a run's model_dir: checkpoints, flags, exports."""
+
+  def __init__(self, model_dir: str, config: TrainConfig, *, model,
+               optimizer, identity: str):
+    self.model_dir = model_dir
+    self._config = config
+    self._model = model
+    self._optimizer = optimizer
+    self._identity = identity
+    self.checkpoints = None
+
+  def open(self) -> Optional[checkpoint.Position]:
+    """Checks model_dir against the resume flags; restores; records flags.
+
+    Nothing is written before the checks pass, so a refused run leaves the
+    directory (and any checkpoints in it) exactly as it was.
+    """
+    _make_model_dir(self.model_dir)
+    self.checkpoints = checkpoint.Checkpoints(
+        self.model_dir, model=self._model, optimizer=self._optimizer,
+        keep=self._config.keep_checkpoints, identity=self._identity)
+    position = None
+    if self.checkpoints.existing():
+      if self._config.resume == "never":
+        raise UserError(
+            f"--model_dir={self.model_dir} holds checkpoints of an earlier "
+            "run and --resume=never; pass --resume=auto to continue it, or "
+            "another --model_dir")
+      position = self.checkpoints.restore_latest_readable()
+      logging.info("resuming %s at epoch %d, step %d", self.model_dir,
+                   position.epoch + 1, position.step)
+    elif self._config.resume == "never" and os.path.exists(
+        os.path.join(self.model_dir, report.METRICS_FILE)):
+      raise UserError(f"--model_dir={self.model_dir} holds an earlier run "
+                      "(metrics.jsonl) and --resume=never; choose another "
+                      "--model_dir")
+    elif self._config.resume_from:
+      source = checkpoint.resolve(self._config.resume_from)
+      position = self.checkpoints.restore(source)
+      logging.info("starting %s from %s (epoch %d, step %d)", self.model_dir,
+                   source, position.epoch + 1, position.step)
+    _record_flags(self.model_dir, self._config.command_line)
+    return position
+
+  def end_epoch(self, position: checkpoint.Position, global_step: int,
+                val_accuracy: float) -> None:
+    self.checkpoints.save(position, global_step)
+    if self.checkpoints.save_if_best(position, global_step, val_accuracy):
+      logging.info("best validation accuracy so far: %.4f", val_accuracy)
+
+  def export(self, info) -> None:
+    """The final model and the best checkpoint, as SavedModels."""
+    directory = os.path.join(self.model_dir, export.EXPORT_DIR)
+    export.save(self._model, info, os.path.join(directory, "final"))
+    if self.checkpoints.best_path:
+      export.save_checkpoint(self._model, self.checkpoints.best_path, info,
+                             os.path.join(directory, "best"))
+    logging.info("exported SavedModels to %s (final, best)", directory)
+
+
+def _starting_point(position, steps_per_epoch: int, global_batch: int,
+                    world_size: int) -> tuple[int, int]:
+  """The (epoch, step) to continue from, in this run's steps.
+
+  With another number of processes (or batch size) the global batch
+  differs, so the steps done so far in the epoch are converted through the
+  examples they covered.
+  """
+  if position is None:
+    return 0, 0
+  step = position.step
+  if position.global_batch != global_batch:
+    step = position.step * position.global_batch // global_batch
+    logging.info("resuming on %d processes (was %d): global batch %d (was "
+                 "%d), %d steps per epoch; the learning rate is rescaled; "
+                 "step %d of the epoch becomes step %d", world_size,
+                 position.world_size, global_batch, position.global_batch,
+                 steps_per_epoch, position.step, step)
+  # A stop after an epoch's last step resumes with no steps left in it: the
+  # epoch is still evaluated and recorded.
+  return position.epoch, min(step, steps_per_epoch)
+
+
+def _preempted(run, position: checkpoint.Position, global_step: int,
+               signum: int):
+  where = f"epoch {position.epoch + 1}, step {position.step}"
+  name = signal.Signals(signum).name if signum else "a signal on another rank"
+  if run:
+    path = run.checkpoints.save(position, global_step)
+    raise preemption.Preempted(
+        signum, f"stopped by {name} at {where}; saved {path}; run the same "
+        "command again to continue")
+  raise preemption.Preempted(signum, f"stopped by {name} at {where}")
+
+
+def _record_flags(model_dir: str, command_line: str) -> None:
+  """flags.txt: the flags of the run's first start, usable as a flagfile.
+
+  A resumed start's flags go to flags.latest.txt; flags.txt is never
+  overwritten, so the run can always be reproduced from its start.
+  """
+  first = os.path.join(model_dir, FLAGS_FILE)
+  path = os.path.join(model_dir, "flags.latest.txt") if os.path.exists(
+      first) else first
+  with open(path, "w") as f:
+    f.write(command_line)
 
 
 def _make_model_dir(path: str) -> None:
@@ -256,7 +410,12 @@ def config_from_flags() -> TrainConfig:
       progress=FLAGS.progress,
       seed=FLAGS.seed, model_dir=FLAGS.model_dir,
       intra_op_threads=FLAGS.intra_op_threads,
-      inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus)
+      inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
+      deterministic=FLAGS.deterministic,
+      resume=FLAGS.resume, resume_from=FLAGS.resume_from,
+      keep_checkpoints=FLAGS.keep_checkpoints,
+      checkpoint_every_steps=FLAGS.checkpoint_every_steps,
+      command_line=engine_flags.as_flagfile())
 
 
 def main(argv):
@@ -266,6 +425,9 @@ def main(argv):
     train(config_from_flags())
   except UserError as e:
     _exit_with_error(str(e))
+  except preemption.Preempted as e:
+    print(f"engine.train: {e}", file=sys.stderr)
+    sys.exit(128 + e.signum)
   except tf.errors.DataLossError as e:
     # A TFRecord file found corrupt while streaming: its counts came from
     # flags, so it was not read at start-up, where the check names the file.

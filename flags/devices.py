@@ -12,3 +12,8 @@ flags.DEFINE_bool("bind_cpus", True,
                   "Bind each process to its own slice of the host's cores "
                   "(as mpirun --bind-to core). Turn off when the launcher "
                   "already binds processes to distinct cores.")
+flags.DEFINE_bool("deterministic", False,
+                  "Deterministic ops (tf.config.experimental."
+                  "enable_op_determinism): reruns and resumed runs give the "
+                  "same weights as uninterrupted ones, to float tolerance. "
+                  "Slower on GPUs.")

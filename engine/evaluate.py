@@ -1,0 +1,99 @@
+r"""Evaluates a run's checkpoint on its test set, on one process or N.
+
+  .venv/bin/python -m engine.evaluate --model_dir=runs/fashion_mnist_cpu
+  horovodrun -np 2 .venv/bin/python -m engine.evaluate \
+      --model_dir=runs/fashion_mnist_cpu --checkpoint=best
+
+The run's own flags (model_dir/flags.txt, or flags.latest.txt after a
+resume) say which model and data set; flags given here override them (a new
+--data_dir, a larger --batch_size). Rank 0 restores the checkpoint and
+broadcasts the weights; each rank evaluates its shard of the test set and
+the figures are reduced exactly, as during training.
+"""
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+from engine import checkpoint
+from engine import data
+from engine import datasets
+from engine import distributed
+from engine import report
+from engine import step as steps
+from engine import train as engine_train
+from engine.errors import UserError
+import models
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoint", "latest",
+                    "Which checkpoint: latest, best, or a checkpoint prefix "
+                    "(model_dir/checkpoints/ckpt-N).")
+
+
+def evaluate(config: engine_train.TrainConfig, which: str):
+  """Returns (checkpoint path, metrics.Result) on every rank."""
+  world = distributed.init(intra_op_threads=config.intra_op_threads,
+                           inter_op_threads=config.inter_op_threads,
+                           bind_cpus=config.bind_cpus,
+                           deterministic=config.deterministic)
+  report.configure_logging(distributed.is_chief())
+  splits = datasets.load(config.dataset, data_dir=config.data_dir,
+                         **config.data_params)
+  model = models.build(config.model, input_shape=splits.info.image_shape,
+                       num_classes=splits.info.num_classes,
+                       **config.model_params)
+
+  def restore():
+    checkpoints = checkpoint.Checkpoints(
+        config.model_dir, model=model, optimizer=None, keep=1,
+        identity=checkpoint.identity(model, splits.info))
+    path = {"latest": (checkpoints.existing() or [None])[-1],
+            "best": checkpoints.best_path}.get(which, which)
+    if not path:
+      raise UserError(f"--model_dir={config.model_dir}: no {which} "
+                      "checkpoint in checkpoints/")
+    checkpoints.restore(path)
+    return path
+
+  path = distributed.on_chief(restore if distributed.is_chief() else None,
+                              name="evaluate_restore")
+  distributed.broadcast_from_chief(model.variables)
+  result = steps.evaluate(steps.EvalStep(model=model), data.eval_batches(
+      splits.test, splits.info, rank=world.rank, world_size=world.size,
+      batch_size=config.batch_size))
+  return path, result
+
+
+def _run_flags(model_dir: str) -> str:
+  for name in ("flags.latest.txt", engine_train.FLAGS_FILE):
+    path = os.path.join(model_dir, name)
+    if os.path.exists(path):
+      return path
+  raise UserError(f"--model_dir={model_dir}: no {engine_train.FLAGS_FILE}; "
+                  "is it a model_dir written by engine.train?")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    if not FLAGS.model_dir:
+      raise UserError("--model_dir is required: the run to evaluate")
+    # Re-read the flags: the run's own first, then this command line's.
+    run_flags = _run_flags(FLAGS.model_dir)
+    given = sys.argv[1:]
+    FLAGS.unparse_flags()
+    FLAGS([sys.argv[0], f"--flagfile={run_flags}", *given])
+    path, result = evaluate(engine_train.config_from_flags(), FLAGS.checkpoint)
+  except UserError as e:
+    print(f"engine.evaluate: error: {e}", file=sys.stderr)
+    sys.exit(2)
+  if distributed.is_chief():
+    print(f"{path}: test loss {result.loss:.4f}, test accuracy "
+          f"{result.accuracy:.4f} ({result.examples} examples)")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,49 @@
+"""Preemption: SIGTERM or SIGINT ends the run at a step boundary, saved.
+
+Schedulers (SLURM, Kubernetes, spot instances) announce a preemption with
+SIGTERM, and Ctrl-C sends SIGINT; horovodrun passes either on to every rank
+as SIGTERM and kills them 5 s later. The handler only records the signal.
+The train step reduces that record across ranks with the gradients, so all
+ranks learn of it after the same step, even if the signal reached them a
+step apart; then rank 0 saves a checkpoint and every rank exits. A second
+signal interrupts at once, for a user who does not want to wait.
+"""
+import signal
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(Exception):
+  """Raised on every rank once all have agreed to stop."""
+
+  def __init__(self, signum: int, message: str):
+    super().__init__(message)
+    self.signum = signum
+
+
+class StopRequests:
+  """Records SIGTERM and SIGINT instead of dying on them."""
+
+  def __init__(self):
+    self.signum = 0
+    self._previous = {}
+
+  def install(self) -> None:
+    for signum in SIGNALS:
+      self._previous[signum] = signal.signal(signum, self._record)
+
+  def uninstall(self) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+    self._previous.clear()
+
+  @property
+  def requested(self) -> bool:
+    return bool(self.signum)
+
+  def _record(self, signum, frame):
+    del frame
+    self.signum = self.signum or signum
+    # The next signal takes the usual way out.
+    signal.signal(signum, signal.default_int_handler
+                  if signum == signal.SIGINT else signal.SIG_DFL)
