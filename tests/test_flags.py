@@ -40,8 +40,18 @@ def test_recipe_parses_and_starts_with_its_command(recipe, parsed):
 def test_cpu_recipe_is_the_defaults(parsed):
   defaults = parsed()
   recipe = parsed(f"--flagfile={fixtures.REPO}/flags/fashion_mnist_cpu.cfg")
-  assert recipe == engine_train.TrainConfig(
-      **{**defaults.__dict__, "model_dir": "runs/fashion_mnist_cpu"})
+  assert recipe == engine_train.TrainConfig(**{
+      **defaults.__dict__, "model_dir": "runs/fashion_mnist_cpu",
+      "command_line": recipe.command_line})
+
+
+def test_the_recorded_flags_are_a_flagfile_of_the_engines_flags(parsed):
+  config = parsed("--epochs=3", "--model=wrn")
+  lines = config.command_line.splitlines()
+  assert "--epochs=3" in lines and "--model=wrn" in lines
+  assert "--lr_decay_epochs=15,25,35" in lines
+  assert not [l for l in lines if "verbosity" in l or "pdb" in l]
+  assert parsed(*lines) == config
 
 
 def test_flags_after_the_flagfile_override_it(parsed):
