@@ -18,13 +18,10 @@ from absl import flags
 
 from engine import checkpoint
 from engine import data
-from engine import datasets
 from engine import distributed
-from engine import report
 from engine import step as steps
 from engine import train as engine_train
 from engine.errors import UserError
-import models
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", "latest",
@@ -34,16 +31,7 @@ flags.DEFINE_string("checkpoint", "latest",
 
 def evaluate(config: engine_train.TrainConfig, which: str):
   """Returns (checkpoint path, metrics.Result) on every rank."""
-  world = distributed.init(intra_op_threads=config.intra_op_threads,
-                           inter_op_threads=config.inter_op_threads,
-                           bind_cpus=config.bind_cpus,
-                           deterministic=config.deterministic)
-  report.configure_logging(distributed.is_chief())
-  splits = datasets.load(config.dataset, data_dir=config.data_dir,
-                         **config.data_params)
-  model = models.build(config.model, input_shape=splits.info.image_shape,
-                       num_classes=splits.info.num_classes,
-                       **config.model_params)
+  world, splits, model = engine_train.prepare(config)
 
   def restore():
     checkpoints = checkpoint.Checkpoints(

@@ -93,19 +93,30 @@ class TrainResult:
   eval_step: steps.EvalStep
 
 
-def train(config: TrainConfig) -> TrainResult:
-  # Distributed setup: Horovod, this process's device and cores.
+def prepare(config: TrainConfig):
+  """Distributed setup, the data set and the model: what training and
+  evaluation share. Returns (world, splits, model)."""
   world = distributed.init(intra_op_threads=config.intra_op_threads,
                            inter_op_threads=config.inter_op_threads,
                            bind_cpus=config.bind_cpus,
                            deterministic=config.deterministic)
-  chief = distributed.is_chief()
-  report.configure_logging(chief)
+  report.configure_logging(distributed.is_chief())
   logging.info("%d processes; %s", world.size, _describe(world))
-
-  # Input pipeline: every rank reads its own shard of the same examples.
   splits = datasets.load(config.dataset, data_dir=config.data_dir,
                          **config.data_params)
+  # The same seed everywhere, then rank 0's weights win anyway.
+  tf.keras.utils.set_random_seed(config.seed)
+  model = models.build(config.model, input_shape=splits.info.image_shape,
+                       num_classes=splits.info.num_classes,
+                       **config.model_params)
+  return world, splits, model
+
+
+def train(config: TrainConfig) -> TrainResult:
+  # Distributed setup (Horovod, this process's device and cores), the data
+  # set every rank reads its own shard of, and the model.
+  world, splits, model = prepare(config)
+  chief = distributed.is_chief()
   info = splits.info
   steps_per_epoch = data.steps_per_epoch(
       num_train=info.num_train, batch_size=config.batch_size,
@@ -116,10 +127,6 @@ def train(config: TrainConfig) -> TrainResult:
                "x".join(map(str, info.image_shape)), global_batch,
                steps_per_epoch)
 
-  # Model: the same seed everywhere, then rank 0's weights win anyway.
-  tf.keras.utils.set_random_seed(config.seed)
-  model = models.build(config.model, input_shape=info.image_shape,
-                       num_classes=info.num_classes, **config.model_params)
   logging.info("model %s: %d parameters", model.name, model.count_params())
 
   # Optimizer and learning rate: scaled with the global batch (linear:
