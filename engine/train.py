@@ -259,6 +259,10 @@ def train(config: TrainConfig) -> TrainResult:
     logging.info("final test loss %.4f, test accuracy %.4f (%d examples); "
                  "metrics in %s", val.loss, val.accuracy, val.examples,
                  reporter.metrics_path)
+  else:
+    logging.info("%s has finished its %d epochs already; pass a larger "
+                 "--epochs to train on, or another --model_dir for a new run",
+                 model_dir, config.epochs)
   if run:
     run.export(info)
   return TrainResult(model=model, history=history, train_step=train_step,

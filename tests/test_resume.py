@@ -299,3 +299,12 @@ def test_evaluate_reproduces_the_final_figures(uninterrupted, processes):
   assert f"test loss {last['val_loss']:.4f}" in line[0]
   assert f"test accuracy {last['val_accuracy']:.4f}" in line[0]
   assert f"ckpt-{4 * STEPS}" in line[0]
+
+
+def test_rerunning_a_finished_run_says_so_and_keeps_it(data_dir,
+                                                       uninterrupted, runs):
+  model_dir = copy_of(uninterrupted / "whole1", runs, "finished")
+  before = records(model_dir)
+  result = train(data_dir, model_dir)
+  assert "has finished its 4 epochs already" in result.stderr
+  assert records(model_dir) == before
