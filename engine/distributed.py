@@ -21,8 +21,6 @@ class World:
   """Where this process stands among the others."""
   rank: int
   size: int
-  local_rank: int
-  local_size: int
   device: str            # "GPU" or "CPU"
   intra_op_threads: int  # 0 = TensorFlow's default (on GPU)
   inter_op_threads: int
@@ -48,8 +46,8 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
     gpu = gpus[hvd.local_rank() % len(gpus)]
     tf.config.experimental.set_memory_growth(gpu, True)
     tf.config.set_visible_devices(gpu, "GPU")
-    return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                 device="GPU", intra_op_threads=0, inter_op_threads=0)
+    return World(hvd.rank(), hvd.size(), device="GPU", intra_op_threads=0,
+                 inter_op_threads=0)
   if bind_cpus:
     bind_to_own_cores(hvd.local_rank(), hvd.local_size())
   auto_intra, auto_inter = cpu_threads(available_cores(), hvd.local_size())
@@ -57,8 +55,8 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
   inter = inter_op_threads or auto_inter
   tf.config.threading.set_intra_op_parallelism_threads(intra)
   tf.config.threading.set_inter_op_parallelism_threads(inter)
-  return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-               device="CPU", intra_op_threads=intra, inter_op_threads=inter)
+  return World(hvd.rank(), hvd.size(), device="CPU", intra_op_threads=intra,
+               inter_op_threads=inter)
 
 
 def bind_to_own_cores(local_rank: int, local_size: int) -> None:

@@ -176,6 +176,7 @@ def train(config: TrainConfig) -> TrainResult:
   stop_requests.install()
 
   # Train loop.
+  every = config.checkpoint_every_steps
   optimizer_state_broadcast = False
   history = []
   cumulative_seconds = 0.0
@@ -192,19 +193,20 @@ def train(config: TrainConfig) -> TrainResult:
       for done in range(first_step + 1, steps_per_epoch + 1):
         stop_agreed = train_step(*next(batches), stop_requests.requested)
         if not optimizer_state_broadcast:
-          # After the first update every optimizer has its state (slots of
-          # legacy optimizers exist only now): broadcast it with the
-          # weights so every rank continues from rank 0's exact state.
+          # Once per run, after the first update: whatever state an
+          # optimizer creates at its first step rather than in
+          # optimizers.build_state becomes rank 0's too.
           distributed.broadcast_from_chief(model.variables +
                                            optimizers.state(optimizer))
           optimizer_state_broadcast = True
-        here = checkpoint.Position(epoch, done, global_batch, world.size)
         global_step = epoch * steps_per_epoch + done
         if stop_agreed:
-          _preempted(run, here, global_step, stop_requests.signum)
-        every = config.checkpoint_every_steps
+          _preempted(run, checkpoint.Position(epoch, done, global_batch,
+                                              world.size),
+                     global_step, stop_requests.signum)
         if run and every and global_step % every == 0:
-          run.checkpoints.save(here, global_step)
+          run.checkpoints.save(checkpoint.Position(
+              epoch, done, global_batch, world.size), global_step)
         progress.step(done)
       first_step = 0
       train = train_step.totals.result()  # an allreduce: all ranks are done

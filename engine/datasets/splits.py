@@ -34,7 +34,6 @@ class RecordFiles:
   `image/class/label` (int64), the layout of ImageNet's TFRecords.
   """
   files: tuple[str, ...]
-  num_examples: int
   label_offset: int  # subtracted from stored labels (1 for 1-based labels)
 
 

@@ -38,8 +38,8 @@ def load(*, data_dir: str, image_size: int, num_classes: int,
       num_classes=num_classes, num_train=train_examples or _count(train),
       num_test=test_examples or _count(test), mean=IMAGENET_MEAN,
       std=IMAGENET_STD)
-  return Splits(train=RecordFiles(train, info.num_train, label_offset),
-                test=RecordFiles(test, info.num_test, label_offset),
+  return Splits(train=RecordFiles(train, label_offset),
+                test=RecordFiles(test, label_offset),
                 info=info)
 
 
