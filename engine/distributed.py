@@ -27,13 +27,18 @@ class World:
 
 
 def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
-         bind_cpus: bool = True, deterministic: bool = False) -> World:
+         bind_cpus: bool = True, deterministic: bool = False,
+         timeline: bool = False) -> World:
   """Starts Horovod and gives this process its device and its share of cores.
 
   On CPU, thread counts of 0 mean "this process's share" (`cpu_threads`).
-  Must run before TensorFlow executes anything: devices and thread pools are
-  fixed at the first op.
+  `timeline` lets the run start and stop Horovod's timeline for a range of
+  steps (profiling.StepProfiler). Must run before TensorFlow executes
+  anything: devices and thread pools are fixed at the first op.
   """
+  if timeline:
+    # Read by hvd.init: a timeline that hvd.start_timeline can switch on.
+    os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
   hvd.init()
   if deterministic:
     # Same inputs, same results, op by op (slower on GPUs); what makes a

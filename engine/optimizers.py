@@ -27,16 +27,18 @@ def names() -> list[str]:
   return ["adam", "lamb", "novograd", "sgd"]
 
 
-def build(name: str, *, learning_rate, momentum: float,
-          nesterov: bool) -> tf.keras.optimizers.Optimizer:
-  """`learning_rate` is a float or a LearningRateSchedule of the step."""
-  # jit_compile=False: XLA is a per-run choice of the step, not of the
-  # optimizer's update alone.
+def build(name: str, *, learning_rate, momentum: float, nesterov: bool,
+          xla: bool = False) -> tf.keras.optimizers.Optimizer:
+  """`learning_rate` is a float or a LearningRateSchedule of the step.
+
+  `xla` compiles the update of Keras' own optimizers (which do so on GPUs
+  only); XLA is the run's choice (--xla), not Keras' default.
+  """
   if name == "sgd":
     return tf.keras.optimizers.SGD(learning_rate, momentum=momentum,
-                                   nesterov=nesterov, jit_compile=False)
+                                   nesterov=nesterov, jit_compile=xla)
   if name == "adam":
-    return tf.keras.optimizers.Adam(learning_rate, jit_compile=False)
+    return tf.keras.optimizers.Adam(learning_rate, jit_compile=xla)
   if name in ("novograd", "lamb"):
     addons = _tensorflow_addons()
     if name == "novograd":

@@ -62,10 +62,12 @@ class Reporter:
       return
     logging.info(
         "epoch %d/%d  train loss %.4f acc %.4f | val loss %.4f acc %.4f | "
-        "lr %.3g | %.0f img/s | %.1fs (total %.1fs)",
+        "lr %.3g | %.0f img/s, %.1fs input wait + %.1fs in steps | %.1fs "
+        "(total %.1fs)",
         record["epoch"], self._epochs, record["train_loss"],
         record["train_accuracy"], record["val_loss"], record["val_accuracy"],
         record["learning_rate"], record["images_per_sec"],
+        record["input_seconds"], record["step_seconds"],
         record["epoch_seconds"], record["cumulative_seconds"])
     with open(self.metrics_path, "a") as f:
       f.write(json.dumps(record) + "\n")

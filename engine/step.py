@@ -11,22 +11,51 @@ import tensorflow as tf
 
 from engine import metrics
 from engine import optimizers
+from engine import precision
+from engine.errors import UserError
+
+ALLREDUCE_OPS = ("average", "adasum")
+COMPRESSIONS = ("none", "fp16")
+_HOROVOD_OPS = {"average": hvd.Average, "adasum": hvd.Adasum}
+_HOROVOD_COMPRESSIONS = {"none": hvd.Compression.none,
+                         "fp16": hvd.Compression.fp16}
 
 
 class TrainStep:
   """One optimizer step on one batch per rank; traced once per run.
+
+  The step, in order: the forward pass and the loss (scaled under float16),
+  the backward pass, the gradients' allreduce, unscaling, the update. With
+  `accumulation_steps` K > 1 the batch is split into K micro-batches whose
+  local gradients are averaged before the one allreduce.
 
   Counts its traces (`traces`) because a retrace per step or per epoch is a
   silent, large slowdown that tests should catch.
   """
 
   def __init__(self, *, model: tf.keras.Model,
-               optimizer: tf.keras.optimizers.Optimizer):
+               optimizer: tf.keras.optimizers.Optimizer,
+               allreduce_op: str = "average", compression: str = "none",
+               accumulation_steps: int = 1, xla: bool = False):
     self.model = model
     self.optimizer = optimizer
     optimizers.build_state(optimizer, model.trainable_variables)
     self.totals = metrics.Totals("train_totals")
     self.traces = 0
+    if allreduce_op == "adasum" and not hvd.mpi_enabled():
+      raise UserError("--allreduce_op=adasum needs Horovod's MPI controller, "
+                      "and this job runs on Gloo; build Horovod with MPI and "
+                      "launch with mpirun or horovodrun --mpi (BUILD.md), or "
+                      "use --allreduce_op=average")
+    self._allreduce = dict(op=_HOROVOD_OPS[allreduce_op],
+                           compression=_HOROVOD_COMPRESSIONS[compression])
+    self._accumulation_steps = accumulation_steps
+    self._scales_loss = precision.scales_loss(optimizer)
+    # XLA compiles the forward pass, and TensorFlow compiles its gradient
+    # with it; Horovod's allreduce has no XLA kernel on CPU, so it and the
+    # update run outside, between compiled pieces.
+    self._forward = (tf.function(self._forward_pass, jit_compile=True)
+                     if xla else self._forward_pass)
     # Tensors, not Python floats: a Python argument would be traced in.
     self._flags = {False: tf.constant(0.0), True: tf.constant(1.0)}
     self._step = tf.function(self._train_step)
@@ -38,33 +67,70 @@ class TrainStep:
 
   def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
-    with tf.GradientTape() as tape:
-      logits = self.model(images, training=True)
-      per_example_loss = cross_entropy(labels, logits)
-      loss = tf.reduce_mean(per_example_loss)
-      if self.model.losses:  # weight decay, as the layers' regularizers say
-        loss += tf.add_n(self.model.losses)
-    tape = hvd.DistributedGradientTape(tape)
     variables = self.model.trainable_variables
-    gradients = tape.gradient(loss, variables)
+    if self._accumulation_steps == 1:
+      with tf.GradientTape() as tape:
+        loss = self._loss(images, labels)
+      tape = hvd.DistributedGradientTape(tape, **self._allreduce)
+      gradients = tape.gradient(loss, variables)
+    else:
+      # DistributedGradientTape reduces every backward pass; accumulating
+      # needs the local gradients first, then one reduction of their mean.
+      gradients = hvd.grouped_allreduce(
+          self._accumulated_gradients(images, labels, variables),
+          **self._allreduce)
+    if self._scales_loss:  # after the allreduce: it sums scaled gradients
+      gradients = self.optimizer.get_unscaled_gradients(gradients)
     self.optimizer.apply_gradients(zip(gradients, variables))
-    self.totals.update(per_example_loss, logits, labels)
     # Fused with the gradients' allreduce: the stop decision costs no
     # extra round trip, and every rank takes it after the same step.
     return hvd.allreduce(stop_requested, op=hvd.Max,
                          name="stop_requested") > 0
 
+  def _loss(self, images, labels):
+    """The batch's loss to differentiate (times the loss scale under
+    float16); counts the batch in the epoch's totals."""
+    per_example_loss, logits, loss = self._forward(images, labels)
+    self.totals.update(per_example_loss, logits, labels)
+    if self._scales_loss:
+      return self.optimizer.get_scaled_loss(loss)
+    return loss
+
+  def _forward_pass(self, images, labels):
+    logits = self.model(images, training=True)
+    per_example_loss = cross_entropy(labels, logits)
+    loss = tf.reduce_mean(per_example_loss)
+    if self.model.losses:  # weight decay, as the layers' regularizers say
+      loss += tf.add_n(self.model.losses)
+    return per_example_loss, logits, loss
+
+  def _accumulated_gradients(self, images, labels, variables):
+    """The mean of the micro-batches' local gradients: the gradient of the
+    whole batch's mean loss, with the activations of one micro-batch alive
+    at a time."""
+    k = self._accumulation_steps
+    images = tf.reshape(images, [k, -1, *images.shape[1:]])
+    labels = tf.reshape(labels, [k, -1])
+    sums = [tf.zeros_like(v) for v in variables]
+    for i in tf.range(k):
+      with tf.GradientTape() as tape:
+        loss = self._loss(images[i], labels[i])
+      sums = [s + g for s, g in zip(sums, tape.gradient(loss, variables))]
+    return [s / k for s in sums]
+
 
 class EvalStep:
   """Inference on one batch of any size; traced once per run."""
 
-  def __init__(self, *, model: tf.keras.Model):
+  def __init__(self, *, model: tf.keras.Model, xla: bool = False):
     self.model = model
     self.totals = metrics.Totals("eval_totals")
     self.traces = 0
-    # A batch dimension of None: the last, shorter batch reuses the trace.
+    # A batch dimension of None: the last, shorter batch reuses the trace
+    # (XLA compiles it once more, for its shape).
     shape = [None, *model.input_shape[1:]]
-    self._step = tf.function(self._eval_step, input_signature=[
+    self._step = tf.function(self._eval_step, jit_compile=xla,
+                             input_signature=[
         tf.TensorSpec(shape, tf.float32), tf.TensorSpec([None], tf.int64)])
 
   def __call__(self, images: tf.Tensor, labels: tf.Tensor) -> None:

@@ -27,7 +27,9 @@ from engine import datasets
 from engine import distributed
 from engine import export
 from engine import optimizers
+from engine import precision
 from engine import preemption
+from engine import profiling
 from engine import progress as progress_lib
 from engine import report
 from engine import schedules
@@ -83,6 +85,16 @@ class TrainConfig:
   inter_op_threads: int
   bind_cpus: bool
   deterministic: bool
+  # Performance
+  mixed_precision: str
+  xla: bool
+  gradient_compression: str
+  allreduce_op: str
+  grad_accum_steps: int
+  # Profiling
+  profile_steps: tuple  # (first, last) global steps, or () for none
+  profile_all_ranks: bool
+  horovod_timeline: bool
 
 
 @dataclasses.dataclass
@@ -99,13 +111,15 @@ def prepare(config: TrainConfig):
   world = distributed.init(intra_op_threads=config.intra_op_threads,
                            inter_op_threads=config.inter_op_threads,
                            bind_cpus=config.bind_cpus,
-                           deterministic=config.deterministic)
+                           deterministic=config.deterministic,
+                           timeline=config.horovod_timeline)
   report.configure_logging(distributed.is_chief())
   logging.info("%d processes; %s", world.size, _describe(world))
   splits = datasets.load(config.dataset, data_dir=config.data_dir,
                          **config.data_params)
   # The same seed everywhere, then rank 0's weights win anyway.
   tf.keras.utils.set_random_seed(config.seed)
+  precision.set_policy(config.mixed_precision)
   model = models.build(config.model, input_shape=splits.info.image_shape,
                        num_classes=splits.info.num_classes,
                        **config.model_params)
@@ -118,14 +132,18 @@ def train(config: TrainConfig) -> TrainResult:
   world, splits, model = prepare(config)
   chief = distributed.is_chief()
   info = splits.info
+  # A step takes grad_accum_steps micro-batches of batch_size per rank.
+  step_batch = config.batch_size * config.grad_accum_steps
   steps_per_epoch = data.steps_per_epoch(
-      num_train=info.num_train, batch_size=config.batch_size,
+      num_train=info.num_train, batch_size=step_batch,
       world_size=world.size, requested=config.steps_per_epoch)
-  global_batch = config.batch_size * world.size
-  logging.info("%s: %d train, %d test examples of %s; global batch %d, "
+  global_batch = step_batch * world.size
+  logging.info("%s: %d train, %d test examples of %s; global batch %d%s, "
                "%d steps per epoch", info.name, info.num_train, info.num_test,
                "x".join(map(str, info.image_shape)), global_batch,
-               steps_per_epoch)
+               f" ({config.grad_accum_steps} micro-batches of "
+               f"{config.batch_size} per process)"
+               if config.grad_accum_steps > 1 else "", steps_per_epoch)
 
   logging.info("model %s: %d parameters", model.name, model.count_params())
 
@@ -141,16 +159,24 @@ def train(config: TrainConfig) -> TrainResult:
       decay_epochs=config.lr_decay_epochs,
       decay_factor=config.lr_decay_factor,
       total_steps=config.epochs * steps_per_epoch)
-  optimizer = optimizers.build(config.optimizer, learning_rate=learning_rate,
-                               momentum=config.momentum,
-                               nesterov=config.nesterov)
+  optimizer = precision.with_loss_scaling(
+      optimizers.build(config.optimizer, learning_rate=learning_rate,
+                       momentum=config.momentum, nesterov=config.nesterov,
+                       xla=config.xla), config.mixed_precision)
   logging.info("%s, learning rate %g x %d processes (%s) = %g%s",
                config.optimizer, config.base_lr, world.size,
                config.lr_scaling, peak_lr,
                f" after {config.warmup_epochs:g} warmup epochs"
                if config.warmup_epochs else "")
-  train_step = steps.TrainStep(model=model, optimizer=optimizer)
-  eval_step = steps.EvalStep(model=model)
+  train_step = steps.TrainStep(
+      model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
+      compression=config.gradient_compression,
+      accumulation_steps=config.grad_accum_steps, xla=config.xla)
+  eval_step = steps.EvalStep(model=model, xla=config.xla)
+  logging.info("precision %s%s; allreduce %s, compression %s",
+               config.mixed_precision if config.mixed_precision != "none"
+               else "float32", ", XLA" if config.xla else "",
+               config.allreduce_op, config.gradient_compression)
 
   # Checkpoints and resuming: rank 0 alone reads and writes model_dir.
   model_dir = config.model_dir or os.path.join(
@@ -174,6 +200,11 @@ def train(config: TrainConfig) -> TrainResult:
   stop = stopping.TargetAccuracy(config.target_accuracy, config.patience)
   stop_requests = preemption.StopRequests()
   stop_requests.install()
+  times = profiling.EpochTimes()
+  profiler = profiling.StepProfiler(
+      model_dir, steps=config.profile_steps, rank=world.rank,
+      all_ranks=config.profile_all_ranks,
+      timeline=config.horovod_timeline)
 
   # Train loop.
   every = config.checkpoint_every_steps
@@ -182,16 +213,22 @@ def train(config: TrainConfig) -> TrainResult:
   cumulative_seconds = 0.0
   batches = iter(data.train_batches(
       splits.train, info, rank=world.rank, world_size=world.size,
-      batch_size=config.batch_size, steps=steps_per_epoch, seed=config.seed,
+      batch_size=step_batch, steps=steps_per_epoch, seed=config.seed,
       first_epoch=first_epoch, first_step=first_step,
       flip=config.random_flip, shift=config.random_shift))
   try:
     for epoch in range(first_epoch, config.epochs):
       start = time.perf_counter()
       train_step.totals.reset()
+      times.reset()
       progress.start_epoch(epoch)
       for done in range(first_step + 1, steps_per_epoch + 1):
-        stop_agreed = train_step(*next(batches), stop_requests.requested)
+        global_step = epoch * steps_per_epoch + done
+        with profiler.step(global_step):
+          with times.input():
+            images, labels = next(batches)
+          with times.step():
+            stop_agreed = train_step(images, labels, stop_requests.requested)
         if not optimizer_state_broadcast:
           # Once per run, after the first update: whatever state an
           # optimizer creates at its first step rather than in
@@ -199,7 +236,6 @@ def train(config: TrainConfig) -> TrainResult:
           distributed.broadcast_from_chief(model.variables +
                                            optimizers.state(optimizer))
           optimizer_state_broadcast = True
-        global_step = epoch * steps_per_epoch + done
         if stop_agreed:
           _preempted(run, checkpoint.Position(epoch, done, global_batch,
                                               world.size),
@@ -235,6 +271,10 @@ def train(config: TrainConfig) -> TrainResult:
           # The rate of the epoch's last update, as the optimizer applied it.
           "learning_rate": float(learning_rate(global_step - 1)),
           "images_per_sec": train.examples / train_seconds,
+          # Rank 0's split of the train time: a large input share means the
+          # input pipeline, not the step, bounds the run.
+          "input_seconds": times.input_seconds,
+          "step_seconds": times.step_seconds,
           "epoch_seconds": epoch_seconds,
           "cumulative_seconds": cumulative_seconds,
           "world_size": world.size,
@@ -255,6 +295,7 @@ def train(config: TrainConfig) -> TrainResult:
                      stop.first_reached_epoch, stop.first_reached_seconds)
         break
   finally:
+    profiler.close()
     stop_requests.uninstall()
 
   if history:
@@ -425,6 +466,14 @@ def config_from_flags() -> TrainConfig:
       intra_op_threads=FLAGS.intra_op_threads,
       inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
       deterministic=FLAGS.deterministic,
+      mixed_precision=FLAGS.mixed_precision, xla=FLAGS.xla,
+      gradient_compression=FLAGS.gradient_compression,
+      allreduce_op=FLAGS.allreduce_op,
+      grad_accum_steps=FLAGS.grad_accum_steps,
+      profile_steps=tuple(int(step) for step in FLAGS.profile_steps.split(",")
+                          if FLAGS.profile_steps),
+      profile_all_ranks=FLAGS.profile_all_ranks,
+      horovod_timeline=FLAGS.horovod_timeline,
       resume=FLAGS.resume, resume_from=FLAGS.resume_from,
       keep_checkpoints=FLAGS.keep_checkpoints,
       checkpoint_every_steps=FLAGS.checkpoint_every_steps,

@@ -75,13 +75,37 @@ def test_steps_are_traced_once_per_run(two):
   assert [(r["train_traces"], r["eval_traces"]) for r in ranks] == [(1, 1)] * 2
 
 
+def step_weights(out_dir, variant):
+  saved = np.load(out_dir / f"step_weights_{variant}.npz")
+  assert saved["traces"] == 1
+  assert saved["max_difference_across_ranks"] == 0
+  return saved["weights"]
+
+
 def test_two_processes_with_batch_b_step_like_one_with_batch_2b(one, two):
-  reference = np.load(one[0] / "step_weights.npz")
-  distributed = np.load(two[0] / "step_weights.npz")
-  assert len(reference.files) == len(distributed.files) > 0
-  for name in reference.files:
-    np.testing.assert_allclose(distributed[name], reference[name],
-                               rtol=1e-5, atol=1e-6)
+  reference = step_weights(one[0], "plain")
+  np.testing.assert_allclose(step_weights(two[0], "plain"), reference,
+                             rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["accumulated", "xla"])
+def test_accumulation_and_xla_take_the_same_step(one, two, variant):
+  """Two micro-batches of B/2 per rank, or an XLA-compiled pass: the step
+  of one process on the whole batch, to float32 rounding."""
+  np.testing.assert_allclose(step_weights(two[0], variant),
+                             step_weights(one[0], "plain"),
+                             rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant, largest", [
+    ("fp16_compressed", 5e-4), ("float16", 1e-2), ("bfloat16", 3e-2)])
+def test_16_bit_options_round_but_take_the_same_step(one, two, variant,
+                                                     largest):
+  """Close to the float32 step (a missing unscale or a wrong reduction would
+  be far off), and not equal to it: the 16-bit path was taken."""
+  difference = np.abs(step_weights(two[0], variant) -
+                      step_weights(one[0], "plain")).max()
+  assert 1e-7 < difference < largest
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +114,8 @@ def command_line(data_dir, tmp_path_factory):
   result = fixtures.launch(
       ["-m", "engine.train", f"--data_dir={data_dir}", "--epochs=2",
        "--batch_size=32", "--steps_per_epoch=12", f"--model_dir={model_dir}",
-       "--warmup_epochs=1", "--lr_schedule=step", "--lr_decay_epochs=1"],
+       "--warmup_epochs=1", "--lr_schedule=step", "--lr_decay_epochs=1",
+       "--profile_steps=3,5", "--horovod_timeline"],
       processes=2)
   assert result.returncode == 0, result.stderr[-3000:]
   return model_dir, result
@@ -107,6 +132,9 @@ def test_metrics_jsonl_has_one_record_per_epoch(command_line):
             "learning_rate", "images_per_sec", "epoch_seconds",
             "cumulative_seconds"} <= r.keys()
     assert r["world_size"] == 2
+    # The train time's split: both measured, within the epoch.
+    assert 0 < r["input_seconds"] and 0 < r["step_seconds"]
+    assert r["input_seconds"] + r["step_seconds"] < r["epoch_seconds"]
   assert records[1]["cumulative_seconds"] > records[0]["cumulative_seconds"]
 
 
@@ -124,6 +152,30 @@ def test_reported_learning_rate_is_the_one_applied_last_in_the_epoch(
 def test_only_rank_zero_writes_tensorboard_summaries(command_line):
   model_dir, _ = command_line
   assert len(list((model_dir / "tensorboard").glob("events.*"))) == 1
+
+
+def xplanes(profile_dir):
+  """The profiler's files, in the layout TensorBoard's profile plugin reads."""
+  return list(profile_dir.glob("plugins/profile/*/*.xplane.pb"))
+
+
+def test_profile_steps_trace_rank_zero_with_step_markers(command_line):
+  model_dir, result = command_line
+  [trace] = xplanes(model_dir / "profile")
+  assert b"step_num" in trace.read_bytes()  # the steps' markers
+  assert not list((model_dir / "profile").glob("rank_*"))
+  assert "profiling steps 3 to 5" in result.stderr
+
+
+def test_horovod_timeline_records_the_profiled_steps_allreduces(
+    command_line):
+  model_dir, _ = command_line
+  events = json.loads((model_dir / "timeline.json").read_text())
+  names = {e.get("name") for e in events}
+  assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= names
+  # Steps 3 to 5 only: a few dozen allreduces, not the run's 24 steps' worth.
+  allreduces = [e for e in events if e.get("name") == "ALLREDUCE"]
+  assert 3 <= len(allreduces) < 24 * 3
 
 
 def test_only_rank_zero_narrates(command_line):
@@ -145,3 +197,18 @@ def test_each_data_set_trains_on_two_processes(two, dataset):
                                                    rel=1e-5)
     assert r["reported_val_accuracy"] == r["full_test_accuracy"]
     assert (r["train_traces"], r["eval_traces"]) == (1, 1)
+
+
+def test_performance_options_train_together_on_two_processes(two):
+  """float16 with loss scaling, fp16 gradient compression and 2 micro-batches
+  per step, profiled on every rank: a real run, on one model everywhere."""
+  out, ranks = two
+  runs = [r["options"] for r in ranks]
+  # 601 examples / (8 per micro-batch x 2 micro-batches x 2 processes).
+  assert [r["global_step"] for r in runs] == [2 * 18] * 2
+  assert [r["max_weight_difference_across_ranks"] for r in runs] == [0, 0]
+  assert [(r["train_traces"], r["eval_traces"]) for r in runs] == [(1, 1)] * 2
+  history = runs[0]["history"]
+  assert history[-1]["train_loss"] < history[0]["train_loss"]
+  assert len(xplanes(out / "options" / "profile")) == 1
+  assert len(xplanes(out / "options" / "profile" / "rank_1")) == 1

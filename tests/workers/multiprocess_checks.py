@@ -5,12 +5,15 @@ start. Each rank writes what it observed to OUT/rank<r>.json; the test
 asserts on those files.
 
 1. Real engine runs on generated files (Fashion-MNIST, and when given,
-   CIFAR-10, TFRecords, and synthetic data): afterwards, every rank's
+   CIFAR-10, TFRecords, synthetic data, and Fashion-MNIST again with the
+   performance and profiling options): afterwards, every rank's
    variables (including BatchNorm statistics), the reported validation
    figures against the full test set evaluated locally, trace counts, steps.
 2. The data-parallel step: a fixed global batch of 2B examples, split across
    the ranks, through the engine's TrainStep; rank 0 saves the weights to
-   OUT/step_weights.npz so the test compares N processes with 1.
+   OUT/step_weights_plain.npz so the test compares N processes with 1. On
+   more than one process, the same with each performance option
+   (STEP_VARIANTS), to OUT/step_weights_<variant>.npz.
 """
 import json
 import os
@@ -20,13 +23,22 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from engine import data, datasets, distributed
+from engine import data, datasets, distributed, optimizers, precision
 from engine import step as steps
 from engine import train as engine_train
 import models
 from tests import fixtures
 
 GLOBAL_BATCH, STEPS = 16, 3
+# TrainStep options (and a mixed precision mode) checked against the plain
+# step of one process.
+STEP_VARIANTS = {
+    "accumulated": dict(accumulation_steps=2),
+    "fp16_compressed": dict(compression="fp16"),
+    "xla": dict(xla=True),
+    "float16": dict(mixed_precision="float16"),
+    "bfloat16": dict(mixed_precision="bfloat16"),
+}
 
 
 def engine_run(config) -> dict:
@@ -65,25 +77,33 @@ def full_split_figures(model, config) -> tuple[float, float]:
   return float(np.mean(losses)), correct / len(losses)
 
 
-def data_parallel_steps(out_dir: str) -> None:
+def data_parallel_steps(out_dir: str, name: str = "plain",
+                        mixed_precision: str = "none", **options) -> None:
   rng = np.random.default_rng(0)
   images = rng.normal(size=(STEPS, GLOBAL_BATCH, 28, 28, 1)).astype("float32")
   labels = rng.integers(0, 10, (STEPS, GLOBAL_BATCH))
   tf.keras.utils.set_random_seed(hvd.rank())  # different inits, then broadcast
+  precision.set_policy(mixed_precision)
   model = models.build("cnn", input_shape=(28, 28, 1), num_classes=10,
                        filters=4, dropout=0.0, weight_decay=1e-4)
-  optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
-  train_step = steps.TrainStep(model=model, optimizer=optimizer)
+  precision.set_policy("none")
+  optimizer = precision.with_loss_scaling(
+      tf.keras.optimizers.SGD(0.1, momentum=0.9), mixed_precision)
+  train_step = steps.TrainStep(model=model, optimizer=optimizer, **options)
   distributed.broadcast_from_chief(model.variables)
   per_rank = GLOBAL_BATCH // hvd.size()
   mine = slice(hvd.rank() * per_rank, (hvd.rank() + 1) * per_rank)
   for i in range(STEPS):
     train_step(tf.constant(images[i, mine]), tf.constant(labels[i, mine]))
     if i == 0:
-      distributed.broadcast_from_chief(model.variables + optimizer.variables)
+      distributed.broadcast_from_chief(model.variables +
+                                       optimizers.state(optimizer))
+  weights = np.concatenate([w.numpy().ravel() for w in model.trainable_weights])
+  everyone = hvd.allgather(tf.constant(weights[None]), name=name).numpy()
   if distributed.is_chief():
-    np.savez(os.path.join(out_dir, "step_weights.npz"),
-             *[w.numpy() for w in model.trainable_weights])
+    np.savez(os.path.join(out_dir, f"step_weights_{name}.npz"),
+             weights=weights, traces=train_step.traces,
+             max_difference_across_ranks=np.abs(everyone - everyone[0]).max())
 
 
 def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
@@ -113,7 +133,17 @@ def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
           steps_per_epoch=3, batch_size=4, progress="none",
           model="resnet_small", optimizer="lamb", base_lr=0.01,
           warmup_epochs=1.0, lr_schedule="cosine", **params))
+    defaults = fixtures.train_config()
+    observed["options"] = engine_run(fixtures.train_config(
+        data_dir=fashion_mnist_dir, model_dir=os.path.join(out_dir, "options"),
+        model_params={**defaults.model_params, "filters": 8}, epochs=2,
+        batch_size=8, grad_accum_steps=2, mixed_precision="float16",
+        gradient_compression="fp16", profile_steps=(2, 3),
+        profile_all_ranks=True, progress="none"))
   data_parallel_steps(out_dir)
+  if hvd.size() > 1:
+    for name, options in STEP_VARIANTS.items():
+      data_parallel_steps(out_dir, name, **options)
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump(observed, f)
 

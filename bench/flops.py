@@ -1,0 +1,80 @@
+"""The model's training FLOPs per image, and the machine's matmul peak.
+
+Two counts of one training step (forward, backward, Adam update), one the
+check of the other:
+- `profiled`: TensorFlow's profiler over the graph of the traced step
+  (workload.train_step), each op costed by its registered statistics. Ops
+  whose outputs nothing reads are left out: the gradient with respect to the
+  input images is built by the tape but pruned before the step runs.
+- `analytic`: 2 FLOPs per multiply-add of the convolutions and dense layers,
+  forward, plus the gradients with respect to their weights and, but for the
+  first layer, their inputs. Bias, pooling, loss and optimizer ops are
+  what the profiled count has in addition.
+"""
+import math
+import time
+
+import tensorflow as tf
+from tensorflow.python.profiler import option_builder
+
+from bench import workload
+from engine import optimizers
+
+
+def training_flops_per_image(info, batch_size: int) -> dict[str, float]:
+  model = workload.build_model(info)
+  optimizer = optimizers.build("adam", learning_rate=workload.BASE_LR,
+                               momentum=0.0, nesterov=False)
+  optimizers.build_state(optimizer, model.trainable_variables)
+  step = workload.train_step(model, optimizer).get_concrete_function(
+      tf.TensorSpec([batch_size, *info.image_shape], tf.float32),
+      tf.TensorSpec([batch_size], tf.int64))
+  return {"profiled": _profiled(step.graph) / batch_size,
+          "analytic": _analytic(model)}
+
+
+def _profiled(graph) -> float:
+  options = option_builder.ProfileOptionBuilder(
+      option_builder.ProfileOptionBuilder.float_operation()
+  ).with_empty_output().build()
+  root = tf.compat.v1.profiler.profile(graph=graph, options=options,
+                                       cmd="graph")
+  total = 0
+  pending = list(root.children)
+  while pending:
+    node = pending.pop()
+    pending.extend(node.children)
+    op = graph.get_operation_by_name(node.name)
+    if any(output.consumers() for output in op.outputs):
+      total += node.float_ops
+  return float(total)
+
+
+def _analytic(model: tf.keras.Model) -> float:
+  forward = input_gradients = 0
+  for layer in model.layers:
+    if isinstance(layer, tf.keras.layers.Conv2D):
+      height, width = layer.output.shape[1:3]
+      flops = 2 * height * width * math.prod(layer.kernel.shape)
+    elif isinstance(layer, tf.keras.layers.Dense):
+      flops = 2 * math.prod(layer.kernel.shape)
+    else:
+      continue
+    if forward:  # the first layer's input is the images: no gradient
+      input_gradients += flops
+    forward += flops
+  weight_gradients = forward
+  return float(forward + weight_gradients + input_gradients)
+
+
+def matmul_peak(size: int, repeats: int) -> float:
+  """The best float32 FLOP/s of `size`-square matmuls on every core."""
+  a = tf.random.normal([size, size])
+  b = tf.random.normal([size, size])
+  tf.matmul(a, b).numpy()  # warm-up: thread pools, kernel selection
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    tf.matmul(a, b).numpy()
+    best = min(best, time.perf_counter() - start)
+  return 2 * size**3 / best

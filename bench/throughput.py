@@ -1,0 +1,397 @@
+r"""Training throughput of the engine against Keras `fit` and a plain loop.
+
+One invocation measures, on this machine, one model, data and batch size:
+
+  engine      horovodrun -np N .venv/bin/python -m engine.train ...  N = 1, 2
+  keras_fit   horovodrun -np N .venv/bin/python -m bench.keras_fit   N = 1, 2
+  plain_loop  .venv/bin/python -m bench.plain_loop                   1 process
+
+each on real Fashion-MNIST and on synthetic images of its shape, one run at
+a time (on 2 cores, two runs at once would measure each other). A run's
+figure is the median images/s of its epochs after the first. It prints a
+table, the ratios the engine is held to with PASS/FAIL, and the FLOP/s each
+run achieves against the machine's measured matmul peak; it writes the raw
+figures as JSON and a bar chart as PNG.
+
+  bash bench/throughput.sh              # the full benchmark (README.md)
+  bash bench/throughput.sh --quick      # 2 short epochs per run: does it work?
+  bash bench/throughput.sh --report=bench/throughput.json   # re-report
+"""
+import dataclasses
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from bench import epochs
+from bench import flops
+from bench import workload
+from engine import distributed
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("epochs", 4, "Epochs per run; the first is warm-up and "
+                     "not measured.", lower_bound=2)
+flags.DEFINE_integer("steps_per_epoch", 100, "Steps per epoch, every run.",
+                     lower_bound=1)
+flags.DEFINE_integer("batch_size", 128, "Examples per process per step.",
+                     lower_bound=1)
+flags.DEFINE_integer("repeats", 1, "Runs of each configuration; their "
+                     "measured epochs are pooled.", lower_bound=1)
+flags.DEFINE_string("out_dir", "bench/out", "Each run's directory (logs, "
+                    "model_dir, epoch records), emptied before it runs.")
+flags.DEFINE_string("json", "", "Raw figures. Empty: bench/throughput.json "
+                    "(with --quick: OUT_DIR/throughput.json).")
+flags.DEFINE_string("chart", "", "Bar chart. Empty: bench/throughput.png "
+                    "(with --quick: OUT_DIR/throughput.png).")
+flags.DEFINE_bool("quick", False, "A check that everything runs: 2 epochs "
+                  "of 20 steps, 1 repeat (overrides those flags). Writes "
+                  "into --out_dir, not over a full run's files.")
+flags.DEFINE_string("report", "", "Measure nothing: print the report and "
+                    "draw the chart from this JSON of an earlier run.")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = os.path.join(REPO, ".venv", "bin", "python")
+HOROVODRUN = os.path.join(REPO, ".venv", "bin", "horovodrun")
+RUNNERS = ("engine", "keras_fit", "plain_loop")
+PROCESSES = (1, 2)
+# Matmuls of this size reach the same FLOP/s as 4096 here, in a tenth of
+# the time; the best of the repeats is the peak.
+MATMUL_SIZE, MATMUL_REPEATS = 2048, 10
+# A run going slower than this is taken as hung (expected: about 2000
+# images/s per core).
+SLOWEST_IMAGES_PER_SEC = 200
+START_UP_SECONDS = 120
+TARGETS = {"engine_vs_keras_fit": 1.15, "overhead_at_1": 0.03,
+           "real_vs_synthetic": 0.05}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  runner: str
+  processes: int
+  data: str  # a key of workload.DATASETS
+  repeat: int
+
+  @property
+  def name(self) -> str:
+    return f"{self.runner}-np{self.processes}-{self.data}-r{self.repeat + 1}"
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if FLAGS.report:
+    with open(FLAGS.report) as f:
+      results = json.load(f)
+  else:
+    results = measure(_settings())
+  summary = summarize(results)
+  print_report(results, summary)
+  chart_path, json_path = _output_paths()
+  draw_chart(results, summary, chart_path)
+  if not FLAGS.report:
+    with open(json_path, "w") as f:
+      json.dump({**results, "summary": summary}, f, indent=1)
+    print(f"\nraw figures: {json_path}\nchart: {chart_path}\n"
+          f"run logs: {results['settings']['out_dir']}")
+  else:
+    print(f"\nchart: {chart_path}")
+
+
+def _settings() -> dict:
+  quick = FLAGS.quick
+  return {
+      "epochs": 2 if quick else FLAGS.epochs,
+      "steps_per_epoch": 20 if quick else FLAGS.steps_per_epoch,
+      "repeats": 1 if quick else FLAGS.repeats,
+      "batch_size": FLAGS.batch_size,
+      "quick": quick,
+      "out_dir": os.path.abspath(FLAGS.out_dir),
+      "command": " ".join(sys.argv),
+  }
+
+
+def _output_paths() -> tuple[str, str]:
+  """(chart, json): the flags, else bench/ for a full run, else out_dir."""
+  base = (FLAGS.out_dir if FLAGS.quick else os.path.join(REPO, "bench"))
+  return (FLAGS.chart or os.path.join(base, "throughput.png"),
+          FLAGS.json or os.path.join(base, "throughput.json"))
+
+
+# Measuring.
+
+
+def measure(settings: dict) -> dict:
+  started = time.perf_counter()
+  machine = _machine()
+  print(f"{machine['cpu']}, {machine['cores']} cores", flush=True)
+  # In this process, before any run: the matmuls use every core and then
+  # leave them idle for the runs.
+  peak = flops.matmul_peak(MATMUL_SIZE, MATMUL_REPEATS)
+  info = workload.load("synthetic").info
+  per_image = flops.training_flops_per_image(info, settings["batch_size"])
+  print(f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s; training "
+        f"{per_image['profiled'] / 1e6:.2f} MFLOP per image", flush=True)
+
+  plan = [Run(runner, processes, data, repeat)
+          for repeat in range(settings["repeats"])
+          for data in workload.DATASETS
+          for processes in PROCESSES
+          for runner in RUNNERS
+          if not (runner == "plain_loop" and processes > 1)]
+  runs = []
+  for i, run in enumerate(plan, 1):
+    print(f"[{i}/{len(plan)}] {run.name}: ", end="", flush=True)
+    result = _launch(run, settings)
+    rates = epochs.measured(result["records"])
+    print(f"{statistics.median(rates):.0f} images/s (epochs "
+          f"{' '.join(f'{r:.0f}' for r in rates)}), "
+          f"{result['wall_seconds']:.0f} s", flush=True)
+    runs.append(result)
+  return {"settings": settings, "machine": machine,
+          "matmul_peak_flops": peak,
+          "matmul": {"size": MATMUL_SIZE, "repeats": MATMUL_REPEATS},
+          "training_flops_per_image": per_image, "runs": runs,
+          "total_seconds": time.perf_counter() - started}
+
+
+def _machine() -> dict:
+  lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+  model = re.search(r"^Model name:\s*(.+)$", lscpu, re.MULTILINE)
+  return {"cpu": model.group(1).strip() if model else platform.processor(),
+          "cores": distributed.available_cores(),
+          "python": platform.python_version()}
+
+
+def _launch(run: Run, settings: dict) -> dict:
+  """Runs one configuration in a fresh directory; its records and command."""
+  run_dir = os.path.join(settings["out_dir"], run.name)
+  shutil.rmtree(run_dir, ignore_errors=True)
+  os.makedirs(run_dir)
+  command, records_path = _command(run, settings, run_dir)
+  log_path = os.path.join(run_dir, "log.txt")
+  images = (settings["epochs"] * settings["steps_per_epoch"] *
+            settings["batch_size"] * run.processes)
+  start = time.perf_counter()
+  with open(log_path, "w") as log:
+    returncode = _run(command, log, timeout=START_UP_SECONDS +
+                      images / SLOWEST_IMAGES_PER_SEC)
+  wall = time.perf_counter() - start
+  records = (epochs.read(records_path)
+             if os.path.exists(records_path) else [])
+  if returncode != 0 or len(records) != settings["epochs"]:
+    with open(log_path) as f:
+      tail = f.read()[-3000:]
+    sys.exit(f"{tail}\nthroughput: {run.name} failed (exit {returncode}, "
+             f"{len(records)} of {settings['epochs']} epochs recorded); "
+             f"its log: {log_path}")
+  return {**dataclasses.asdict(run), "command": command, "records": records,
+          "threads": _threads(run, records, log_path), "wall_seconds": wall}
+
+
+def _command(run: Run, settings: dict,
+             run_dir: str) -> tuple[list[str], str]:
+  """The run's command line and the file its epoch records land in."""
+  dataset = workload.DATASETS[run.data]
+  sizes = [f"--batch_size={settings['batch_size']}",
+           f"--epochs={settings['epochs']}",
+           f"--steps_per_epoch={settings['steps_per_epoch']}"]
+  if run.runner == "engine":
+    records = os.path.join(run_dir, "model", "metrics.jsonl")
+    args = ["-m", "engine.train", f"--model_dir={os.path.dirname(records)}",
+            *workload.engine_flags(dataset), *sizes]
+  else:
+    records = os.path.join(run_dir, "records.jsonl")
+    args = ["-m", f"bench.{run.runner}", f"--dataset={dataset}", *sizes,
+            f"--records={records}"]
+  if run.runner == "plain_loop":
+    # What the engine's set-up gives one process (see plain_loop.py).
+    intra, inter = distributed.cpu_threads(distributed.available_cores(), 1)
+    return [PYTHON, *args, f"--intra_op_threads={intra}",
+            f"--inter_op_threads={inter}"], records
+  return [HOROVODRUN, "-np", str(run.processes), PYTHON, *args], records
+
+
+def _run(command: list[str], log, timeout: float) -> int:
+  """Runs `command` in its own process group, which is ended whole if it
+  hangs or we are interrupted: horovodrun's workers are its grandchildren."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+  process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+  try:
+    return process.wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    log.write(f"\nthroughput: no end after {timeout:.0f} s; stopped\n")
+    return _stop(process)
+  except KeyboardInterrupt:
+    _stop(process)
+    raise
+
+
+def _stop(process: subprocess.Popen) -> int:
+  os.killpg(process.pid, signal.SIGTERM)
+  try:
+    return process.wait(timeout=30)
+  except subprocess.TimeoutExpired:
+    os.killpg(process.pid, signal.SIGKILL)
+    return process.wait()
+
+
+def _threads(run: Run, records: list[dict], log_path: str) -> str:
+  """'intra x inter' per process, as the run reported it."""
+  if run.runner != "engine":
+    return f"{records[0]['intra_op_threads']}x{records[0]['inter_op_threads']}"
+  with open(log_path) as f:
+    found = re.search(r"(\d+) intra-op and (\d+) inter-op threads", f.read())
+  return f"{found.group(1)}x{found.group(2)}" if found else "?"
+
+
+# Reporting.
+
+
+def summarize(results: dict) -> dict:
+  """Rows per (runner, processes, data), the ratios, and the targets."""
+  per_image = results["training_flops_per_image"]["profiled"]
+  peak = results["matmul_peak_flops"]
+  pooled = {}
+  for run in results["runs"]:
+    key = (run["runner"], run["processes"], run["data"])
+    entry = pooled.setdefault(key, {"rates": [], "threads": run["threads"]})
+    entry["rates"] += epochs.measured(run["records"])
+  rows = []
+  for (runner, processes, data), entry in pooled.items():
+    rates = entry["rates"]
+    median = statistics.median(rates)
+    rows.append({"runner": runner, "processes": processes, "data": data,
+                 "threads": entry["threads"], "images_per_sec": median,
+                 "min": min(rates), "max": max(rates), "epochs": len(rates),
+                 "flops_per_sec": median * per_image,
+                 "fraction_of_peak": median * per_image / peak})
+  rate = {(r["runner"], r["processes"], r["data"]): r["images_per_sec"]
+          for r in rows}
+  ratios = {
+      "engine_vs_keras_fit": {
+          f"np{n} {data}": rate["engine", n, data] / rate["keras_fit", n, data]
+          for n in PROCESSES for data in workload.DATASETS},
+      # Throughput the engine loses at 1 process against the plain loop.
+      "overhead_at_1": {
+          data: 1 - rate["engine", 1, data] / rate["plain_loop", 1, data]
+          for data in workload.DATASETS},
+      "real_vs_synthetic": {
+          f"np{n}": rate["engine", n, "real"] / rate["engine", n, "synthetic"]
+          for n in PROCESSES},
+  }
+  targets = {
+      "engine_vs_keras_fit": all(
+          v >= TARGETS["engine_vs_keras_fit"]
+          for v in ratios["engine_vs_keras_fit"].values()),
+      "overhead_at_1": all(v <= TARGETS["overhead_at_1"]
+                           for v in ratios["overhead_at_1"].values()),
+      "real_vs_synthetic": all(
+          abs(v - 1) <= TARGETS["real_vs_synthetic"]
+          for v in ratios["real_vs_synthetic"].values()),
+  }
+  return {"rows": rows, "ratios": ratios, "targets": targets}
+
+
+def print_report(results: dict, summary: dict) -> None:
+  settings, machine = results["settings"], results["machine"]
+  per_image = results["training_flops_per_image"]
+  ratios = summary["ratios"]
+  print(f"\n## Throughput: {machine['cpu']}, {machine['cores']} cores\n")
+  print(f"Batch {settings['batch_size']} per process, "
+        f"{settings['steps_per_epoch']} steps per epoch, epochs 2-"
+        f"{settings['epochs']} measured, {settings['repeats']} repeat(s); "
+        f"augmentation off.")
+  print(f"Training FLOPs per image (forward, backward, Adam): "
+        f"{per_image['profiled'] / 1e6:.2f} M counted by TensorFlow's "
+        f"profiler on the step's graph; {per_image['analytic'] / 1e6:.2f} M "
+        f"counted analytically (convolutions and dense layers only, "
+        f"{per_image['analytic'] / per_image['profiled'] - 1:+.1%}).")
+  print(f"float32 matmul peak: {results['matmul_peak_flops'] / 1e9:.1f} "
+        f"GFLOP/s ({results['matmul']['size']}-square, every core, best of "
+        f"{results['matmul']['repeats']}).\n")
+  print("| runner | processes | data | threads | images/s | min-max | "
+        "epochs | GFLOP/s | of peak |")
+  print("|---|---|---|---|---|---|---|---|---|")
+  for r in summary["rows"]:
+    print(f"| {r['runner']} | {r['processes']} | {r['data']} | "
+          f"{r['threads']} | {r['images_per_sec']:.0f} | "
+          f"{r['min']:.0f}-{r['max']:.0f} | {r['epochs']} | "
+          f"{r['flops_per_sec'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} |")
+  print("\nthreads: intra-op x inter-op per process. Ratios of medians:\n")
+  print("| ratio | synthetic | real |\n|---|---|---|")
+  for n in PROCESSES:
+    cells = [f"{ratios['engine_vs_keras_fit'][f'np{n} {d}']:.3f}"
+             for d in workload.DATASETS]
+    print(f"| engine / keras_fit, {n} process(es) | {' | '.join(cells)} |")
+  cells = [f"{1 - v:.3f} (overhead {v:.1%})"
+           for v in ratios["overhead_at_1"].values()]
+  print(f"| engine@1 / plain_loop | {' | '.join(cells)} |")
+  for n, v in zip(PROCESSES, ratios["real_vs_synthetic"].values()):
+    print(f"| engine real / synthetic, {n} process(es) | {v:.3f} |")
+  print()
+  targets = summary["targets"]
+  lines = {
+      "engine_vs_keras_fit": (
+          f"engine >= {TARGETS['engine_vs_keras_fit']}x keras_fit",
+          ", ".join(f"{k}: {v:.2f}x"
+                    for k, v in ratios["engine_vs_keras_fit"].items())),
+      "overhead_at_1": (
+          f"Horovod overhead at 1 process <= {TARGETS['overhead_at_1']:.0%}",
+          ", ".join(f"{k}: {v:.1%}"
+                    for k, v in ratios["overhead_at_1"].items())),
+      "real_vs_synthetic": (
+          f"real within {TARGETS['real_vs_synthetic']:.0%} of synthetic",
+          ", ".join(f"{k}: {v - 1:+.1%}"
+                    for k, v in ratios["real_vs_synthetic"].items())),
+  }
+  for key, (target, detail) in lines.items():
+    print(f"{'PASS' if targets[key] else 'FAIL'}  {target}  ({detail})")
+
+
+def draw_chart(results: dict, summary: dict, path: str) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  groups = [(r, n) for n in PROCESSES for r in RUNNERS
+            if any(row["runner"] == r and row["processes"] == n
+                   for row in summary["rows"])]
+  figure, axes = plt.subplots(figsize=(9, 4.8))
+  width = 0.38
+  for i, data in enumerate(workload.DATASETS):
+    rows = [next(row for row in summary["rows"] if row["runner"] == r and
+                 row["processes"] == n and row["data"] == data)
+            for r, n in groups]
+    medians = [row["images_per_sec"] for row in rows]
+    spread = [[m - row["min"] for m, row in zip(medians, rows)],
+              [row["max"] - m for m, row in zip(medians, rows)]]
+    x = [g + (i - 0.5) * width for g in range(len(groups))]
+    bars = axes.bar(x, medians, width, yerr=spread, capsize=3, label=data)
+    axes.bar_label(bars, fmt="%.0f", padding=2, fontsize=8)
+  axes.set_xticks(range(len(groups)),
+                  [f"{r}\n{n} process{'es' if n > 1 else ''}"
+                   for r, n in groups])
+  axes.set_ylabel("images/s (median of epochs 2+, bars: min-max)")
+  settings, machine = results["settings"], results["machine"]
+  axes.set_title(f"Training throughput, batch {settings['batch_size']} per "
+                 f"process: {machine['cpu']}, {machine['cores']} cores")
+  axes.legend(title="data")
+  figure.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  figure.savefig(path, dpi=120)
+  plt.close(figure)
+
+
+if __name__ == "__main__":
+  app.run(main)

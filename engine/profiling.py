@@ -1,0 +1,113 @@
+"""Where step time goes: each epoch's input/step split, and step traces.
+
+`EpochTimes` splits an epoch's train time into seconds waiting for the next
+batch and seconds in the train step, so a glance at the log says whether
+the input pipeline or the step bounds the run. `StepProfiler` traces a range
+of steps with TensorFlow's profiler (kernels, host threads, the input
+pipeline; TensorBoard's Profile tab) and, with `timeline`, Horovod's
+timeline (each allreduce's negotiation, wait and transfer; chrome://tracing
+or Perfetto). Each traced step is marked with its number, so the profile's
+overview shows step times and the trace viewer separates steps.
+"""
+import contextlib
+import os
+import time
+from typing import Optional
+
+from absl import logging
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+PROFILE_DIR = "profile"
+TIMELINE_FILE = "timeline.json"
+
+
+class EpochTimes:
+  """Seconds this rank spent waiting for input and in the step, per epoch.
+
+  The step's time includes waiting in the allreduce for slower ranks, and
+  it is complete: the step returns a value read on the host, so its work
+  has finished when the call returns.
+  """
+
+  def __init__(self):
+    self.reset()
+
+  def reset(self) -> None:
+    self.input_seconds = 0.0
+    self.step_seconds = 0.0
+
+  @contextlib.contextmanager
+  def input(self):
+    start = time.perf_counter()
+    yield
+    self.input_seconds += time.perf_counter() - start
+
+  @contextlib.contextmanager
+  def step(self):
+    start = time.perf_counter()
+    yield
+    self.step_seconds += time.perf_counter() - start
+
+
+class StepProfiler:
+  """Traces global steps `steps[0]..steps[1]` (inclusive, 1-based).
+
+  Wrap each step (its input and the step) in `step(global_step)`, and call
+  `close()` when the loop ends, however it ends: a run that stops or fails
+  inside the range still closes its trace. Rank 0 writes model_dir/profile;
+  with `all_ranks`, rank r > 0 writes model_dir/profile/rank_<r> (one
+  directory per process: the profiler names its file after the host, which
+  processes on one host share).
+  """
+
+  def __init__(self, model_dir: str, *, steps: Optional[tuple[int, int]],
+               rank: int, all_ranks: bool, timeline: bool):
+    self._first, self._last = steps or (0, -1)
+    self._traces = bool(steps) and (rank == 0 or all_ranks)
+    self._logdir = os.path.join(model_dir, PROFILE_DIR)
+    if rank:
+      self._logdir = os.path.join(self._logdir, f"rank_{rank}")
+    # Every rank starts and stops the timeline (a collective setting);
+    # Horovod's coordinator, rank 0, writes it.
+    self._timeline = os.path.join(model_dir, TIMELINE_FILE) if (
+        steps and timeline) else None
+    self._tracing = False
+
+  def close(self) -> None:
+    self._stop()
+
+  @contextlib.contextmanager
+  def step(self, global_step: int):
+    if not self._first <= global_step <= self._last:
+      yield
+      return
+    if not self._tracing:
+      self._start(global_step)
+    if self._traces:
+      with tf.profiler.experimental.Trace("train", step_num=global_step,
+                                          _r=1):
+        yield
+    else:
+      yield
+    if global_step == self._last:
+      self._stop()
+
+  def _start(self, global_step: int) -> None:
+    self._tracing = True
+    if self._traces:
+      tf.profiler.experimental.start(self._logdir)
+    if self._timeline:
+      hvd.start_timeline(self._timeline)
+    logging.info("profiling steps %d to %d into %s%s", global_step,
+                 self._last, self._logdir,
+                 f" and {self._timeline}" if self._timeline else "")
+
+  def _stop(self) -> None:
+    if not self._tracing:
+      return
+    self._tracing = False
+    if self._traces:
+      tf.profiler.experimental.stop()
+    if self._timeline:
+      hvd.stop_timeline()

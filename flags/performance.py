@@ -1,0 +1,38 @@
+"""Flags: speed options of the step (precision, XLA, the gradient allreduce).
+
+Their defaults are the fastest settings on CPU, where this was measured: no
+mixed precision and no XLA (XLA made the CPU step several times slower than
+TensorFlow's oneDNN kernels; bench/RESULTS.md). GPU recipes turn on
+--mixed_precision and --xla.
+"""
+from absl import flags
+
+from engine import precision
+from engine import step
+
+flags.DEFINE_enum("mixed_precision", "none", precision.MODES,
+                  "Compute in 16 bits with float32 weights (Keras mixed "
+                  "precision policy). float16: with dynamic loss scaling, "
+                  "for GPUs with Tensor Cores (Volta and later). bfloat16: "
+                  "no loss scaling needed; TPUs, Ampere+ GPUs and CPUs with "
+                  "AVX512-BF16 or AMX. Logits and loss stay float32.")
+flags.DEFINE_bool("xla", False,
+                  "Compile the forward and backward pass (and a Keras "
+                  "optimizer's update) with XLA. Horovod's allreduce stays "
+                  "outside the compiled code. Faster on GPUs; slower on CPUs.")
+flags.DEFINE_enum("gradient_compression", "none", step.COMPRESSIONS,
+                  "Send gradients through the allreduce as: none, float32; "
+                  "fp16, half the bytes (cast back after the reduction). "
+                  "Helps when the network, not the device, bounds the step.")
+flags.DEFINE_enum("allreduce_op", "average", step.ALLREDUCE_OPS,
+                  "How gradients combine across processes: average; adasum "
+                  "(Maleki et al. 2020), which needs Horovod built with MPI "
+                  "and launched with it (BUILD.md); with adasum the learning "
+                  "rate usually needs less scaling (--lr_scaling=none on "
+                  "CPU).")
+flags.DEFINE_integer("grad_accum_steps", 1,
+                     "Accumulate gradients over this many micro-batches of "
+                     "--batch_size before one allreduce and one update: "
+                     "trains as --batch_size x this would, in the memory of "
+                     "--batch_size, with one allreduce per update.",
+                     lower_bound=1)
