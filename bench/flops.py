@@ -37,8 +37,14 @@ def _profiled(graph) -> float:
   options = option_builder.ProfileOptionBuilder(
       option_builder.ProfileOptionBuilder.float_operation()
   ).with_empty_output().build()
-  root = tf.compat.v1.profiler.profile(graph=graph, options=options,
-                                       cmd="graph")
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel("ERROR")  # the profiler's own use of deprecated v1 calls
+  try:
+    root = tf.compat.v1.profiler.profile(graph=graph, options=options,
+                                         cmd="graph")
+  finally:
+    logger.setLevel(level)
   total = 0
   pending = list(root.children)
   while pending:

@@ -134,14 +134,10 @@ def measure(settings: dict) -> dict:
   started = time.perf_counter()
   machine = _machine()
   print(f"{machine['cpu']}, {machine['cores']} cores", flush=True)
-  # In this process, before any run: the matmuls use every core and then
-  # leave them idle for the runs.
-  peak = flops.matmul_peak(MATMUL_SIZE, MATMUL_REPEATS)
   info = workload.load("synthetic").info
   per_image = flops.training_flops_per_image(info, settings["batch_size"])
-  print(f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s; training "
-        f"{per_image['profiled'] / 1e6:.2f} MFLOP per image", flush=True)
-
+  print(f"training: {per_image['profiled'] / 1e6:.2f} MFLOP per image",
+        flush=True)
   plan = [Run(runner, processes, data, repeat)
           for repeat in range(settings["repeats"])
           for data in workload.DATASETS
@@ -149,17 +145,25 @@ def measure(settings: dict) -> dict:
           for runner in RUNNERS
           if not (runner == "plain_loop" and processes > 1)]
   runs = []
+  # The peak is taken before and after the runs, in this process (every
+  # core, then idle), and the higher kept: a measurement that something
+  # else on the machine slowed shows as the lower one.
+  peaks = [flops.matmul_peak(MATMUL_SIZE, MATMUL_REPEATS)]
   for i, run in enumerate(plan, 1):
     print(f"[{i}/{len(plan)}] {run.name}: ", end="", flush=True)
     result = _launch(run, settings)
     rates = epochs.measured(result["records"])
-    print(f"{statistics.median(rates):.0f} images/s (epochs "
-          f"{' '.join(f'{r:.0f}' for r in rates)}), "
+    print(f"{statistics.median(rates):.0f} images/s (epochs 2-"
+          f"{settings['epochs']}: {' '.join(f'{r:.0f}' for r in rates)}), "
           f"{result['wall_seconds']:.0f} s", flush=True)
     runs.append(result)
+  peaks.append(flops.matmul_peak(MATMUL_SIZE, MATMUL_REPEATS))
+  print(f"float32 matmul peak: {', '.join(f'{p / 1e9:.1f}' for p in peaks)} "
+        "GFLOP/s (before, after the runs)", flush=True)
   return {"settings": settings, "machine": machine,
-          "matmul_peak_flops": peak,
-          "matmul": {"size": MATMUL_SIZE, "repeats": MATMUL_REPEATS},
+          "matmul_peak_flops": max(peaks),
+          "matmul": {"size": MATMUL_SIZE, "repeats": MATMUL_REPEATS,
+                     "before_and_after": peaks},
           "training_flops_per_image": per_image, "runs": runs,
           "total_seconds": time.perf_counter() - started}
 
@@ -267,8 +271,14 @@ def summarize(results: dict) -> dict:
     key = (run["runner"], run["processes"], run["data"])
     entry = pooled.setdefault(key, {"rates": [], "threads": run["threads"]})
     entry["rates"] += epochs.measured(run["records"])
+
+  def order(item):
+    (runner, processes, data), _ = item
+    return (processes, RUNNERS.index(runner),
+            list(workload.DATASETS).index(data))
+
   rows = []
-  for (runner, processes, data), entry in pooled.items():
+  for (runner, processes, data), entry in sorted(pooled.items(), key=order):
     rates = entry["rates"]
     median = statistics.median(rates)
     rows.append({"runner": runner, "processes": processes, "data": data,
@@ -319,7 +329,7 @@ def print_report(results: dict, summary: dict) -> None:
         f"{per_image['analytic'] / per_image['profiled'] - 1:+.1%}).")
   print(f"float32 matmul peak: {results['matmul_peak_flops'] / 1e9:.1f} "
         f"GFLOP/s ({results['matmul']['size']}-square, every core, best of "
-        f"{results['matmul']['repeats']}).\n")
+        f"{results['matmul']['repeats']}, before and after the runs).\n")
   print("| runner | processes | data | threads | images/s | min-max | "
         "epochs | GFLOP/s | of peak |")
   print("|---|---|---|---|---|---|---|---|---|")
@@ -328,18 +338,22 @@ def print_report(results: dict, summary: dict) -> None:
           f"{r['threads']} | {r['images_per_sec']:.0f} | "
           f"{r['min']:.0f}-{r['max']:.0f} | {r['epochs']} | "
           f"{r['flops_per_sec'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} |")
+  if any(r["fraction_of_peak"] > 1 for r in summary["rows"]):
+    print("\nA run above the matmul peak: the peak was measured while "
+          "something else used the cores. Rerun on a quiet machine.")
   print("\nthreads: intra-op x inter-op per process. Ratios of medians:\n")
-  print("| ratio | synthetic | real |\n|---|---|---|")
+  print(f"| ratio | {' | '.join(workload.DATASETS)} |\n|---|---|---|")
   for n in PROCESSES:
-    cells = [f"{ratios['engine_vs_keras_fit'][f'np{n} {d}']:.3f}"
-             for d in workload.DATASETS]
-    print(f"| engine / keras_fit, {n} process(es) | {' | '.join(cells)} |")
-  cells = [f"{1 - v:.3f} (overhead {v:.1%})"
-           for v in ratios["overhead_at_1"].values()]
+    cells = [f"{ratios['engine_vs_keras_fit'][f'np{n} {data}']:.3f}"
+             for data in workload.DATASETS]
+    print(f"| engine / keras_fit, {_processes(n)} | {' | '.join(cells)} |")
+  cells = [f"{1 - ratios['overhead_at_1'][data]:.3f} (overhead "
+           f"{ratios['overhead_at_1'][data]:.1%})"
+           for data in workload.DATASETS]
   print(f"| engine@1 / plain_loop | {' | '.join(cells)} |")
-  for n, v in zip(PROCESSES, ratios["real_vs_synthetic"].values()):
-    print(f"| engine real / synthetic, {n} process(es) | {v:.3f} |")
-  print()
+  print("\nengine real / synthetic: " + ", ".join(
+      f"{_processes(n)} {ratios['real_vs_synthetic'][f'np{n}']:.3f}"
+      for n in PROCESSES) + "\n")
   targets = summary["targets"]
   lines = {
       "engine_vs_keras_fit": (
@@ -380,8 +394,7 @@ def draw_chart(results: dict, summary: dict, path: str) -> None:
     bars = axes.bar(x, medians, width, yerr=spread, capsize=3, label=data)
     axes.bar_label(bars, fmt="%.0f", padding=2, fontsize=8)
   axes.set_xticks(range(len(groups)),
-                  [f"{r}\n{n} process{'es' if n > 1 else ''}"
-                   for r, n in groups])
+                  [f"{r}\n{_processes(n)}" for r, n in groups])
   axes.set_ylabel("images/s (median of epochs 2+, bars: min-max)")
   settings, machine = results["settings"], results["machine"]
   axes.set_title(f"Training throughput, batch {settings['batch_size']} per "
@@ -391,6 +404,10 @@ def draw_chart(results: dict, summary: dict, path: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   figure.savefig(path, dpi=120)
   plt.close(figure)
+
+
+def _processes(n: int) -> str:
+  return f"{n} process{'es' if n > 1 else ''}"
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from engine.datasets import Splits
 import models
 
 # Data: real Fashion-MNIST, or random images of its shape and split sizes.
-DATASETS = {"real": "fashion_mnist", "synthetic": "synthetic"}
+DATASETS = {"synthetic": "synthetic", "real": "fashion_mnist"}
 IMAGE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 60000, 10000

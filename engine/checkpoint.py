@@ -24,6 +24,7 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
+from engine import precision
 from engine.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -59,6 +60,7 @@ class Checkpoints:
                keep: int, identity: str):
     self.directory = os.path.join(model_dir, CHECKPOINT_DIR)
     self._identity = identity
+    self._scales_loss = precision.scales_loss(optimizer)
     self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._step = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._global_batch = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -119,6 +121,13 @@ class Checkpoints:
       raise UserError(f"checkpoint {path} holds {stored}, but this run is "
                       f"{self._identity}; use another --model_dir, or the "
                       "flags that run was started with")
+    if self._scales_loss and not reader.has_tensor(_LOSS_SCALE_KEY):
+      # A float16 optimizer saves its loss scale; the other way round (a
+      # float16 checkpoint resumed in float32 or bfloat16) works.
+      raise UserError(f"checkpoint {path} was saved without float16 loss "
+                      "scaling and cannot continue with "
+                      "--mixed_precision=float16; resume it with "
+                      "--mixed_precision=none or bfloat16")
     try:
       # expect_partial: evaluation restores a model without its optimizer.
       self._checkpoint.restore(path).expect_partial() \
@@ -180,6 +189,8 @@ def resolve(path: str) -> str:
 
 
 _IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
+_LOSS_SCALE_KEY = "optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/" \
+    "VARIABLE_VALUE"
 # What TensorFlow's checkpoint reader raises for truncated or garbled files.
 _DAMAGE = (tf.errors.OpError, IndexError, OSError)
 

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 import models
 from engine import checkpoint
+from engine import precision
 from engine.errors import UserError
 
 IDENTITY = "model cnn_4 (1234 parameters) on fashion_mnist"
@@ -97,3 +98,28 @@ def test_resolve_accepts_a_model_dir_a_checkpoint_dir_or_a_prefix(tmp_path):
   assert checkpoint.resolve(prefix) == prefix
   with pytest.raises(UserError, match="--resume_from=.*: no checkpoint there"):
     checkpoint.resolve(str(tmp_path / "nothing"))
+
+
+def test_float16_runs_keep_their_loss_scale_and_change_precision_one_way(
+    tmp_path):
+  model, inner = build(seed=1)
+  scaled = precision.with_loss_scaling(inner, "float16")
+  overflowed = [tf.fill(v.shape, float("inf")) for v in model.trainable_variables]
+  scaled.apply_gradients(zip(overflowed, model.trainable_variables))
+  assert float(scaled.loss_scale) == 2.0 ** 14  # halved, from 2^15
+  manager(tmp_path / "f16", model, scaled).save(
+      checkpoint.Position(1, 0, 8, 1), global_step=3)
+  model, inner = build(seed=2)
+  resumed = precision.with_loss_scaling(inner, "float16")
+  manager(tmp_path / "f16", model, resumed).restore_latest_readable()
+  assert float(resumed.loss_scale) == 2.0 ** 14
+  model, plain = build(seed=3)  # float16 -> float32: the scale is dropped
+  assert manager(tmp_path / "f16", model,
+                 plain).restore_latest_readable().epoch == 1
+
+  manager(tmp_path / "f32", model, plain).save(
+      checkpoint.Position(1, 0, 8, 1), global_step=3)
+  model, inner = build(seed=4)
+  with pytest.raises(UserError, match="saved without float16 loss scaling"):
+    manager(tmp_path / "f32", model, precision.with_loss_scaling(
+        inner, "float16")).restore_latest_readable()

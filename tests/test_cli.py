@@ -48,6 +48,10 @@ def test_corrupt_gzip(data_dir, tmp_path):
     ("--dataset=mnist3d", "flag --dataset=mnist3d: value should be one of"),
     ("--batch_size=0", "flag --batch_size=0: 0 is not a positive integer"),
     ("--batch_size=-4", "flag --batch_size=-4"),
+    ("--profile_steps=5,2", "flag --profile_steps=5,2: must be START,END"),
+    ("--horovod_timeline", "--horovod_timeline records the --profile_steps "
+     "range; give --profile_steps too"),
+    ("--grad_accum_steps=0", "flag --grad_accum_steps=0: 0 is not a positive"),
 ])
 def test_bad_flags(flag, message):
   fails_with([flag], message)

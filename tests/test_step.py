@@ -4,7 +4,9 @@ import pytest
 import tensorflow as tf
 
 import models
+from engine import precision
 from engine import step as steps
+from engine.errors import UserError
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,4 +68,52 @@ def test_eval_is_exact_over_uneven_batches_and_traced_once():
   assert result.loss == pytest.approx(loss.mean(), rel=1e-6)
   assert result.accuracy == np.mean(logits.argmax(1) == labels.numpy())
   assert steps.evaluate(step, dataset) == result  # totals reset per call
+  assert step.traces == 1
+
+
+def test_adasum_without_mpi_is_refused_in_one_line():
+  assert not hvd.mpi_enabled()  # this Horovod is built with Gloo only
+  with pytest.raises(UserError, match="--allreduce_op=adasum needs Horovod's "
+                     "MPI controller"):
+    steps.TrainStep(model=tiny_model(),
+                    optimizer=tf.keras.optimizers.SGD(0.1),
+                    allreduce_op="adasum")
+
+
+def compiled_functions(step, images, labels):
+  graph = step._step.get_concrete_function(  # pylint: disable=protected-access
+      images, labels, tf.constant(0.0)).graph
+  return [f.definition.signature.name for f in graph._functions.values()  # pylint: disable=protected-access
+          if f.definition.attr["_XlaMustCompile"].b]
+
+
+def test_xla_compiles_the_forward_and_backward_pass_only_with_xla():
+  images, labels = batch(8, 4)
+  plain = steps.TrainStep(model=tiny_model(),
+                          optimizer=tf.keras.optimizers.SGD(0.1))
+  assert not compiled_functions(plain, images, labels)
+  compiled = steps.TrainStep(model=tiny_model(),
+                             optimizer=tf.keras.optimizers.SGD(0.1), xla=True)
+  names = compiled_functions(compiled, images, labels)
+  assert any("forward" in n for n in names)
+  assert any("backward" in n for n in names)
+
+
+def test_float16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
+  precision.set_policy("float16")
+  try:
+    model = tiny_model()
+  finally:
+    precision.set_policy("none")
+  optimizer = precision.with_loss_scaling(tf.keras.optimizers.SGD(0.1),
+                                          "float16")
+  step = steps.TrainStep(model=model, optimizer=optimizer)
+  images, labels = batch(8, 5)
+  step(images, labels)
+  assert float(optimizer.loss_scale) == 2.0 ** 15  # finite: applied
+  before = [w.numpy() for w in model.trainable_weights]
+  step(images * 1e6, labels)  # float16 activations overflow
+  assert float(optimizer.loss_scale) == 2.0 ** 14
+  for old, new in zip(before, model.trainable_weights):
+    np.testing.assert_array_equal(old, new.numpy())
   assert step.traces == 1
