@@ -104,8 +104,9 @@ def test_float16_runs_keep_their_loss_scale_and_change_precision_one_way(
     tmp_path):
   model, inner = build(seed=1)
   scaled = precision.with_loss_scaling(inner, "float16")
-  overflowed = [tf.fill(v.shape, float("inf")) for v in model.trainable_variables]
-  scaled.apply_gradients(zip(overflowed, model.trainable_variables))
+  variables = model.trainable_variables
+  overflowed = [tf.fill(v.shape, float("inf")) for v in variables]
+  scaled.apply_gradients(zip(overflowed, variables))
   assert float(scaled.loss_scale) == 2.0 ** 14  # halved, from 2^15
   manager(tmp_path / "f16", model, scaled).save(
       checkpoint.Position(1, 0, 8, 1), global_step=3)

@@ -81,9 +81,11 @@ def test_adasum_without_mpi_is_refused_in_one_line():
 
 
 def compiled_functions(step, images, labels):
-  graph = step._step.get_concrete_function(  # pylint: disable=protected-access
-      images, labels, tf.constant(0.0)).graph
-  return [f.definition.signature.name for f in graph._functions.values()  # pylint: disable=protected-access
+  """Names of the functions the step's graph calls that XLA must compile."""
+  # pylint: disable=protected-access
+  graph = step._step.get_concrete_function(images, labels,
+                                           tf.constant(0.0)).graph
+  return [f.definition.signature.name for f in graph._functions.values()
           if f.definition.attr["_XlaMustCompile"].b]
 
 
