@@ -10,7 +10,8 @@ from engine import report
 RECORD = {"epoch": 1, "global_step": 30, "train_loss": 1.5,
           "train_accuracy": 0.5, "val_loss": 1.25, "val_accuracy": 0.625,
           "learning_rate": 0.01, "images_per_sec": 1000.0,
-          "input_seconds": 0.5, "step_seconds": 2.0, "epoch_seconds": 3.0, "cumulative_seconds": 3.0, "world_size": 2}
+          "input_seconds": 0.5, "step_seconds": 2.0, "epoch_seconds": 3.0,
+          "cumulative_seconds": 3.0, "world_size": 2}
 
 
 def scalars(model_dir):
