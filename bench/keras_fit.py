@@ -29,7 +29,7 @@ from engine import distributed
 
 FLAGS = flags.FLAGS
 workload.define_worker_flags()
-# What a tf.data user shuffles through: about a sixth of a rank's shard.
+# What a tf.data user shuffles through: a sixth of the training set.
 SHUFFLE_BUFFER = 10000
 
 
@@ -43,7 +43,8 @@ def main(argv):
   splits = workload.load(FLAGS.dataset)
   info = splits.info
   batches = _input_pipeline(splits.train, info, rank=world.rank,
-                            world_size=world.size)
+                            world_size=world.size,
+                            batch_size=FLAGS.batch_size)
   model = workload.build_model(info)
   optimizer = hvd.DistributedOptimizer(
       tf.keras.optimizers.Adam(workload.BASE_LR * hvd.size()))
@@ -68,8 +69,8 @@ def main(argv):
   _check_weights_agree(model)
 
 
-def _input_pipeline(examples, info, *, rank: int,
-                    world_size: int) -> tf.data.Dataset:
+def _input_pipeline(examples, info, *, rank: int, world_size: int,
+                    batch_size: int) -> tf.data.Dataset:
   """tf.data as a Keras user writes it: shard by rank, shuffle, batch.
 
   Normalized with the engine's statistics; tf.data's autotuning sizes the
@@ -79,7 +80,7 @@ def _input_pipeline(examples, info, *, rank: int,
       (examples.images, examples.labels)).shard(world_size, rank)
   dataset = (dataset.repeat()
              .shuffle(SHUFFLE_BUFFER, seed=workload.SEED)
-             .batch(FLAGS.batch_size, drop_remainder=True)
+             .batch(batch_size, drop_remainder=True)
              .map(lambda images, labels: (data.normalize(images, info),
                                           labels),
                   num_parallel_calls=tf.data.AUTOTUNE))

@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -70,6 +71,8 @@ MATMUL_SIZE, MATMUL_REPEATS = 2048, 10
 # images/s per core).
 SLOWEST_IMAGES_PER_SEC = 200
 START_UP_SECONDS = 120
+# Other load (in cores) above which a run's figures are not to be trusted.
+DISTURBED_LOAD = 0.1
 TARGETS = {"engine_vs_keras_fit": 1.15, "overhead_at_1": 0.03,
            "real_vs_synthetic": 0.05}
 
@@ -144,18 +147,19 @@ def measure(settings: dict) -> dict:
           for processes in PROCESSES
           for runner in RUNNERS
           if not (runner == "plain_loop" and processes > 1)]
-  runs = []
   # The peak is taken before and after the runs, in this process (every
   # core, then idle), and the higher kept: a measurement that something
   # else on the machine slowed shows as the lower one.
   peaks = [flops.matmul_peak(MATMUL_SIZE, MATMUL_REPEATS)]
+  runs = []
   for i, run in enumerate(plan, 1):
     print(f"[{i}/{len(plan)}] {run.name}: ", end="", flush=True)
     result = _launch(run, settings)
     rates = epochs.measured(result["records"])
     print(f"{statistics.median(rates):.0f} images/s (epochs 2-"
           f"{settings['epochs']}: {' '.join(f'{r:.0f}' for r in rates)}), "
-          f"{result['wall_seconds']:.0f} s", flush=True)
+          f"{result['wall_seconds']:.0f} s, other load "
+          f"{result['other_load']:.2f} cores", flush=True)
     runs.append(result)
   peaks.append(flops.matmul_peak(MATMUL_SIZE, MATMUL_REPEATS))
   print(f"float32 matmul peak: {', '.join(f'{p / 1e9:.1f}' for p in peaks)} "
@@ -185,11 +189,13 @@ def _launch(run: Run, settings: dict) -> dict:
   log_path = os.path.join(run_dir, "log.txt")
   images = (settings["epochs"] * settings["steps_per_epoch"] *
             settings["batch_size"] * run.processes)
-  start = time.perf_counter()
+  start, busy, ours = time.perf_counter(), _busy_cpu(), _children_cpu()
   with open(log_path, "w") as log:
     returncode = _run(command, log, timeout=START_UP_SECONDS +
                       images / SLOWEST_IMAGES_PER_SEC)
   wall = time.perf_counter() - start
+  # Cores kept busy by anything but this run, on average over it.
+  other_load = max(0.0, (_busy_cpu() - busy) - (_children_cpu() - ours)) / wall
   records = (epochs.read(records_path)
              if os.path.exists(records_path) else [])
   if returncode != 0 or len(records) != settings["epochs"]:
@@ -199,7 +205,25 @@ def _launch(run: Run, settings: dict) -> dict:
              f"{len(records)} of {settings['epochs']} epochs recorded); "
              f"its log: {log_path}")
   return {**dataclasses.asdict(run), "command": command, "records": records,
-          "threads": _threads(run, records, log_path), "wall_seconds": wall}
+          "threads": _threads(run, records, log_path), "wall_seconds": wall,
+          "other_load": other_load}
+
+
+def _busy_cpu() -> float:
+  """CPU seconds the whole machine has spent busy (steal included: time
+  the hypervisor gave to someone else is time this run did not have)."""
+  with open("/proc/stat") as f:
+    user, nice, system, _, _, irq, softirq, steal = map(
+        int, f.readline().split()[1:9])
+  ticks = user + nice + system + irq + softirq + steal
+  return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+  """CPU seconds of this process's finished children and theirs (a
+  launcher reaps its workers, so theirs count too)."""
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
 
 
 def _command(run: Run, settings: dict,
@@ -269,8 +293,10 @@ def summarize(results: dict) -> dict:
   pooled = {}
   for run in results["runs"]:
     key = (run["runner"], run["processes"], run["data"])
-    entry = pooled.setdefault(key, {"rates": [], "threads": run["threads"]})
+    entry = pooled.setdefault(key, {"rates": [], "threads": run["threads"],
+                                    "other_load": 0.0})
     entry["rates"] += epochs.measured(run["records"])
+    entry["other_load"] = max(entry["other_load"], run["other_load"])
 
   def order(item):
     (runner, processes, data), _ = item
@@ -282,7 +308,8 @@ def summarize(results: dict) -> dict:
     rates = entry["rates"]
     median = statistics.median(rates)
     rows.append({"runner": runner, "processes": processes, "data": data,
-                 "threads": entry["threads"], "images_per_sec": median,
+                 "threads": entry["threads"], "other_load": entry["other_load"],
+                 "images_per_sec": median,
                  "min": min(rates), "max": max(rates), "epochs": len(rates),
                  "flops_per_sec": median * per_image,
                  "fraction_of_peak": median * per_image / peak})
@@ -331,17 +358,23 @@ def print_report(results: dict, summary: dict) -> None:
         f"GFLOP/s ({results['matmul']['size']}-square, every core, best of "
         f"{results['matmul']['repeats']}, before and after the runs).\n")
   print("| runner | processes | data | threads | images/s | min-max | "
-        "epochs | GFLOP/s | of peak |")
-  print("|---|---|---|---|---|---|---|---|---|")
+        "epochs | GFLOP/s | of peak | other load |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
   for r in summary["rows"]:
     print(f"| {r['runner']} | {r['processes']} | {r['data']} | "
           f"{r['threads']} | {r['images_per_sec']:.0f} | "
           f"{r['min']:.0f}-{r['max']:.0f} | {r['epochs']} | "
-          f"{r['flops_per_sec'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} |")
+          f"{r['flops_per_sec'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} | "
+          f"{r['other_load']:.2f} |")
   if any(r["fraction_of_peak"] > 1 for r in summary["rows"]):
     print("\nA run above the matmul peak: the peak was measured while "
           "something else used the cores. Rerun on a quiet machine.")
-  print("\nthreads: intra-op x inter-op per process. Ratios of medians:\n")
+  print("\nthreads: intra-op x inter-op per process. other load: cores "
+        "kept busy by anything else during the run, on average.")
+  if any(r["other_load"] > DISTURBED_LOAD for r in summary["rows"]):
+    print(f"Runs with other load above {DISTURBED_LOAD} cores were slowed "
+          "by something else on the machine: rerun when it is quiet.")
+  print("\nRatios of medians:\n")
   print(f"| ratio | {' | '.join(workload.DATASETS)} |\n|---|---|---|")
   for n in PROCESSES:
     cells = [f"{ratios['engine_vs_keras_fit'][f'np{n} {data}']:.3f}"

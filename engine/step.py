@@ -83,9 +83,14 @@ class TrainStep:
       gradients = self.optimizer.get_unscaled_gradients(gradients)
     self.optimizer.apply_gradients(zip(gradients, variables))
     # Fused with the gradients' allreduce: the stop decision costs no
-    # extra round trip, and every rank takes it after the same step.
-    return hvd.allreduce(stop_requested, op=hvd.Max,
-                         name="stop_requested") > 0
+    # extra round trip, and every rank takes it after the same step. Alone,
+    # a process skips Horovod's queue (as DistributedGradientTape does),
+    # which would add a cycle of its background thread to every step.
+    return tf.cond(
+        hvd.size_op() > 1,
+        lambda: hvd.allreduce(stop_requested, op=hvd.Max,
+                              name="stop_requested"),
+        lambda: stop_requested) > 0
 
   def _loss(self, images, labels):
     """The batch's loss to differentiate (times the loss scale under

@@ -119,3 +119,12 @@ def test_float16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
   for old, new in zip(before, model.trainable_weights):
     np.testing.assert_array_equal(old, new.numpy())
   assert step.traces == 1
+
+
+def test_the_step_returns_the_stop_request_agreed_across_ranks():
+  step = steps.TrainStep(model=tiny_model(),
+                         optimizer=tf.keras.optimizers.SGD(0.1))
+  images, labels = batch(8, 6)
+  assert step(images, labels) is False
+  assert step(images, labels, stop_requested=True) is True
+  assert step.traces == 1
