@@ -160,8 +160,8 @@ def xplanes(profile_dir):
   return list(profile_dir.glob("plugins/profile/*/*.xplane.pb"))
 
 
-def traced_steps(xplane):
-  """The steps TensorBoard's profile overview lists for a trace."""
+def overview_steps(xplane):
+  """The steps TensorBoard's profile overview lists, with their times."""
   page, _ = raw_to_tool_data.xspace_to_tool_data([str(xplane)],
                                                  "overview_page^", {})
   [steps] = [table for table in json.loads(page)
@@ -169,10 +169,20 @@ def traced_steps(xplane):
   return [row["c"][0]["v"] for row in steps["rows"]]
 
 
+def marked_steps(xplane):
+  """The step markers the trace viewer shows."""
+  trace, _ = raw_to_tool_data.xspace_to_tool_data([str(xplane)],
+                                                  "trace_viewer^", {})
+  return [int(event["args"]["step_num"])
+          for event in json.loads(trace)["traceEvents"]
+          if "step_num" in event.get("args", {})]
+
+
 def test_profile_steps_trace_rank_zero_with_step_markers(command_line):
   model_dir, result = command_line
   [trace] = xplanes(model_dir / "profile")
-  assert traced_steps(trace) == ["train 3", "train 4", "train 5"]
+  assert overview_steps(trace) == ["train 3", "train 4", "train 5"]
+  assert marked_steps(trace) == [3, 4, 5]
   assert not list((model_dir / "profile").glob("rank_*"))
   assert "profiling steps 3 to 5" in result.stderr
 
@@ -223,4 +233,6 @@ def test_performance_options_train_together_on_two_processes(two):
   profile = out / "options" / "profile"
   for rank_dir in (profile, profile / "rank_1"):
     [trace] = xplanes(rank_dir)
-    assert traced_steps(trace) == ["train 2", "train 3"]
+    # With --grad_accum_steps the overview lists no steps (TensorFlow 2.15's
+    # profiler); the trace viewer has them.
+    assert marked_steps(trace) == [2, 3]
