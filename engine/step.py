@@ -71,26 +71,35 @@ class TrainStep:
     if self._accumulation_steps == 1:
       with tf.GradientTape() as tape:
         loss = self._loss(images, labels)
+      backward_starts = [loss]
       tape = hvd.DistributedGradientTape(tape, **self._allreduce)
       gradients = tape.gradient(loss, variables)
     else:
       # DistributedGradientTape reduces every backward pass; accumulating
       # needs the local gradients first, then one reduction of their mean.
-      gradients = hvd.grouped_allreduce(
-          self._accumulated_gradients(images, labels, variables),
-          **self._allreduce)
+      local = self._accumulated_gradients(images, labels, variables)
+      backward_starts = local
+      gradients = hvd.grouped_allreduce(local, **self._allreduce)
     if self._scales_loss:  # after the allreduce: it sums scaled gradients
       gradients = self.optimizer.get_unscaled_gradients(gradients)
     self.optimizer.apply_gradients(zip(gradients, variables))
-    # Fused with the gradients' allreduce: the stop decision costs no
-    # extra round trip, and every rank takes it after the same step. Alone,
-    # a process skips Horovod's queue (as DistributedGradientTape does),
-    # which would add a cycle of its background thread to every step.
+    with tf.control_dependencies(backward_starts):
+      return self._any_rank(stop_requested)
+
+  def _any_rank(self, flag):
+    """Whether `flag` (0 or 1) is 1 on any rank.
+
+    Submitted when the gradients start to be, as an average like theirs, so
+    Horovod can fuse it into one of their allreduces instead of running a
+    collective of its own; and every rank takes the decision after the
+    same step. Alone, a process skips Horovod's queue (as
+    DistributedGradientTape does), which would add a cycle of its
+    background thread to every step.
+    """
     return tf.cond(
         hvd.size_op() > 1,
-        lambda: hvd.allreduce(stop_requested, op=hvd.Max,
-                              name="stop_requested"),
-        lambda: stop_requested) > 0
+        lambda: hvd.allreduce(flag, op=hvd.Average, name="stop_requested"),
+        lambda: flag) > 0
 
   def _loss(self, images, labels):
     """The batch's loss to differentiate (times the loss scale under
@@ -118,6 +127,9 @@ class TrainStep:
     labels = tf.reshape(labels, [k, -1])
     sums = [tf.zeros_like(v) for v in variables]
     for i in tf.range(k):
+      # One micro-batch at a time: a while loop may otherwise run several
+      # iterations' forward passes at once, and hold their activations.
+      tf.autograph.experimental.set_loop_options(parallel_iterations=1)
       with tf.GradientTape() as tape:
         loss = self._loss(images[i], labels[i])
       sums = [s + g for s, g in zip(sums, tape.gradient(loss, variables))]
