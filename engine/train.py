@@ -432,16 +432,16 @@ def _make_model_dir(path: str) -> None:
 
 
 def _warn_about_slow_options_on_cpu(config: TrainConfig) -> None:
-  """GPU options that cost a CPU run dearly (measured on an AMD EPYC with
-  AVX512-BF16, 1 process, train step of the cnn and of WRN-16-2)."""
+  """GPU options that cost a CPU run dearly (bench/step_options.py on an
+  AMD EPYC with AVX512-BF16: the cnn and WRN-16-2; bench/RESULTS.md)."""
   if config.mixed_precision == "float16":
-    logging.warning("--mixed_precision=float16 on CPU: no float16 hardware "
-                    "path, steps were 50-80x slower than float32 here; use "
-                    "bfloat16 (1.4-1.5x faster on CPUs with AVX512-BF16) "
-                    "or none")
+    logging.warning("--mixed_precision=float16 on CPU: no float16 "
+                    "arithmetic, steps were 66-74x slower than float32 "
+                    "there; use bfloat16 (1.34x faster on CPUs with "
+                    "AVX512-BF16) or none")
   if config.xla:
-    logging.warning("--xla on CPU: steps were 1.2-3.4x slower than "
-                    "TensorFlow's oneDNN kernels here")
+    logging.warning("--xla on CPU: steps were 1.7-4.7x slower than "
+                    "TensorFlow's oneDNN kernels there")
 
 
 def _describe(world: distributed.World) -> str:
