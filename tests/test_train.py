@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from engine import train as engine_train
 from tests import fixtures
 
 
@@ -27,3 +28,16 @@ def test_early_stopping_stops_at_the_right_epoch_and_says_when(data_dir,
       records[0]["cumulative_seconds"])
   assert "stopping early" in result.stderr
   assert "first reached at epoch 1" in result.stderr
+
+
+def test_a_cpu_run_is_warned_of_float16_and_xla_and_of_nothing_else(caplog):
+  # pylint: disable-next=protected-access
+  warn = engine_train._warn_about_slow_options_on_cpu
+  warn(fixtures.train_config())
+  warn(fixtures.train_config(mixed_precision="bfloat16"))
+  assert not caplog.records
+  warn(fixtures.train_config(mixed_precision="float16", xla=True))
+  messages = [r.getMessage() for r in caplog.records]
+  assert len(messages) == 2
+  assert messages[0].startswith("--mixed_precision=float16 on CPU")
+  assert messages[1].startswith("--xla on CPU")
