@@ -81,6 +81,11 @@ class Checkpoints:
     self._best = tf.train.CheckpointManager(
         self._checkpoint, os.path.join(self.directory, BEST_DIR),
         max_to_keep=1, checkpoint_name="best")
+    if self.best_path:
+      # The best so far, for a process that takes over as rank 0 in an
+      # elastic run (a restore sets it too, from the checkpoint it reads).
+      self._best_accuracy.assign(tf.train.load_checkpoint(
+          self.best_path).get_tensor(_BEST_ACCURACY_KEY))
 
   # Restoring.
 
@@ -152,15 +157,22 @@ class Checkpoints:
     self._set_position(position)
     return self._latest.save(checkpoint_number=global_step)
 
-  def save_if_best(self, position: Position, global_step: int,
-                   val_accuracy: float) -> bool:
-    """Keeps a separate copy of the best epoch by validation accuracy."""
-    if val_accuracy <= self.best_accuracy:
-      return False
-    self._best_accuracy.assign(val_accuracy)
-    self._set_position(position)
-    self._best.save(checkpoint_number=global_step)
-    return True
+  def save_at_epoch_end(self, position: Position, global_step: int,
+                        val_accuracy: float) -> bool:
+    """Saves the epoch; also as best/ if its validation accuracy is the best
+    so far, which it returns.
+
+    The best accuracy is recorded before the epoch's checkpoint is written,
+    so a run resumed from it compares later epochs with the true best and
+    never replaces best/ with a worse epoch.
+    """
+    best = val_accuracy > self.best_accuracy
+    if best:
+      self._best_accuracy.assign(val_accuracy)
+    self.save(position, global_step)
+    if best:
+      self._best.save(checkpoint_number=global_step)
+    return best
 
   @property
   def best_path(self) -> Optional[str]:
@@ -189,6 +201,7 @@ def resolve(path: str) -> str:
 
 
 _IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
+_BEST_ACCURACY_KEY = "best_accuracy/.ATTRIBUTES/VARIABLE_VALUE"
 _LOSS_SCALE_KEY = "optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/" \
     "VARIABLE_VALUE"
 # What TensorFlow's checkpoint reader raises for truncated or garbled files.

@@ -361,8 +361,8 @@ class _Run:
 
   def end_epoch(self, position: checkpoint.Position, global_step: int,
                 val_accuracy: float) -> None:
-    self.checkpoints.save(position, global_step)
-    if self.checkpoints.save_if_best(position, global_step, val_accuracy):
+    if self.checkpoints.save_at_epoch_end(position, global_step,
+                                          val_accuracy):
       logging.info("best validation accuracy so far: %.4f", val_accuracy)
 
   def export(self, info) -> None:

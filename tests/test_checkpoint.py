@@ -45,12 +45,27 @@ def test_keeps_the_latest_few_and_the_best_apart(tmp_path):
   saved = manager(tmp_path, model, optimizer, keep=2)
   for step, accuracy in enumerate([0.5, 0.9, 0.7, 0.8], start=1):
     position = checkpoint.Position(step, 0, 8, 1)
-    saved.save(position, step)
-    saved.save_if_best(position, step, accuracy)
+    assert saved.save_at_epoch_end(position, step, accuracy) == (step <= 2)
   assert [os.path.basename(p) for p in saved.existing()] == ["ckpt-3",
                                                              "ckpt-4"]
   assert os.path.basename(saved.best_path) == "best-2"
   assert saved.best_accuracy == 0.9
+
+
+def test_a_resumed_run_knows_the_best_so_far(tmp_path):
+  # The best epoch is also the latest checkpoint: resuming from it, a worse
+  # epoch must not replace best/.
+  model, optimizer = build()
+  saved = manager(tmp_path, model, optimizer)
+  saved.save_at_epoch_end(checkpoint.Position(1, 0, 8, 1), 1, 0.5)
+  saved.save_at_epoch_end(checkpoint.Position(2, 0, 8, 1), 2, 0.9)
+  resumed = manager(tmp_path, *build())
+  resumed.restore_latest_readable()
+  assert not resumed.save_at_epoch_end(checkpoint.Position(3, 0, 8, 1), 3,
+                                       0.7)
+  assert os.path.basename(resumed.best_path) == "best-2"
+  # And a process that takes over as rank 0 without restoring (elastic).
+  assert manager(tmp_path, *build()).best_accuracy == 0.9
 
 
 def test_a_damaged_latest_falls_back_to_the_one_before(tmp_path, caplog):
