@@ -104,6 +104,12 @@ def cpu_threads(cores: int, processes_on_host: int) -> tuple[int, int]:
   return max(1, cores // processes_on_host), 1
 
 
+def current(world: World) -> World:
+  """`world` with this process's rank and the number of processes now, which
+  change at each reset of an elastic run (its device and threads do not)."""
+  return dataclasses.replace(world, rank=hvd.rank(), size=hvd.size())
+
+
 def is_chief() -> bool:
   """The one process that logs, writes files and owns checkpoints."""
   return hvd.rank() == 0

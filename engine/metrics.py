@@ -9,6 +9,7 @@ metrics would cost a collective on every step for figures read once an epoch.
 """
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 from engine import distributed
@@ -19,6 +20,14 @@ class Result:
   loss: float       # mean cross-entropy per example (no weight-decay term)
   accuracy: float
   examples: int
+
+  @classmethod
+  def of(cls, sums: np.ndarray) -> "Result":
+    """From (loss sum, correct predictions, examples)."""
+    loss_sum, correct, examples = sums
+    count = max(examples, 1.0)
+    return cls(loss=loss_sum / count, accuracy=correct / count,
+               examples=int(examples))
 
 
 class Totals:
@@ -41,10 +50,11 @@ class Totals:
   def reset(self) -> None:
     self._sums.assign(tf.zeros([3], tf.float64))
 
+  def sums(self) -> np.ndarray:
+    """(loss sum, correct, examples) over every rank. A collective: call on
+    all ranks."""
+    return distributed.sum_across_ranks(self._sums.numpy(), name=self._name)
+
   def result(self) -> Result:
-    """The figure over every rank's examples. A collective: call on all ranks."""
-    loss_sum, correct, examples = distributed.sum_across_ranks(
-        self._sums.numpy(), name=self._name)
-    count = max(examples, 1.0)
-    return Result(loss=loss_sum / count, accuracy=correct / count,
-                  examples=int(examples))
+    """The figure over every rank's examples. A collective, as `sums`."""
+    return Result.of(self.sums())

@@ -34,60 +34,84 @@ def scaled_rate(base_lr: float, world_size: int, scaling: str) -> float:
 
 
 class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
-  """Gradual warmup from base_lr to peak_lr, then constant, step or cosine.
+  """Gradual warmup from base_lr to the scaled rate, then constant, step or
+  cosine decay.
 
   Warmup (Goyal et al. 2017; Horovod's LearningRateWarmupCallback) raises the
   rate linearly per step, from the one-process rate at step 0 to the scaled
-  rate after `warmup_steps`, so a large global batch does not start with a
+  rate after `warmup_epochs`, so a large global batch does not start with a
   large step from random weights. Step decay multiplies the rate by
   `decay_factor` at each epoch listed in `decay_epochs` (counted from the
   start of training, as the lab's 15, 25, 35); cosine decay falls from the
-  peak after warmup to 0 at `total_steps`.
+  peak after warmup to 0 at the end of `epochs`.
+
+  The peak rate and the length of an epoch in steps depend on the number of
+  processes, which an elastic run changes between two steps: `set_world`
+  sets them, in variables the compiled step reads, so it is not retraced.
   """
 
-  def __init__(self, *, base_lr: float, peak_lr: float, warmup_steps: int,
-               decay: str, steps_per_epoch: int, decay_epochs=(),
-               decay_factor: float = 0.1, total_steps: int = 0):
+  def __init__(self, *, base_lr: float, scaling: str, warmup_epochs: float,
+               decay: str, epochs: int, decay_epochs=(),
+               decay_factor: float = 0.1):
     super().__init__()
+    scaled_rate(base_lr, 1, scaling)  # an unknown scaling fails here, early
     if decay not in DECAYS:
       raise UserError(f"--lr_schedule={decay} is unknown; choose one of "
                       f"{', '.join(DECAYS)}")
-    if decay == "cosine" and total_steps <= warmup_steps:
+    if decay == "cosine" and epochs <= warmup_epochs:
       raise UserError("--lr_schedule=cosine needs more epochs than "
                       "--warmup_epochs")
     self.base_lr = base_lr
-    self.peak_lr = peak_lr
-    self.warmup_steps = warmup_steps
+    self.scaling = scaling
+    self.warmup_epochs = warmup_epochs
     self.decay = decay
-    self.steps_per_epoch = steps_per_epoch
+    self.epochs = epochs
     self.decay_epochs = tuple(decay_epochs)
     self.decay_factor = decay_factor
-    self.total_steps = total_steps
+    self.world_size = 0  # set_world() must come first
+    variable = lambda name: tf.Variable(0.0, trainable=False, name=name)
+    self._peak_lr = variable("peak_lr")
+    self._steps_per_epoch = variable("steps_per_epoch")
+    self._warmup_steps = variable("warmup_steps")
+    self._total_steps = variable("total_steps")
+
+  def set_world(self, *, world_size: int, steps_per_epoch: int) -> None:
+    """The rate for `world_size` processes taking `steps_per_epoch` steps
+    per epoch, from the next step on."""
+    self.world_size = world_size
+    self._peak_lr.assign(self.peak_lr)
+    self._steps_per_epoch.assign(steps_per_epoch)
+    self._warmup_steps.assign(round(self.warmup_epochs * steps_per_epoch))
+    self._total_steps.assign(self.epochs * steps_per_epoch)
+
+  @property
+  def peak_lr(self) -> float:
+    return scaled_rate(self.base_lr, self.world_size, self.scaling)
 
   def __call__(self, step):
     step = tf.cast(step, tf.float32)
-    if self.warmup_steps:
-      progress = step / self.warmup_steps
-      warm = self.base_lr + (self.peak_lr - self.base_lr) * progress
-      return tf.where(step < self.warmup_steps, warm, self._decayed(step))
+    if self.warmup_epochs:
+      warmup_steps = self._warmup_steps
+      progress = step / warmup_steps
+      warm = self.base_lr + (self._peak_lr - self.base_lr) * progress
+      return tf.where(step < warmup_steps, warm, self._decayed(step))
     return self._decayed(step)
 
   def _decayed(self, step):
     if self.decay == "step":
-      epoch = tf.floor(step / self.steps_per_epoch)
+      epoch = tf.floor(step / self._steps_per_epoch)
       passed = tf.add_n([tf.cast(epoch >= e, tf.float32)
                          for e in self.decay_epochs] or [tf.zeros([])])
-      return self.peak_lr * tf.pow(self.decay_factor, passed)
+      return self._peak_lr * tf.pow(self.decay_factor, passed)
     if self.decay == "cosine":
-      fraction = ((step - self.warmup_steps)
-                  / (self.total_steps - self.warmup_steps))
+      fraction = ((step - self._warmup_steps)
+                  / (self._total_steps - self._warmup_steps))
       fraction = tf.clip_by_value(fraction, 0.0, 1.0)
-      return self.peak_lr * 0.5 * (1.0 + tf.cos(math.pi * fraction))
-    return tf.fill([], tf.cast(self.peak_lr, tf.float32))
+      return self._peak_lr * 0.5 * (1.0 + tf.cos(math.pi * fraction))
+    return tf.identity(self._peak_lr)
 
   def get_config(self):
-    return dict(base_lr=self.base_lr, peak_lr=self.peak_lr,
-                warmup_steps=self.warmup_steps, decay=self.decay,
-                steps_per_epoch=self.steps_per_epoch,
-                decay_epochs=self.decay_epochs,
-                decay_factor=self.decay_factor, total_steps=self.total_steps)
+    return dict(base_lr=self.base_lr, scaling=self.scaling,
+                warmup_epochs=self.warmup_epochs, decay=self.decay,
+                epochs=self.epochs, decay_epochs=self.decay_epochs,
+                decay_factor=self.decay_factor)

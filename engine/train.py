@@ -8,6 +8,7 @@ Read `train()` top to bottom to follow a batch from disk to the optimizer:
 distributed setup, input pipeline, model, optimizer, the train loop, and what
 is reported.
 """
+import copy
 import dataclasses
 import os
 import re
@@ -19,13 +20,16 @@ from typing import Optional
 from absl import app
 from absl import flags
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from engine import checkpoint
 from engine import data
 from engine import datasets
 from engine import distributed
+from engine import elastic
 from engine import export
+from engine import metrics
 from engine import optimizers
 from engine import precision
 from engine import preemption
@@ -80,6 +84,9 @@ class TrainConfig:
   keep_checkpoints: int
   checkpoint_every_steps: int
   command_line: str  # the flags as a flagfile, recorded in model_dir
+  # Elastic
+  elastic: bool
+  commit_every_steps: int
   # Devices
   intra_op_threads: int
   inter_op_threads: int
@@ -127,191 +134,283 @@ def prepare(config: TrainConfig):
 
 
 def train(config: TrainConfig) -> TrainResult:
+  elastic.check_launch(config.elastic)
   # Distributed setup (Horovod, this process's device and cores), the data
   # set every rank reads its own shard of, and the model.
   world, splits, model = prepare(config)
-  chief = distributed.is_chief()
   info = splits.info
-  # A step takes grad_accum_steps micro-batches of batch_size per rank.
-  step_batch = config.batch_size * config.grad_accum_steps
-  steps_per_epoch = data.steps_per_epoch(
-      num_train=info.num_train, batch_size=step_batch,
-      world_size=world.size, requested=config.steps_per_epoch)
-  global_batch = step_batch * world.size
-  logging.info("%s: %d train, %d test examples of %s; global batch %d%s, "
-               "%d steps per epoch", info.name, info.num_train, info.num_test,
-               "x".join(map(str, info.image_shape)), global_batch,
-               f" ({config.grad_accum_steps} micro-batches of "
-               f"{config.batch_size} per process)"
-               if config.grad_accum_steps > 1 else "", steps_per_epoch)
-
+  logging.info("%s: %d train, %d test examples of %s", info.name,
+               info.num_train, info.num_test,
+               "x".join(map(str, info.image_shape)))
   logging.info("model %s: %d parameters", model.name, model.count_params())
 
   # Optimizer and learning rate: scaled with the global batch (linear:
-  # base_lr * world.size), warmed up per step, then decayed; a function of
-  # the step evaluated inside the train step.
-  peak_lr = schedules.scaled_rate(config.base_lr, world.size,
-                                  config.lr_scaling)
+  # base_lr * world.size, set for each number of processes the loop runs
+  # on), warmed up per step, then decayed; a function of the step evaluated
+  # inside the train step.
   learning_rate = schedules.WarmupThenDecay(
-      base_lr=config.base_lr, peak_lr=peak_lr,
-      warmup_steps=round(config.warmup_epochs * steps_per_epoch),
-      decay=config.lr_schedule, steps_per_epoch=steps_per_epoch,
-      decay_epochs=config.lr_decay_epochs,
-      decay_factor=config.lr_decay_factor,
-      total_steps=config.epochs * steps_per_epoch)
+      base_lr=config.base_lr, scaling=config.lr_scaling,
+      warmup_epochs=config.warmup_epochs, decay=config.lr_schedule,
+      epochs=config.epochs, decay_epochs=config.lr_decay_epochs,
+      decay_factor=config.lr_decay_factor)
   optimizer = precision.with_loss_scaling(
       optimizers.build(config.optimizer, learning_rate=learning_rate,
                        momentum=config.momentum, nesterov=config.nesterov,
                        xla=config.xla), config.mixed_precision)
-  logging.info("%s, learning rate %g x %d processes (%s) = %g%s",
-               config.optimizer, config.base_lr, world.size,
-               config.lr_scaling, peak_lr,
-               f" after {config.warmup_epochs:g} warmup epochs"
-               if config.warmup_epochs else "")
   train_step = steps.TrainStep(
       model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
       compression=config.gradient_compression,
       accumulation_steps=config.grad_accum_steps, xla=config.xla)
   eval_step = steps.EvalStep(model=model, xla=config.xla)
-  logging.info("precision %s%s; allreduce %s, compression %s",
-               config.mixed_precision if config.mixed_precision != "none"
-               else "float32", ", XLA" if config.xla else "",
-               config.allreduce_op, config.gradient_compression)
+  logging.info("%s; precision %s%s; allreduce %s, compression %s",
+               config.optimizer, config.mixed_precision
+               if config.mixed_precision != "none" else "float32",
+               ", XLA" if config.xla else "", config.allreduce_op,
+               config.gradient_compression)
   if world.device == "CPU":
     _warn_about_slow_options_on_cpu(config)
 
-  # Checkpoints and resuming: rank 0 alone reads and writes model_dir.
-  model_dir = config.model_dir or os.path.join(
-      "runs", f"{config.dataset}_{config.model}")
-  run = _Run(model_dir, config, model=model, optimizer=optimizer,
-             identity=checkpoint.identity(model, info)) if chief else None
-  position = distributed.on_chief(run.open if chief else None, name="resume")
-  # Every rank continues from rank 0's weights and optimizer state, restored
-  # or initial, so the first averaged gradient is taken at one point.
-  distributed.broadcast_from_chief(model.variables +
-                                   optimizers.state(optimizer))
-  first_epoch, first_step = _starting_point(position, steps_per_epoch,
-                                            global_batch, world.size)
-  optimizer.iterations.assign(first_epoch * steps_per_epoch + first_step)
+  # The train loop, from the checkpoint in model_dir if there is one. Under
+  # --elastic, Horovod runs it again after each change of workers, from the
+  # state last committed.
+  loop = _TrainLoop(config=config, world=world, splits=splits, model=model,
+                    optimizer=optimizer, learning_rate=learning_rate,
+                    train_step=train_step, eval_step=eval_step)
+  state = elastic.TrainingState(
+      loop.variables, position=None, epoch_sums=_NO_EXAMPLES,
+      cumulative_seconds=0.0, history=[],
+      stop=stopping.TargetAccuracy(config.target_accuracy, config.patience))
+  history = elastic.run(loop)(state) if config.elastic else loop(state)
 
-  reporter = report.Reporter(model_dir, chief=chief, epochs=config.epochs)
-  reporter.keep_epochs_up_to(first_epoch)  # records of undone epochs go
-  progress = progress_lib.Progress(
-      mode=config.progress, chief=chief, steps_per_epoch=steps_per_epoch,
-      epochs=config.epochs, global_batch=global_batch)
-  stop = stopping.TargetAccuracy(config.target_accuracy, config.patience)
-  stop_requests = preemption.StopRequests()
-  stop_requests.install()
-  times = profiling.EpochTimes()
-  profiler = profiling.StepProfiler(
-      model_dir, steps=config.profile_steps, rank=world.rank,
-      all_ranks=config.profile_all_ranks,
-      timeline=config.horovod_timeline)
-
-  # Train loop.
-  every = config.checkpoint_every_steps
-  optimizer_state_broadcast = False
-  history = []
-  cumulative_seconds = 0.0
-  batches = iter(data.train_batches(
-      splits.train, info, rank=world.rank, world_size=world.size,
-      batch_size=step_batch, steps=steps_per_epoch, seed=config.seed,
-      first_epoch=first_epoch, first_step=first_step,
-      flip=config.random_flip, shift=config.random_shift))
-  try:
-    for epoch in range(first_epoch, config.epochs):
-      start = time.perf_counter()
-      train_step.totals.reset()
-      times.reset()
-      progress.start_epoch(epoch)
-      for done in range(first_step + 1, steps_per_epoch + 1):
-        global_step = epoch * steps_per_epoch + done
-        with profiler.step(global_step):
-          with times.input():
-            images, labels = next(batches)
-          with times.step():
-            stop_agreed = train_step(images, labels, stop_requests.requested)
-        if not optimizer_state_broadcast:
-          # Once per run, after the first update: whatever state an
-          # optimizer creates at its first step rather than in
-          # optimizers.build_state becomes rank 0's too.
-          distributed.broadcast_from_chief(model.variables +
-                                           optimizers.state(optimizer))
-          optimizer_state_broadcast = True
-        if stop_agreed:
-          _preempted(run, checkpoint.Position(epoch, done, global_batch,
-                                              world.size),
-                     global_step, stop_requests.signum)
-        if run and every and global_step % every == 0:
-          run.checkpoints.save(checkpoint.Position(
-              epoch, done, global_batch, world.size), global_step)
-        progress.step(done)
-      first_step = 0
-      train = train_step.totals.result()  # an allreduce: all ranks are done
-      train_seconds = time.perf_counter() - start
-
-      # BatchNorm's moving statistics are updated from each rank's own
-      # batches and drift apart; average them so every rank evaluates (and
-      # ends with) one model.
-      distributed.average_across_ranks(model.non_trainable_variables)
-      val = steps.evaluate(eval_step, data.eval_batches(
-          splits.test, info, rank=world.rank, world_size=world.size,
-          batch_size=config.batch_size))
-      epoch_seconds = time.perf_counter() - start
-      cumulative_seconds += epoch_seconds
-      global_step = (epoch + 1) * steps_per_epoch
-      stop_now = stop.update(epoch=epoch + 1, val_accuracy=val.accuracy,
-                             cumulative_seconds=cumulative_seconds)
-
-      record = {
-          "epoch": epoch + 1,
-          "global_step": global_step,
-          "train_loss": train.loss,
-          "train_accuracy": train.accuracy,
-          "val_loss": val.loss,
-          "val_accuracy": val.accuracy,
-          # The rate of the epoch's last update, as the optimizer applied it.
-          "learning_rate": float(learning_rate(global_step - 1)),
-          "images_per_sec": train.examples / train_seconds,
-          # Rank 0's split of the train time: a large input share means the
-          # input pipeline, not the step, bounds the run.
-          "input_seconds": times.input_seconds,
-          "step_seconds": times.step_seconds,
-          "epoch_seconds": epoch_seconds,
-          "cumulative_seconds": cumulative_seconds,
-          "world_size": world.size,
-      }
-      if config.target_accuracy:
-        record["target_accuracy_first_epoch"] = stop.first_reached_epoch
-        record["target_accuracy_first_seconds"] = stop.first_reached_seconds
-      history.append(record)
-      reporter.epoch(record)
-      if run:
-        run.end_epoch(checkpoint.Position(epoch + 1, 0, global_batch,
-                                          world.size), global_step,
-                      val.accuracy)
-      if stop_now:
-        logging.info("stopping early: validation accuracy >= %g for %d "
-                     "epochs; first reached at epoch %d, %.1fs",
-                     config.target_accuracy, config.patience,
-                     stop.first_reached_epoch, stop.first_reached_seconds)
-        break
-  finally:
-    profiler.close()
-    stop_requests.uninstall()
-
-  if history:
-    logging.info("final test loss %.4f, test accuracy %.4f (%d examples); "
-                 "metrics in %s", val.loss, val.accuracy, val.examples,
-                 reporter.metrics_path)
-  else:
-    logging.info("%s has finished its %d epochs already; pass a larger "
-                 "--epochs to train on, or another --model_dir for a new run",
-                 model_dir, config.epochs)
-  if run:
-    run.export(info)
+  # Whoever is rank 0 at the end exports.
+  if distributed.is_chief():
+    loop.run.export(info)
   return TrainResult(model=model, history=history, train_step=train_step,
                      eval_step=eval_step)
+
+
+# Loss sum, correct predictions, examples: an epoch before its first step.
+_NO_EXAMPLES = np.zeros(3)
+
+
+class _TrainLoop:
+  """The epochs, from a TrainingState to the end of training.
+
+  Runs once; under --elastic, again after each reset, from the last commit,
+  on the processes there are then. So everything that depends on their
+  number is set up at the start of a call: the global batch, the steps per
+  epoch, the learning rate, this rank's data, who is rank 0.
+  """
+
+  def __init__(self, *, config: TrainConfig, world: distributed.World,
+               splits, model: tf.keras.Model, optimizer,
+               learning_rate: schedules.WarmupThenDecay,
+               train_step: steps.TrainStep, eval_step: steps.EvalStep):
+    self._config = config
+    self._world = world
+    self._splits = splits
+    self._model = model
+    self._optimizer = optimizer
+    self._learning_rate = learning_rate
+    self._train_step = train_step
+    self._eval_step = eval_step
+    self._model_dir = config.model_dir or os.path.join(
+        "runs", f"{config.dataset}_{config.model}")
+    self.run = None  # rank 0's model_dir: checkpoints, flags, exports
+
+  def variables(self) -> list[tf.Variable]:
+    """What every rank must hold alike: weights and optimizer state."""
+    return self._model.variables + optimizers.state(self._optimizer)
+
+  def __call__(self, state: elastic.TrainingState) -> list[dict]:
+    config, info = self._config, self._splits.info
+    model, train_step = self._model, self._train_step
+    world = distributed.current(self._world)
+    chief = distributed.is_chief()
+    report.configure_logging(chief)
+    # A step takes grad_accum_steps micro-batches of batch_size per rank.
+    step_batch = config.batch_size * config.grad_accum_steps
+    steps_per_epoch = data.steps_per_epoch(
+        num_train=info.num_train, batch_size=step_batch,
+        world_size=world.size, requested=config.steps_per_epoch)
+    global_batch = step_batch * world.size
+    logging.info("global batch %d on %d processes%s, %d steps per epoch",
+                 global_batch, world.size,
+                 f" ({config.grad_accum_steps} micro-batches of "
+                 f"{config.batch_size} per process)"
+                 if config.grad_accum_steps > 1 else "", steps_per_epoch)
+
+    # Checkpoints and resuming: rank 0 alone reads and writes model_dir.
+    # The run's first start restores the latest checkpoint, and every rank
+    # continues from rank 0's weights and optimizer state, restored or
+    # initial, so the first averaged gradient is taken at one point. A
+    # restart (elastic) continues from the committed state instead.
+    if chief and self.run is None:
+      self.run = _Run(self._model_dir, config, model=model,
+                      optimizer=self._optimizer,
+                      identity=checkpoint.identity(model, info))
+    run = self.run if chief else None
+    restart = state.position is not None
+    if restart:
+      position = state.position
+      logging.info("restarting on %d processes (was %d) from the commit at "
+                   "epoch %d, step %d", world.size, position.world_size,
+                   position.epoch + 1, position.step)
+      if run and run.checkpoints is None:
+        run.take_over()
+    else:
+      position = distributed.on_chief(run.open if run else None,
+                                      name="resume")
+      distributed.broadcast_from_chief(self.variables())
+    first_epoch, first_step = _starting_point(position, steps_per_epoch,
+                                              global_batch, world.size)
+    self._learning_rate.set_world(world_size=world.size,
+                                  steps_per_epoch=steps_per_epoch)
+    self._optimizer.iterations.assign(first_epoch * steps_per_epoch +
+                                      first_step)
+    logging.info("learning rate %g x %d processes (%s) = %g%s",
+                 config.base_lr, world.size, config.lr_scaling,
+                 self._learning_rate.peak_lr,
+                 f" after {config.warmup_epochs:g} warmup epochs"
+                 if config.warmup_epochs else "")
+    if config.elastic and not restart:
+      # What a worker lost before the first commit would go back to.
+      state.commit(position=checkpoint.Position(
+          first_epoch, first_step, global_batch, world.size))
+
+    reporter = report.Reporter(self._model_dir, chief=chief,
+                               epochs=config.epochs)
+    reporter.keep_epochs_up_to(first_epoch)  # records of undone epochs go
+    progress = progress_lib.Progress(
+        mode=config.progress, chief=chief, steps_per_epoch=steps_per_epoch,
+        epochs=config.epochs, global_batch=global_batch)
+    stop = copy.copy(state.stop)
+    stop_requests = preemption.StopRequests()
+    stop_requests.install()
+    times = profiling.EpochTimes()
+    profiler = profiling.StepProfiler(
+        self._model_dir, steps=config.profile_steps, rank=world.rank,
+        all_ranks=config.profile_all_ranks,
+        timeline=config.horovod_timeline)
+
+    # Train loop.
+    every = config.checkpoint_every_steps
+    commit_every = config.commit_every_steps if config.elastic else 0
+    optimizer_state_broadcast = False
+    history = list(state.history)
+    cumulative_seconds = state.cumulative_seconds
+    epoch_sums = state.epoch_sums  # of steps committed before a restart
+    batches = iter(data.train_batches(
+        self._splits.train, info, rank=world.rank, world_size=world.size,
+        batch_size=step_batch, steps=steps_per_epoch, seed=config.seed,
+        first_epoch=first_epoch, first_step=first_step,
+        flip=config.random_flip, shift=config.random_shift))
+    val = None
+    try:
+      for epoch in range(first_epoch, config.epochs):
+        start = time.perf_counter()
+        train_step.totals.reset()
+        times.reset()
+        progress.start_epoch(epoch)
+        for done in range(first_step + 1, steps_per_epoch + 1):
+          global_step = epoch * steps_per_epoch + done
+          with profiler.step(global_step):
+            with times.input():
+              images, labels = next(batches)
+            with times.step():
+              stop_agreed = train_step(images, labels,
+                                       stop_requests.requested)
+          if not optimizer_state_broadcast:
+            # Once per start, after the first update: whatever state an
+            # optimizer creates at its first step rather than in
+            # optimizers.build_state becomes rank 0's too.
+            distributed.broadcast_from_chief(self.variables())
+            optimizer_state_broadcast = True
+          position = checkpoint.Position(epoch, done, global_batch,
+                                         world.size)
+          if stop_agreed:
+            _preempted(run, position, global_step, stop_requests.signum)
+          if run and every and global_step % every == 0:
+            run.checkpoints.save(position, global_step)
+          if commit_every and global_step % commit_every == 0:
+            # The epoch's figures so far go with the commit: the steps a
+            # restart redoes are counted once.
+            epoch_sums = epoch_sums + train_step.totals.sums()
+            train_step.totals.reset()
+            state.commit(position=position, epoch_sums=epoch_sums)
+          progress.step(done)
+        steps_run = steps_per_epoch - first_step
+        first_step = 0
+        # An allreduce: all ranks are done.
+        train = metrics.Result.of(epoch_sums + train_step.totals.sums())
+        epoch_sums = _NO_EXAMPLES
+        train_seconds = time.perf_counter() - start
+
+        # BatchNorm's moving statistics are updated from each rank's own
+        # batches and drift apart; average them so every rank evaluates (and
+        # ends with) one model.
+        distributed.average_across_ranks(model.non_trainable_variables)
+        val = steps.evaluate(self._eval_step, data.eval_batches(
+            self._splits.test, info, rank=world.rank, world_size=world.size,
+            batch_size=config.batch_size))
+        epoch_seconds = time.perf_counter() - start
+        cumulative_seconds += epoch_seconds
+        global_step = (epoch + 1) * steps_per_epoch
+        stop_now = stop.update(epoch=epoch + 1, val_accuracy=val.accuracy,
+                               cumulative_seconds=cumulative_seconds)
+
+        record = {
+            "epoch": epoch + 1,
+            "global_step": global_step,
+            "train_loss": train.loss,
+            "train_accuracy": train.accuracy,
+            "train_examples": train.examples,
+            "val_loss": val.loss,
+            "val_accuracy": val.accuracy,
+            # The rate of the epoch's last update, as the optimizer applied
+            # it.
+            "learning_rate": float(self._learning_rate(global_step - 1)),
+            "images_per_sec": steps_run * global_batch / train_seconds,
+            # Rank 0's split of the train time: a large input share means
+            # the input pipeline, not the step, bounds the run.
+            "input_seconds": times.input_seconds,
+            "step_seconds": times.step_seconds,
+            "epoch_seconds": epoch_seconds,
+            "cumulative_seconds": cumulative_seconds,
+            "world_size": world.size,
+        }
+        if config.target_accuracy:
+          record["target_accuracy_first_epoch"] = stop.first_reached_epoch
+          record["target_accuracy_first_seconds"] = stop.first_reached_seconds
+        history.append(record)
+        reporter.epoch(record)
+        position = checkpoint.Position(epoch + 1, 0, global_batch,
+                                       world.size)
+        if run:
+          run.end_epoch(position, global_step, val.accuracy)
+        if config.elastic:
+          state.commit(position=position, epoch_sums=_NO_EXAMPLES,
+                       cumulative_seconds=cumulative_seconds,
+                       history=list(history), stop=copy.copy(stop))
+        if stop_now:
+          logging.info("stopping early: validation accuracy >= %g for %d "
+                       "epochs; first reached at epoch %d, %.1fs",
+                       config.target_accuracy, config.patience,
+                       stop.first_reached_epoch, stop.first_reached_seconds)
+          break
+    finally:
+      profiler.close()
+      stop_requests.uninstall()
+
+    if val:
+      logging.info("final test loss %.4f, test accuracy %.4f (%d examples); "
+                   "metrics in %s", val.loss, val.accuracy, val.examples,
+                   reporter.metrics_path)
+    elif not history:
+      logging.info("%s has finished its %d epochs already; pass a larger "
+                   "--epochs to train on, or another --model_dir for a new "
+                   "run", self._model_dir, config.epochs)
+    return history
 
 
 class _Run:
@@ -332,10 +431,7 @@ class _Run:
     Nothing is written before the checks pass, so a refused run leaves the
     directory (and any checkpoints in it) exactly as it was.
     """
-    _make_model_dir(self.model_dir)
-    self.checkpoints = checkpoint.Checkpoints(
-        self.model_dir, model=self._model, optimizer=self._optimizer,
-        keep=self._config.keep_checkpoints, identity=self._identity)
+    self._open_checkpoints()
     position = None
     if self.checkpoints.existing():
       if self._config.resume == "never":
@@ -358,6 +454,17 @@ class _Run:
                    source, position.epoch + 1, position.step)
     _record_flags(self.model_dir, self._config.command_line)
     return position
+
+  def take_over(self) -> None:
+    """For a process that becomes rank 0 mid-run (elastic): the run's
+    checkpoints, to write, without restoring any."""
+    self._open_checkpoints()
+
+  def _open_checkpoints(self) -> None:
+    _make_model_dir(self.model_dir)
+    self.checkpoints = checkpoint.Checkpoints(
+        self.model_dir, model=self._model, optimizer=self._optimizer,
+        keep=self._config.keep_checkpoints, identity=self._identity)
 
   def end_epoch(self, position: checkpoint.Position, global_step: int,
                 val_accuracy: float) -> None:
@@ -388,9 +495,9 @@ def _starting_point(position, steps_per_epoch: int, global_batch: int,
   step = position.step
   if position.global_batch != global_batch:
     step = position.step * position.global_batch // global_batch
-    logging.info("resuming on %d processes (was %d): global batch %d (was "
-                 "%d), %d steps per epoch; the learning rate is rescaled; "
-                 "step %d of the epoch becomes step %d", world_size,
+    logging.info("continuing on %d processes (was %d): global batch %d "
+                 "(was %d), %d steps per epoch; the learning rate is "
+                 "rescaled; step %d of the epoch becomes step %d", world_size,
                  position.world_size, global_batch, position.global_batch,
                  steps_per_epoch, position.step, step)
   # A stop after an epoch's last step resumes with no steps left in it: the
@@ -492,6 +599,7 @@ def config_from_flags() -> TrainConfig:
       resume=FLAGS.resume, resume_from=FLAGS.resume_from,
       keep_checkpoints=FLAGS.keep_checkpoints,
       checkpoint_every_steps=FLAGS.checkpoint_every_steps,
+      elastic=FLAGS.elastic, commit_every_steps=FLAGS.commit_every_steps,
       command_line=engine_flags.as_flagfile())
 
 

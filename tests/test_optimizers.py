@@ -21,8 +21,9 @@ def test_every_optimizer_trains_a_tiny_model(name, rate):
   model = models.build("cnn", input_shape=(8, 8, 1), num_classes=3,
                        filters=4, weight_decay=1e-4)
   schedule = schedules.WarmupThenDecay(
-      base_lr=rate, peak_lr=rate, warmup_steps=0, decay="constant",
-      steps_per_epoch=1)
+      base_lr=rate, scaling="none", warmup_epochs=0, decay="constant",
+      epochs=1)
+  schedule.set_world(world_size=1, steps_per_epoch=1)
   optimizer = optimizers.build(name, learning_rate=schedule, momentum=0.9,
                                nesterov=False)
   train_step = steps.TrainStep(model=model, optimizer=optimizer)

@@ -206,7 +206,7 @@ def test_resume_on_another_number_of_processes(data_dir, runs):
   train(data_dir, model_dir, "--steps_per_epoch=0", epochs=1, processes=1)
   second = train(data_dir, model_dir, "--steps_per_epoch=0", epochs=2,
                  processes=2)
-  assert "resuming on 2 processes (was 1): global batch 32 (was 16)" in \
+  assert "continuing on 2 processes (was 1): global batch 32 (was 16)" in \
       second.stderr
   history = records(model_dir)
   assert [r["world_size"] for r in history] == [1, 2]

@@ -1,6 +1,7 @@
 import math
 
 import pytest
+import tensorflow as tf
 
 from engine import schedules
 from engine.errors import UserError
@@ -8,11 +9,19 @@ from engine.errors import UserError
 STEPS_PER_EPOCH = 10
 
 
-def rate(step, **kwargs):
-  params = dict(base_lr=0.1, peak_lr=0.4, warmup_steps=0, decay="constant",
-                steps_per_epoch=STEPS_PER_EPOCH)
+def schedule(world_size=4, steps_per_epoch=STEPS_PER_EPOCH, **kwargs):
+  """0.1 per process, linear scaling: 0.4 on 4 processes."""
+  params = dict(base_lr=0.1, scaling="linear", warmup_epochs=0,
+                decay="constant", epochs=100)
   params.update(kwargs)
-  return float(schedules.WarmupThenDecay(**params)(step))
+  learning_rate = schedules.WarmupThenDecay(**params)
+  learning_rate.set_world(world_size=world_size,
+                          steps_per_epoch=steps_per_epoch)
+  return learning_rate
+
+
+def rate(step, **kwargs):
+  return float(schedule(**kwargs)(step))
 
 
 @pytest.mark.parametrize("scaling, size, expected", [
@@ -25,8 +34,7 @@ def test_scaling_with_the_number_of_processes(scaling, size, expected):
 
 @pytest.mark.parametrize("decay", schedules.DECAYS)
 def test_warmup_starts_at_base_and_reaches_the_scaled_rate_on_time(decay):
-  kwargs = dict(warmup_steps=20, decay=decay, decay_epochs=(5,),
-                total_steps=100)
+  kwargs = dict(warmup_epochs=2, decay=decay, decay_epochs=(5,), epochs=10)
   assert rate(0, **kwargs) == pytest.approx(0.1)
   assert rate(10, **kwargs) == pytest.approx(0.25)  # halfway, per step
   assert rate(19, **kwargs) == pytest.approx(0.1 + 0.3 * 19 / 20)
@@ -46,14 +54,13 @@ def test_step_decay_lands_on_the_decay_epochs():
 
 def test_step_decay_after_warmup_counts_epochs_from_the_start():
   # The lab: 5 warmup epochs, then x0.1 at epochs 15, 25, 35.
-  kwargs = dict(warmup_steps=5 * STEPS_PER_EPOCH, decay="step",
-                decay_epochs=(15, 25, 35))
+  kwargs = dict(warmup_epochs=5, decay="step", decay_epochs=(15, 25, 35))
   assert rate(5 * STEPS_PER_EPOCH, **kwargs) == pytest.approx(0.4)
   assert rate(15 * STEPS_PER_EPOCH, **kwargs) == pytest.approx(0.04)
 
 
 def test_cosine_falls_from_the_peak_after_warmup_to_zero_at_the_end():
-  kwargs = dict(warmup_steps=10, decay="cosine", total_steps=110)
+  kwargs = dict(warmup_epochs=1, decay="cosine", epochs=11)
   assert rate(10, **kwargs) == pytest.approx(0.4)
   assert rate(60, **kwargs) == pytest.approx(0.2)
   assert rate(110, **kwargs) == pytest.approx(0.0, abs=1e-7)
@@ -66,4 +73,29 @@ def test_constant_without_warmup():
 
 def test_cosine_needs_epochs_after_warmup():
   with pytest.raises(UserError, match="cosine needs more epochs"):
-    rate(0, decay="cosine", warmup_steps=50, total_steps=50)
+    rate(0, decay="cosine", warmup_epochs=5, epochs=5)
+
+
+def test_unknown_scaling_is_refused_when_built():
+  with pytest.raises(UserError, match="--lr_scaling=cubic is unknown"):
+    schedule(scaling="cubic")
+
+
+def test_a_new_world_changes_the_rate_without_retracing_the_step():
+  # An elastic run shrinking from 4 processes to 2 mid-warmup: the peak
+  # halves, and an epoch takes twice the steps.
+  learning_rate = schedule(warmup_epochs=2, decay="cosine", epochs=10)
+  traces = []
+
+  @tf.function
+  def rate_at(step):
+    traces.append(step)
+    return learning_rate(step)
+
+  assert float(rate_at(tf.constant(10))) == pytest.approx(0.25)
+  learning_rate.set_world(world_size=2, steps_per_epoch=2 * STEPS_PER_EPOCH)
+  assert learning_rate.peak_lr == pytest.approx(0.2)
+  assert float(rate_at(tf.constant(20))) == pytest.approx(0.15)  # halfway
+  assert float(rate_at(tf.constant(40))) == pytest.approx(0.2)   # the peak
+  assert float(rate_at(tf.constant(200))) == pytest.approx(0.0, abs=1e-7)
+  assert len(traces) == 1

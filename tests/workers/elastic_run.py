@@ -1,0 +1,81 @@
+"""The engine under an elastic horovodrun, with a worker lost or added.
+
+Run by tests/test_elastic.py as `python tests/workers/elastic_run.py
+ENGINE_FLAGS...` on every worker. The environment says what to do:
+
+  ELASTIC_OUT        each process writes OUT/<pid>.json at the end: the
+                     steps it ran (number of processes, the optimizer's step
+                     counter and learning rate before each), its final rank,
+                     and OUT/<pid>.npz, its final weights.
+  ELASTIC_KILL_HOST  the worker on this host (HOROVOD_HOSTNAME) kills itself
+  ELASTIC_KILL_AT    with SIGKILL after its Nth step, as a lost machine would.
+  ELASTIC_ADD_HOST   rank 0 appends this host to $ELASTIC_HOSTS, the file
+  ELASTIC_ADD_AT     scripts/discover_hosts.sh prints, after its Nth step, and
+                     waits until horovodrun has announced it to this worker
+                     (it looks every second), so that the next commit adds
+                     it however fast the remaining steps are.
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+from absl import app
+from horovod.common.elastic import notification_manager
+import horovod.tensorflow as hvd
+import numpy as np
+
+from engine import step as steps
+from engine import train as engine_train
+
+OUT = os.environ["ELASTIC_OUT"]
+_journal = []
+
+
+def _step_with_events(original):
+  def step(self, images, labels, stop_requested=False):
+    entry = dict(size=hvd.size(),
+                 iteration=int(self.optimizer.iterations.numpy()))
+    _journal.append(entry)  # a step that fails is journaled too
+    stop = original(self, images, labels, stop_requested)
+    # Keras' optimizer keeps the rate of its last update.
+    entry["learning_rate"] = float(self.optimizer.learning_rate)
+    done = len(_journal)
+    if (os.environ.get("HOROVOD_HOSTNAME") == os.environ.get(
+        "ELASTIC_KILL_HOST") and done == int(os.environ["ELASTIC_KILL_AT"])):
+      os.kill(os.getpid(), signal.SIGKILL)
+    if (os.environ.get("ELASTIC_ADD_HOST") and hvd.rank() == 0
+        and done == int(os.environ["ELASTIC_ADD_AT"])):
+      with open(os.environ["ELASTIC_HOSTS"], "a") as f:
+        f.write(os.environ["ELASTIC_ADD_HOST"] + "\n")
+      _wait_for_announced_hosts()
+    return stop
+  return step
+
+
+def _wait_for_announced_hosts(timeout: float = 120) -> None:
+  deadline = time.monotonic() + timeout
+  while not any(not state._host_messages.empty()  # pylint: disable=protected-access
+                for state in notification_manager._listeners):  # pylint: disable=protected-access
+    if time.monotonic() > deadline:
+      raise TimeoutError("horovodrun did not announce the added host")
+    time.sleep(0.1)
+
+
+def _train_and_record(original):
+  def train(config):
+    result = original(config)
+    np.savez(os.path.join(OUT, f"{os.getpid()}.npz"),
+             *[v.numpy() for v in result.model.variables])
+    with open(os.path.join(OUT, f"{os.getpid()}.json"), "w") as f:
+      json.dump(dict(rank=hvd.rank(), size=hvd.size(), steps=_journal,
+                     host=os.environ.get("HOROVOD_HOSTNAME")), f)
+    return result
+  return train
+
+
+if __name__ == "__main__":
+  steps.TrainStep.__call__ = _step_with_events(steps.TrainStep.__call__)
+  engine_train.train = _train_and_record(engine_train.train)
+  app.run(engine_train.main, argv=[sys.argv[0], *sys.argv[1:]])
