@@ -26,8 +26,11 @@ class Progress:
     self._global_batch = global_batch
     self._log_every = max(1, steps_per_epoch // 10)
 
-  def start_epoch(self, epoch: int) -> None:
+  def start_epoch(self, epoch: int, first_step: int = 0) -> None:
+    """`first_step` steps of the epoch were done before (a resumed run):
+    the rate counts the steps from here."""
     self._epoch = epoch
+    self._first_step = first_step
     self._start = self._shown = time.perf_counter()
     if self.mode == "bar":
       self._bar = tf.keras.utils.Progbar(self._steps, unit_name="step")
@@ -40,6 +43,7 @@ class Progress:
         self._bar.update(done)
         self._shown = now
     elif self.mode == "log" and done % self._log_every == 0:
-      rate = done * self._global_batch / (time.perf_counter() - self._start)
+      rate = ((done - self._first_step) * self._global_batch
+              / (time.perf_counter() - self._start))
       logging.info("epoch %d/%d step %d/%d, %.0f img/s", self._epoch + 1,
                    self._epochs, done, self._steps, rate)

@@ -311,7 +311,7 @@ class _TrainLoop:
         start = time.perf_counter()
         train_step.totals.reset()
         times.reset()
-        progress.start_epoch(epoch)
+        progress.start_epoch(epoch, first_step)
         for done in range(first_step + 1, steps_per_epoch + 1):
           global_step = epoch * steps_per_epoch + done
           with profiler.step(global_step):

@@ -36,3 +36,15 @@ def test_only_the_chief_shows_progress(capsys, monkeypatch):
   assert run("bar", chief=False).mode == "none"
   assert run("log", chief=False).mode == "none"
   assert not lines and not capsys.readouterr().out
+
+
+def test_a_resumed_epochs_rate_counts_only_the_steps_run(monkeypatch):
+  lines = []
+  monkeypatch.setattr(logging, "info", lambda fmt, *a: lines.append(a))
+  clock = iter([100.0, 102.0])
+  monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+  bar = progress.Progress(mode="log", chief=True, steps_per_epoch=20,
+                          epochs=3, global_batch=64)
+  bar.start_epoch(1, first_step=16)
+  bar.step(18)  # 2 steps of 64 in 2 s
+  assert lines[-1][-1] == 64.0
