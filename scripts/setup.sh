@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: .venv at the repository root with the pinned requirements,
-# Horovod 0.28.1 compiled against that TensorFlow with Gloo, and Debian's
-# Fashion-MNIST. Every step is skipped when its result is already in place, so
+# Horovod 0.28.1 compiled against that TensorFlow with Gloo, Debian's
+# Fashion-MNIST, and an sshd for the simulated multi-host tests. Every step is skipped when its result is already in place, so
 # README's commands can run this every time at the cost of a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +48,24 @@ if [ ! -e "$data_dir/train-images-idx3-ubyte.gz" ]; then
   else
     say "Fashion-MNIST is missing from $data_dir; run: sudo apt-get install dataset-fashion-mnist"
     say "(or pass --data_dir to a directory holding the four idx .gz files)"
+  fi
+fi
+# tests/simulated_hosts.py runs an sshd per simulated host. Debian's
+# openssh-server is unpacked into the venv rather than installed: installing
+# it would add a system user and start a system-wide sshd on port 22.
+openssh=$venv/openssh
+if [ ! -x "$openssh/usr/sbin/sshd" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    say "unpacking Debian's openssh-server into $openssh (for the multi-host tests)"
+    apt-get update -qq >/dev/null || true
+    # The ssh client, ip, and the one library sshd needs that a base system lacks.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-client iproute2 libwrap0 >/dev/null
+    download=$(mktemp -d)
+    (cd "$download" && apt-get download -qq openssh-server 2>/dev/null)
+    dpkg -x "$download"/openssh-server_*.deb "$openssh"
+    rm -rf "$download"
+  else
+    say "no sshd for the multi-host tests, which need root: they will be skipped"
   fi
 fi
 say "ready: $venv"

@@ -1,6 +1,6 @@
 """Elastic training, for real: horovodrun's elastic launch on one machine.
 
-Two launches on one model_dir, through tests/workers/elastic_run.py, whose
+Two launches on one model_dir, through tests/workers/recorded_run.py, whose
 journals say which steps each process ran, on how many processes, at which
 learning rate:
 
@@ -28,7 +28,7 @@ from tests import fixtures
 NUM_TRAIN, BATCH, COMMIT_EVERY = 1024, 16, 5
 BASE_LR = 0.001
 KILL_AT = 43  # the victim's 43rd step: epoch 2, step 11 of 32; commit at 8
-WORKER = os.path.join(fixtures.REPO, "tests", "workers", "elastic_run.py")
+WORKER = os.path.join(fixtures.REPO, "tests", "workers", "recorded_run.py")
 DISCOVERY = os.path.join(fixtures.REPO, "scripts", "discover_hosts.sh")
 
 
@@ -47,7 +47,7 @@ def launch(tmp, name, *, hosts, processes, epochs, **events):
              f"--base_lr={BASE_LR}", "--lr_scaling=linear",
              "--warmup_epochs=0", "--progress=none"]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO,
-             ELASTIC_OUT=str(out), ELASTIC_HOSTS=str(hosts_file),
+             RECORD_OUT=str(out), ELASTIC_HOSTS=str(hosts_file),
              **{f"ELASTIC_{k.upper()}": str(v) for k, v in events.items()})
   result = subprocess.run(command, cwd=fixtures.REPO, env=env, text=True,
                           capture_output=True, timeout=600)

@@ -18,6 +18,7 @@ ENGINE_FLAGS...` on every worker. The environment says what to do:
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -26,11 +27,15 @@ from horovod.common.elastic import notification_manager
 import horovod.tensorflow as hvd
 import numpy as np
 
+from engine import checkpoint
+from engine import data
 from engine import step as steps
 from engine import train as engine_train
 
-OUT = os.environ["ELASTIC_OUT"]
+OUT = os.environ["RECORD_OUT"]
 _journal = []
+_record_files = []
+_saved = []
 
 
 def _step_with_events(original):
@@ -63,19 +68,43 @@ def _wait_for_announced_hosts(timeout: float = 120) -> None:
     time.sleep(0.1)
 
 
+def _rank_files_recorded(original):
+  def rank_files(source, rank, world_size):
+    files = original(source, rank, world_size)
+    _record_files.append(list(files))
+    return files
+  return rank_files
+
+
+def _save_recorded(original):
+  def save(self, position, global_step):
+    _saved.append(dict(rank=hvd.rank(), global_step=global_step))
+    return original(self, position, global_step)
+  return save
+
+
 def _train_and_record(original):
   def train(config):
     result = original(config)
     np.savez(os.path.join(OUT, f"{os.getpid()}.npz"),
              *[v.numpy() for v in result.model.variables])
     with open(os.path.join(OUT, f"{os.getpid()}.json"), "w") as f:
-      json.dump(dict(rank=hvd.rank(), size=hvd.size(), steps=_journal,
-                     host=os.environ.get("HOROVOD_HOSTNAME")), f)
+      json.dump(dict(rank=hvd.rank(), size=hvd.size(),
+                     local_rank=hvd.local_rank(),
+                     local_size=hvd.local_size(),
+                     cross_rank=hvd.cross_rank(),
+                     cross_size=hvd.cross_size(),
+                     host=os.environ.get("HOROVOD_HOSTNAME"),
+                     hostname=socket.gethostname(), steps=_journal,
+                     train_files=_record_files[0] if _record_files else [],
+                     saved=_saved), f)
     return result
   return train
 
 
 if __name__ == "__main__":
   steps.TrainStep.__call__ = _step_with_events(steps.TrainStep.__call__)
+  data._rank_files = _rank_files_recorded(data._rank_files)  # pylint: disable=protected-access
+  checkpoint.Checkpoints.save = _save_recorded(checkpoint.Checkpoints.save)
   engine_train.train = _train_and_record(engine_train.train)
   app.run(engine_train.main, argv=[sys.argv[0], *sys.argv[1:]])

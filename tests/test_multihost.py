@@ -1,0 +1,122 @@
+"""Multi-host training, for real: horovodrun over ssh between simulated hosts.
+
+tests/simulated_hosts.py builds two hosts on this machine (network
+namespaces with their own hostnames, addresses and sshd). Three jobs, run
+from the first host through tests/workers/recorded_run.py on TFRecord
+shards:
+
+  2 hosts x 1 process, 1 epoch; the same command with --epochs=2, which
+  resumes; and 2 hosts x 2 processes (local and cross ranks both > 1).
+
+Skipped, with the reason, where hosts cannot be simulated (not root, no
+network namespaces, no sshd).
+"""
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests import fixtures
+from tests import simulated_hosts
+
+TRAIN_FILES = 4
+WORKER = os.path.join(fixtures.REPO, "tests", "workers", "recorded_run.py")
+
+reason = simulated_hosts.unavailable()
+pytestmark = pytest.mark.skipif(reason is not None, reason=str(reason))
+
+
+def run_job(hosts, tmp, name, *, per_host, epochs, model_dir):
+  out = tmp / name
+  out.mkdir()
+  command = [
+      fixtures.HOROVODRUN, "-np", str(per_host * len(hosts.names)), "-H",
+      ",".join(f"{n}:{per_host}" for n in hosts.names),
+      "--ssh-port", str(hosts.ssh_port), "--ssh-identity-file",
+      hosts.ssh_key, "--network-interface", hosts.interface,
+      fixtures.PYTHON, WORKER, "--dataset=tfrecord",
+      f"--data_dir={tmp / 'data'}", "--image_size=16", "--num_classes=10",
+      "--model=cnn", "--filters=4", "--batch_size=4", f"--epochs={epochs}",
+      f"--model_dir={model_dir}", "--progress=none"]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO,
+             RECORD_OUT=str(out))
+  result = hosts.run(command, env=env)
+  processes = []
+  for path in sorted(glob.glob(str(out / "*.json"))):
+    with open(path) as f:
+      record = json.load(f)
+    weights = np.load(path.replace(".json", ".npz"))
+    record["weights"] = [weights[k] for k in weights.files]
+    processes.append(record)
+  return dict(result=result, output=result.stdout + result.stderr,
+              processes=sorted(processes, key=lambda p: p["rank"]),
+              model_dir=model_dir)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("multihost")
+  fixtures.write_tfrecords(str(tmp / "data"), num_files=TRAIN_FILES,
+                           per_file=16, test_files=TRAIN_FILES)
+  with simulated_hosts.SimulatedHosts(2) as hosts:
+    return {
+        "2x1": run_job(hosts, tmp, "2x1", per_host=1, epochs=1,
+                       model_dir=tmp / "run_2x1"),
+        "2x1 resumed": run_job(hosts, tmp, "2x1_resumed", per_host=1,
+                               epochs=2, model_dir=tmp / "run_2x1"),
+        "2x2": run_job(hosts, tmp, "2x2", per_host=2, epochs=1,
+                       model_dir=tmp / "run_2x2"),
+    }
+
+
+@pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2"])
+def test_training_finishes_on_every_rank_of_every_host(jobs, name):
+  job = jobs[name]
+  assert job["result"].returncode == 0, job["output"][-3000:]
+  per_host = int(name[2])
+  processes = job["processes"]
+  assert [p["rank"] for p in processes] == list(range(2 * per_host))
+  assert sorted(p["hostname"] for p in processes) == sorted(
+      ["host0", "host1"] * per_host)
+  assert {(p["local_size"], p["cross_size"]) for p in processes} == {
+      (per_host, 2)}
+  assert sorted((p["cross_rank"], p["local_rank"]) for p in processes) == [
+      (c, l) for c in range(2) for l in range(per_host)]
+
+
+@pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2"])
+def test_weights_are_identical_everywhere(jobs, name):
+  first, *others = jobs[name]["processes"]
+  for other in others:
+    for a, b in zip(first["weights"], other["weights"]):
+      np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["2x1", "2x2"])
+def test_the_tfrecord_shards_are_split_across_all_ranks_of_all_hosts(
+    jobs, name):
+  shards = [p["train_files"] for p in jobs[name]["processes"]]
+  files = [f for shard in shards for f in shard]
+  assert len(files) == len(set(files)) == TRAIN_FILES  # disjoint, complete
+  assert {len(shard) for shard in shards} == {TRAIN_FILES // len(shards)}
+
+
+@pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2"])
+def test_only_rank_zero_writes_checkpoints(jobs, name):
+  job = jobs[name]
+  saved = {p["rank"]: p["saved"] for p in job["processes"]}
+  assert saved[0] and all(s["rank"] == 0 for s in saved[0])
+  assert not any(saved[rank] for rank in saved if rank)
+  assert glob.glob(str(job["model_dir"] / "checkpoints" / "ckpt-*.index"))
+
+
+def test_a_second_run_resumes_across_hosts(jobs):
+  resumed = jobs["2x1 resumed"]
+  assert "at epoch 2, step 0" in resumed["output"]
+  with open(resumed["model_dir"] / "metrics.jsonl") as f:
+    assert [json.loads(line)["epoch"] for line in f] == [1, 2]
+  # It trained the one remaining epoch only.
+  steps = [len(p["steps"]) for p in resumed["processes"]]
+  assert steps == [len(p["steps"]) for p in jobs["2x1"]["processes"]]
