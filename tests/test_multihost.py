@@ -14,6 +14,7 @@ network namespaces, no sshd).
 import glob
 import json
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -55,8 +56,26 @@ def run_job(hosts, tmp, name, *, per_host, epochs, model_dir):
               model_dir=model_dir)
 
 
+def machine_state():
+  """What the simulated hosts must leave as they found it."""
+  namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                              text=True).stdout
+  links = subprocess.run(["ip", "-br", "link"], capture_output=True,
+                         text=True).stdout
+  with open("/etc/hosts") as f:
+    hosts = f.read()
+  return dict(namespaces=namespaces, links=links, hosts=hosts,
+              ssh_dir=os.path.exists(os.path.expanduser("~/.ssh")))
+
+
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
+def before():
+  return machine_state()
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory, before):  # pylint: disable=redefined-outer-name
+  del before  # taken first
   tmp = tmp_path_factory.mktemp("multihost")
   fixtures.write_tfrecords(str(tmp / "data"), num_files=TRAIN_FILES,
                            per_file=16, test_files=TRAIN_FILES)
@@ -120,3 +139,11 @@ def test_a_second_run_resumes_across_hosts(jobs):
   # It trained the one remaining epoch only.
   steps = [len(p["steps"]) for p in resumed["processes"]]
   assert steps == [len(p["steps"]) for p in jobs["2x1"]["processes"]]
+
+
+def test_the_hosts_leave_the_machine_as_they_found_it(jobs, before):
+  del jobs  # all three jobs have run, and their hosts are gone
+  with pytest.raises(RuntimeError, match="a failure inside"):
+    with simulated_hosts.SimulatedHosts(2):
+      raise RuntimeError("a failure inside")
+  assert machine_state() == before
