@@ -4,8 +4,10 @@ Tests never read the real Fashion-MNIST: they write a few hundred examples
 in the same idx format, with class-dependent patterns a model can learn.
 """
 import dataclasses
+import glob
 import gzip
 import io
+import json
 import os
 import pickle
 import subprocess
@@ -148,3 +150,16 @@ def write_tfrecords(directory: str, *, num_files: int = 3,
           writer.write(tf.train.Example(features=tf.train.Features(
               feature=feature)).SerializeToString())
   return directory
+
+
+def recorded_processes(out_dir) -> list[dict]:
+  """What each process of a tests/workers/recorded_run.py job wrote to
+  `out_dir`: its JSON record, with its final weights under "weights"."""
+  processes = []
+  for path in sorted(glob.glob(os.path.join(str(out_dir), "*.json"))):
+    with open(path) as f:
+      record = json.load(f)
+    weights = np.load(path.replace(".json", ".npz"))
+    record["weights"] = [weights[k] for k in weights.files]
+    processes.append(record)
+  return processes

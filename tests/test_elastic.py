@@ -11,7 +11,6 @@ learning rate:
    alone: it resumes from the first job's checkpoint; 127.0.0.1 is added
    to the discovery script's list mid-epoch 4, and the job must grow to 2.
 """
-import glob
 import json
 import os
 import subprocess
@@ -51,13 +50,7 @@ def launch(tmp, name, *, hosts, processes, epochs, **events):
              **{f"ELASTIC_{k.upper()}": str(v) for k, v in events.items()})
   result = subprocess.run(command, cwd=fixtures.REPO, env=env, text=True,
                           capture_output=True, timeout=600)
-  processes = []
-  for path in sorted(glob.glob(str(out / "*.json"))):
-    with open(path) as f:
-      record = json.load(f)
-    weights = np.load(path.replace(".json", ".npz"))
-    record["weights"] = [weights[k] for k in weights.files]
-    processes.append(record)
+  processes = fixtures.recorded_processes(out)
   with open(tmp / "run" / "metrics.jsonl") as f:
     records = [json.loads(line) for line in f]
   return dict(result=result, output=result.stdout + result.stderr,

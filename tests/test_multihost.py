@@ -44,13 +44,7 @@ def run_job(hosts, tmp, name, *, per_host, epochs, model_dir):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO,
              RECORD_OUT=str(out))
   result = hosts.run(command, env=env)
-  processes = []
-  for path in sorted(glob.glob(str(out / "*.json"))):
-    with open(path) as f:
-      record = json.load(f)
-    weights = np.load(path.replace(".json", ".npz"))
-    record["weights"] = [weights[k] for k in weights.files]
-    processes.append(record)
+  processes = fixtures.recorded_processes(out)
   return dict(result=result, output=result.stdout + result.stderr,
               processes=sorted(processes, key=lambda p: p["rank"]),
               model_dir=model_dir)
