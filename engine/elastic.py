@@ -71,7 +71,7 @@ class TrainingState(hvd.elastic.ObjectState):
     super().commit()
 
   def save(self) -> None:
-    self._saved_variables = [v.numpy() for v in self._variables()]
+    self._save_variables()
     super().save()
 
   def restore(self) -> None:
@@ -82,8 +82,11 @@ class TrainingState(hvd.elastic.ObjectState):
   def sync(self) -> None:
     """Rank 0's variables and committed values, on every rank."""
     distributed.broadcast_from_chief(self._variables())
-    self._saved_variables = [v.numpy() for v in self._variables()]
+    self._save_variables()
     super().sync()
+
+  def _save_variables(self) -> None:
+    self._saved_variables = [v.numpy() for v in self._variables()]
 
 
 def run(loop: Callable[[TrainingState], Result]
