@@ -52,6 +52,10 @@ def test_corrupt_gzip(data_dir, tmp_path):
     ("--horovod_timeline", "--horovod_timeline records the --profile_steps "
      "range; give --profile_steps too"),
     ("--grad_accum_steps=0", "flag --grad_accum_steps=0: 0 is not a positive"),
+    ("--commit_every_steps=0",
+     "flag --commit_every_steps=0: 0 is not a positive"),
+    ("--elastic", "--elastic needs an elastic launch: horovodrun -np N "
+     "--min-np M"),
 ])
 def test_bad_flags(flag, message):
   fails_with([flag], message)
