@@ -39,6 +39,7 @@ from engine import report
 from engine import schedules
 from engine import step as steps
 from engine import stopping
+from engine import user_code
 from engine.errors import UserError
 import flags as engine_flags
 import models
@@ -50,10 +51,11 @@ FLAGS_FILE = "flags.txt"
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
   """Everything a run depends on, as plain values (see flags/ for meanings)."""
-  # Data
+  # Data (dataset and model: a registered name or a user's module:function)
   dataset: str
   data_dir: str
   data_params: dict  # what a data set's loader declares it takes
+  normalization: Optional[tuple]  # (mean, std) per channel, or None
   random_flip: bool
   random_shift: float
   # Model
@@ -122,14 +124,25 @@ def prepare(config: TrainConfig):
                            timeline=config.horovod_timeline)
   report.configure_logging(distributed.is_chief())
   logging.info("%d processes; %s", world.size, _describe(world))
-  splits = datasets.load(config.dataset, data_dir=config.data_dir,
-                         **config.data_params)
-  # The same seed everywhere, then rank 0's weights win anyway.
-  tf.keras.utils.set_random_seed(config.seed)
-  precision.set_policy(config.mixed_precision)
-  model = models.build(config.model, input_shape=splits.info.image_shape,
-                       num_classes=splits.info.num_classes,
-                       **config.model_params)
+
+  def data_and_model():
+    splits = datasets.load(config.dataset, data_dir=config.data_dir,
+                           model_dir=config.model_dir,
+                           normalization=config.normalization,
+                           **config.data_params)
+    # The same seed everywhere, then rank 0's weights win anyway.
+    tf.keras.utils.set_random_seed(config.seed)
+    precision.set_policy(config.mixed_precision)
+    model = models.build(config.model, input_shape=splits.info.image_shape,
+                         num_classes=splits.info.num_classes,
+                         **config.model_params)
+    return splits, model
+
+  # A user's data or model may fail on one rank alone (a file missing on one
+  # host): all ranks stop with its line rather than wait for it. Not under
+  # --elastic, whose workers meet first inside the train loop.
+  splits, model = distributed.agree(data_and_model, name="prepare",
+                                    collective=not config.elastic)
   return world, splits, model
 
 
@@ -161,7 +174,9 @@ def train(config: TrainConfig) -> TrainResult:
       model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
       compression=config.gradient_compression,
       accumulation_steps=config.grad_accum_steps, xla=config.xla)
-  eval_step = steps.EvalStep(model=model, xla=config.xla)
+  eval_step = steps.EvalStep(model=model, xla=config.xla,
+                             image_shape=info.image_shape,
+                             num_classes=info.num_classes)
   logging.info("%s; precision %s%s; allreduce %s, compression %s",
                config.optimizer, config.mixed_precision
                if config.mixed_precision != "none" else "float32",
@@ -184,7 +199,7 @@ def train(config: TrainConfig) -> TrainResult:
 
   # Whoever is rank 0 at the end exports.
   if distributed.is_chief():
-    loop.run.export(info)
+    loop.run.export()
   return TrainResult(model=model, history=history, train_step=train_step,
                      eval_step=eval_step)
 
@@ -198,8 +213,8 @@ class _TrainLoop:
 
   Runs once; under --elastic, again after each reset, from the last commit,
   on the processes there are then. So everything that depends on their
-  number is set up at the start of a call: the global batch, the steps per
-  epoch, the learning rate, this rank's data, who is rank 0.
+  number is set up at the start of a call (`_start`): the global batch, the
+  steps per epoch, the learning rate, this rank's data, who is rank 0.
   """
 
   def __init__(self, *, config: TrainConfig, world: distributed.World,
@@ -214,8 +229,7 @@ class _TrainLoop:
     self._learning_rate = learning_rate
     self._train_step = train_step
     self._eval_step = eval_step
-    self._model_dir = config.model_dir or os.path.join(
-        "runs", f"{config.dataset}_{config.model}")
+    self._model_dir = config.model_dir
     self.run = None  # rank 0's model_dir: checkpoints, flags, exports
 
   def variables(self) -> list[tf.Variable]:
@@ -223,8 +237,24 @@ class _TrainLoop:
     return self._model.variables + optimizers.state(self._optimizer)
 
   def __call__(self, state: elastic.TrainingState) -> list[dict]:
+    start = self._start(state)
+    try:
+      for epoch in range(start.first_epoch, self._config.epochs):
+        train, train_seconds = self._train_epoch(start, state, epoch)
+        val = self._evaluate(start)
+        if self._end_epoch(start, state, epoch, train, val, train_seconds):
+          break
+    finally:
+      start.close()
+    self._say_how_it_ended(start)
+    return start.history
+
+  # A start: where training continues from, on how many processes.
+
+  def _start(self, state: elastic.TrainingState) -> "_Start":
+    """Sets up a call: the batch and steps for the processes there are,
+    the position to continue from, the learning rate, this rank's data."""
     config, info = self._config, self._splits.info
-    model, train_step = self._model, self._train_step
     world = distributed.current(self._world)
     chief = distributed.is_chief()
     report.configure_logging(chief)
@@ -239,190 +269,247 @@ class _TrainLoop:
                  f" ({config.grad_accum_steps} micro-batches of "
                  f"{config.batch_size} per process)"
                  if config.grad_accum_steps > 1 else "", steps_per_epoch)
+    first_epoch, first_step = _starting_point(
+        self._resume_or_restart(state, world, chief), steps_per_epoch,
+        global_batch, world.size)
+    self._set_learning_rate(world, steps_per_epoch,
+                            first_epoch * steps_per_epoch + first_step)
+    if config.elastic and state.position is None:
+      # What a worker lost before the first commit would go back to.
+      state.commit(position=checkpoint.Position(
+          first_epoch, first_step, global_batch, world.size))
+    return _Start(
+        config=config, model_dir=self._model_dir, world=world,
+        run=self.run if chief else None, steps_per_epoch=steps_per_epoch,
+        global_batch=global_batch, first_epoch=first_epoch,
+        first_step=first_step, state=state,
+        batches=iter(data.train_batches(
+            self._splits.train, info, rank=world.rank, world_size=world.size,
+            batch_size=step_batch, steps=steps_per_epoch, seed=config.seed,
+            first_epoch=first_epoch, first_step=first_step,
+            flip=config.random_flip, shift=config.random_shift)))
 
-    # Checkpoints and resuming: rank 0 alone reads and writes model_dir.
-    # The run's first start restores the latest checkpoint, and every rank
-    # continues from rank 0's weights and optimizer state, restored or
-    # initial, so the first averaged gradient is taken at one point. A
-    # restart (elastic) continues from the committed state instead.
+  def _resume_or_restart(self, state: elastic.TrainingState,
+                         world: distributed.World,
+                         chief: bool) -> Optional[checkpoint.Position]:
+    """Where the run stands, with the same variables on every rank.
+
+    Checkpoints and resuming: rank 0 alone reads and writes model_dir. The
+    run's first start restores the latest checkpoint, and every rank
+    continues from rank 0's weights and optimizer state, restored or
+    initial, so the first averaged gradient is taken at one point. A
+    restart (elastic) continues from the committed state instead.
+    """
     if chief and self.run is None:
-      self.run = _Run(self._model_dir, config, model=model,
-                      optimizer=self._optimizer,
-                      identity=checkpoint.identity(model, info))
+      self.run = _Run(self._model_dir, self._config, model=self._model,
+                      optimizer=self._optimizer, info=self._splits.info)
     run = self.run if chief else None
-    restart = state.position is not None
-    if restart:
+    if state.position is not None:
       position = state.position
       logging.info("restarting on %d processes (was %d) from the commit at "
                    "epoch %d, step %d", world.size, position.world_size,
                    position.epoch + 1, position.step)
       if run and run.checkpoints is None:
         run.take_over()
-    else:
-      position = distributed.on_chief(run.open if run else None,
-                                      name="resume")
-      distributed.broadcast_from_chief(self.variables())
-    first_epoch, first_step = _starting_point(position, steps_per_epoch,
-                                              global_batch, world.size)
+      return position
+    position = distributed.on_chief(run.open if run else None, name="resume")
+    distributed.broadcast_from_chief(self.variables())
+    return position
+
+  def _set_learning_rate(self, world: distributed.World,
+                         steps_per_epoch: int, global_step: int) -> None:
+    """The schedule for this number of processes, at `global_step`."""
+    config = self._config
     self._learning_rate.set_world(world_size=world.size,
                                   steps_per_epoch=steps_per_epoch)
-    self._optimizer.iterations.assign(first_epoch * steps_per_epoch +
-                                      first_step)
+    self._optimizer.iterations.assign(global_step)
     logging.info("learning rate %g x %d processes (%s) = %g%s",
                  config.base_lr, world.size, config.lr_scaling,
                  self._learning_rate.peak_lr,
                  f" after {config.warmup_epochs:g} warmup epochs"
                  if config.warmup_epochs else "")
-    if config.elastic and not restart:
-      # What a worker lost before the first commit would go back to.
-      state.commit(position=checkpoint.Position(
-          first_epoch, first_step, global_batch, world.size))
 
-    reporter = report.Reporter(self._model_dir, chief=chief,
-                               epochs=config.epochs)
-    reporter.keep_epochs_up_to(first_epoch)  # records of undone epochs go
-    progress = progress_lib.Progress(
-        mode=config.progress, chief=chief, steps_per_epoch=steps_per_epoch,
-        epochs=config.epochs, global_batch=global_batch)
-    stop = copy.copy(state.stop)
-    stop_requests = preemption.StopRequests()
-    stop_requests.install()
-    times = profiling.EpochTimes()
-    profiler = profiling.StepProfiler(
-        self._model_dir, steps=config.profile_steps, rank=world.rank,
-        all_ranks=config.profile_all_ranks,
-        timeline=config.horovod_timeline)
+  # An epoch: its steps, its evaluation, its record.
 
-    # Train loop.
+  def _train_epoch(self, start: "_Start", state: elastic.TrainingState,
+                   epoch: int) -> tuple[metrics.Result, float]:
+    """The epoch's remaining steps; its train figures over all ranks and
+    this rank's seconds."""
+    config, train_step = self._config, self._train_step
     every = config.checkpoint_every_steps
     commit_every = config.commit_every_steps if config.elastic else 0
-    optimizer_state_broadcast = False
-    history = list(state.history)
-    cumulative_seconds = state.cumulative_seconds
-    epoch_sums = state.epoch_sums  # of steps committed before a restart
-    batches = iter(data.train_batches(
-        self._splits.train, info, rank=world.rank, world_size=world.size,
-        batch_size=step_batch, steps=steps_per_epoch, seed=config.seed,
-        first_epoch=first_epoch, first_step=first_step,
-        flip=config.random_flip, shift=config.random_shift))
-    val = None
-    try:
-      for epoch in range(first_epoch, config.epochs):
-        start = time.perf_counter()
+    start.epoch_began = time.perf_counter()
+    train_step.totals.reset()
+    start.times.reset()
+    start.progress.start_epoch(epoch, start.first_step)
+    for done in range(start.first_step + 1, start.steps_per_epoch + 1):
+      global_step = epoch * start.steps_per_epoch + done
+      with start.profiler.step(global_step):
+        with start.times.input():
+          images, labels = next(start.batches)
+        with start.times.step():
+          stop_agreed = train_step(images, labels,
+                                   start.stop_requests.requested)
+      if not start.optimizer_state_broadcast:
+        # Once per start, after the first update: whatever state an
+        # optimizer creates at its first step rather than in
+        # optimizers.build_state becomes rank 0's too.
+        distributed.broadcast_from_chief(self.variables())
+        start.optimizer_state_broadcast = True
+      position = checkpoint.Position(epoch, done, start.global_batch,
+                                     start.world.size)
+      if stop_agreed:
+        _preempted(start.run, position, global_step,
+                   start.stop_requests.signum)
+      if start.run and every and global_step % every == 0:
+        start.run.checkpoints.save(position, global_step)
+      if commit_every and global_step % commit_every == 0:
+        # The epoch's figures so far go with the commit: the steps a
+        # restart redoes are counted once.
+        start.epoch_sums = start.epoch_sums + train_step.totals.sums()
         train_step.totals.reset()
-        times.reset()
-        progress.start_epoch(epoch, first_step)
-        for done in range(first_step + 1, steps_per_epoch + 1):
-          global_step = epoch * steps_per_epoch + done
-          with profiler.step(global_step):
-            with times.input():
-              images, labels = next(batches)
-            with times.step():
-              stop_agreed = train_step(images, labels,
-                                       stop_requests.requested)
-          if not optimizer_state_broadcast:
-            # Once per start, after the first update: whatever state an
-            # optimizer creates at its first step rather than in
-            # optimizers.build_state becomes rank 0's too.
-            distributed.broadcast_from_chief(self.variables())
-            optimizer_state_broadcast = True
-          position = checkpoint.Position(epoch, done, global_batch,
-                                         world.size)
-          if stop_agreed:
-            _preempted(run, position, global_step, stop_requests.signum)
-          if run and every and global_step % every == 0:
-            run.checkpoints.save(position, global_step)
-          if commit_every and global_step % commit_every == 0:
-            # The epoch's figures so far go with the commit: the steps a
-            # restart redoes are counted once.
-            epoch_sums = epoch_sums + train_step.totals.sums()
-            train_step.totals.reset()
-            state.commit(position=position, epoch_sums=epoch_sums)
-          progress.step(done)
-        steps_run = steps_per_epoch - first_step
-        first_step = 0
-        # An allreduce: all ranks are done.
-        train = metrics.Result.of(epoch_sums + train_step.totals.sums())
-        epoch_sums = _NO_EXAMPLES
-        train_seconds = time.perf_counter() - start
+        state.commit(position=position, epoch_sums=start.epoch_sums)
+      start.progress.step(done)
+    start.steps_run = start.steps_per_epoch - start.first_step
+    start.first_step = 0
+    # An allreduce: all ranks are done.
+    train = metrics.Result.of(start.epoch_sums + train_step.totals.sums())
+    start.epoch_sums = _NO_EXAMPLES
+    return train, time.perf_counter() - start.epoch_began
 
-        # BatchNorm's moving statistics are updated from each rank's own
-        # batches and drift apart; average them so every rank evaluates (and
-        # ends with) one model.
-        distributed.average_across_ranks(model.non_trainable_variables)
-        val = steps.evaluate(self._eval_step, data.eval_batches(
-            self._splits.test, info, rank=world.rank, world_size=world.size,
-            batch_size=config.batch_size))
-        epoch_seconds = time.perf_counter() - start
-        cumulative_seconds += epoch_seconds
-        global_step = (epoch + 1) * steps_per_epoch
-        stop_now = stop.update(epoch=epoch + 1, val_accuracy=val.accuracy,
-                               cumulative_seconds=cumulative_seconds)
+  def _evaluate(self, start: "_Start") -> metrics.Result:
+    """The whole test split, each rank its shard, reduced exactly."""
+    # BatchNorm's moving statistics are updated from each rank's own
+    # batches and drift apart; average them so every rank evaluates (and
+    # ends with) one model.
+    distributed.average_across_ranks(self._model.non_trainable_variables)
+    start.val = steps.evaluate(self._eval_step, data.eval_batches(
+        self._splits.test, self._splits.info, rank=start.world.rank,
+        world_size=start.world.size, batch_size=self._config.batch_size))
+    return start.val
 
-        record = {
-            "epoch": epoch + 1,
-            "global_step": global_step,
-            "train_loss": train.loss,
-            "train_accuracy": train.accuracy,
-            "train_examples": train.examples,
-            "val_loss": val.loss,
-            "val_accuracy": val.accuracy,
-            # The rate of the epoch's last update, as the optimizer applied
-            # it.
-            "learning_rate": float(self._learning_rate(global_step - 1)),
-            "images_per_sec": steps_run * global_batch / train_seconds,
-            # Rank 0's split of the train time: a large input share means
-            # the input pipeline, not the step, bounds the run.
-            "input_seconds": times.input_seconds,
-            "step_seconds": times.step_seconds,
-            "epoch_seconds": epoch_seconds,
-            "cumulative_seconds": cumulative_seconds,
-            "world_size": world.size,
-        }
-        if config.target_accuracy:
-          record["target_accuracy_first_epoch"] = stop.first_reached_epoch
-          record["target_accuracy_first_seconds"] = stop.first_reached_seconds
-        history.append(record)
-        reporter.epoch(record)
-        position = checkpoint.Position(epoch + 1, 0, global_batch,
-                                       world.size)
-        if run:
-          run.end_epoch(position, global_step, val.accuracy)
-        if config.elastic:
-          state.commit(position=position, epoch_sums=_NO_EXAMPLES,
-                       cumulative_seconds=cumulative_seconds,
-                       history=list(history), stop=copy.copy(stop))
-        if stop_now:
-          logging.info("stopping early: validation accuracy >= %g for %d "
-                       "epochs; first reached at epoch %d, %.1fs",
-                       config.target_accuracy, config.patience,
-                       stop.first_reached_epoch, stop.first_reached_seconds)
-          break
-    finally:
-      profiler.close()
-      stop_requests.uninstall()
+  def _end_epoch(self, start: "_Start", state: elastic.TrainingState,
+                 epoch: int, train: metrics.Result, val: metrics.Result,
+                 train_seconds: float) -> bool:
+    """Records, saves and commits the epoch; returns whether to stop."""
+    config = self._config
+    epoch_seconds = time.perf_counter() - start.epoch_began
+    start.cumulative_seconds += epoch_seconds
+    global_step = (epoch + 1) * start.steps_per_epoch
+    stop_now = start.stop.update(epoch=epoch + 1, val_accuracy=val.accuracy,
+                                 cumulative_seconds=start.cumulative_seconds)
+    record = {
+        "epoch": epoch + 1,
+        "global_step": global_step,
+        "train_loss": train.loss,
+        "train_accuracy": train.accuracy,
+        "train_examples": train.examples,
+        "val_loss": val.loss,
+        "val_accuracy": val.accuracy,
+        # The rate of the epoch's last update, as the optimizer applied it.
+        "learning_rate": float(self._learning_rate(global_step - 1)),
+        "images_per_sec": start.steps_run * start.global_batch / train_seconds,
+        # Rank 0's split of the train time: a large input share means the
+        # input pipeline, not the step, bounds the run.
+        "input_seconds": start.times.input_seconds,
+        "step_seconds": start.times.step_seconds,
+        "epoch_seconds": epoch_seconds,
+        "cumulative_seconds": start.cumulative_seconds,
+        "world_size": start.world.size,
+    }
+    if config.target_accuracy:
+      record["target_accuracy_first_epoch"] = start.stop.first_reached_epoch
+      record["target_accuracy_first_seconds"] = \
+          start.stop.first_reached_seconds
+    start.history.append(record)
+    # An allreduce, on every rank; rank 0 draws it.
+    confusion = self._eval_step.confusion.counts()
+    start.reporter.epoch(record, confusion)
+    position = checkpoint.Position(epoch + 1, 0, start.global_batch,
+                                   start.world.size)
+    if start.run:
+      start.run.end_epoch(position, global_step, val.accuracy)
+    if config.elastic:
+      state.commit(position=position, epoch_sums=_NO_EXAMPLES,
+                   cumulative_seconds=start.cumulative_seconds,
+                   history=list(start.history), stop=copy.copy(start.stop))
+    if stop_now:
+      logging.info("stopping early: validation accuracy >= %g for %d "
+                   "epochs; first reached at epoch %d, %.1fs",
+                   config.target_accuracy, config.patience,
+                   start.stop.first_reached_epoch,
+                   start.stop.first_reached_seconds)
+    return stop_now
 
-    if val:
+  def _say_how_it_ended(self, start: "_Start") -> None:
+    if start.val:
       logging.info("final test loss %.4f, test accuracy %.4f (%d examples); "
-                   "metrics in %s", val.loss, val.accuracy, val.examples,
-                   reporter.metrics_path)
-    elif not history:
+                   "metrics in %s", start.val.loss, start.val.accuracy,
+                   start.val.examples, start.reporter.metrics_path)
+    elif not start.history:
       logging.info("%s has finished its %d epochs already; pass a larger "
                    "--epochs to train on, or another --model_dir for a new "
-                   "run", self._model_dir, config.epochs)
-    return history
+                   "run", self._model_dir, self._config.epochs)
+
+
+class _Start:
+  """One call of the train loop: what it set up, and its running state.
+
+  Made by `_TrainLoop._start`; the reporting, progress, profiling and stop
+  handling live as long as the call, and `close()` ends them however the
+  call ends.
+  """
+
+  def __init__(self, *, config: TrainConfig, model_dir: str,
+               world: distributed.World, run: Optional["_Run"],
+               steps_per_epoch: int, global_batch: int, first_epoch: int,
+               first_step: int, state: elastic.TrainingState, batches):
+    self.world = world
+    self.run = run  # rank 0's model_dir; None on the other ranks
+    self.steps_per_epoch = steps_per_epoch
+    self.global_batch = global_batch
+    self.first_epoch = first_epoch
+    self.first_step = first_step  # of the next epoch to train
+    self.batches = batches
+    self.steps_run = 0
+    self.optimizer_state_broadcast = False
+    self.history = list(state.history)
+    self.cumulative_seconds = state.cumulative_seconds
+    self.epoch_sums = state.epoch_sums  # of steps committed before a restart
+    self.val = None
+    self.stop = copy.copy(state.stop)
+    chief = distributed.is_chief()
+    self.reporter = report.Reporter(model_dir, chief=chief,
+                                    epochs=config.epochs)
+    self.reporter.keep_epochs_up_to(first_epoch)  # undone epochs' records go
+    self.progress = progress_lib.Progress(
+        mode=config.progress, chief=chief, steps_per_epoch=steps_per_epoch,
+        epochs=config.epochs, global_batch=global_batch)
+    self.stop_requests = preemption.StopRequests()
+    self.stop_requests.install()
+    self.times = profiling.EpochTimes()
+    self.profiler = profiling.StepProfiler(
+        model_dir, steps=config.profile_steps, rank=world.rank,
+        all_ranks=config.profile_all_ranks,
+        timeline=config.horovod_timeline)
+    self.epoch_began = 0.0  # perf_counter() at the epoch's first step
+
+  def close(self) -> None:
+    self.profiler.close()
+    self.stop_requests.uninstall()
 
 
 class _Run:
   """Rank 0's side of a run's model_dir: checkpoints, flags, exports."""
 
   def __init__(self, model_dir: str, config: TrainConfig, *, model,
-               optimizer, identity: str):
+               optimizer, info: datasets.DatasetInfo):
     self.model_dir = model_dir
     self._config = config
     self._model = model
     self._optimizer = optimizer
-    self._identity = identity
+    self._info = info
+    self._identity = checkpoint.identity(model, info)
     self.checkpoints = None
 
   def open(self) -> Optional[checkpoint.Position]:
@@ -453,6 +540,7 @@ class _Run:
       logging.info("starting %s from %s (epoch %d, step %d)", self.model_dir,
                    source, position.epoch + 1, position.step)
     _record_flags(self.model_dir, self._config.command_line)
+    datasets.record(self.model_dir, self._info)
     return position
 
   def take_over(self) -> None:
@@ -472,13 +560,13 @@ class _Run:
                                           val_accuracy):
       logging.info("best validation accuracy so far: %.4f", val_accuracy)
 
-  def export(self, info) -> None:
+  def export(self) -> None:
     """The final model and the best checkpoint, as SavedModels."""
     directory = os.path.join(self.model_dir, export.EXPORT_DIR)
-    export.save(self._model, info, os.path.join(directory, "final"))
+    export.save(self._model, self._info, os.path.join(directory, "final"))
     if self.checkpoints.best_path:
-      export.save_checkpoint(self._model, self.checkpoints.best_path, info,
-                             os.path.join(directory, "best"))
+      export.save_checkpoint(self._model, self.checkpoints.best_path,
+                             self._info, os.path.join(directory, "best"))
     logging.info("exported SavedModels to %s (final, best)", directory)
 
 
@@ -568,7 +656,12 @@ def config_from_flags() -> TrainConfig:
           test_examples=FLAGS.test_examples,
           synthetic_image_shape=tuple(
               int(d) for d in FLAGS.synthetic_image_shape),
-          synthetic_classes=FLAGS.synthetic_classes),
+          synthetic_classes=FLAGS.synthetic_classes,
+          channels=int(FLAGS.channels),
+          validation_split=FLAGS.validation_split,
+          skip_bad_files=FLAGS.skip_bad_files,
+          array_keys=tuple(FLAGS.array_keys)),
+      normalization=_normalization_from_flags(),
       random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
       model=FLAGS.model,
       model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
@@ -584,7 +677,9 @@ def config_from_flags() -> TrainConfig:
       steps_per_epoch=FLAGS.steps_per_epoch,
       target_accuracy=FLAGS.target_accuracy, patience=FLAGS.patience,
       progress=FLAGS.progress,
-      seed=FLAGS.seed, model_dir=FLAGS.model_dir,
+      seed=FLAGS.seed,
+      model_dir=FLAGS.model_dir or default_model_dir(FLAGS.dataset,
+                                                     FLAGS.model),
       intra_op_threads=FLAGS.intra_op_threads,
       inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
       deterministic=FLAGS.deterministic,
@@ -603,11 +698,70 @@ def config_from_flags() -> TrainConfig:
       command_line=engine_flags.as_flagfile())
 
 
+def default_model_dir(dataset: str, model: str) -> str:
+  """runs/<dataset>_<model>, a user's module:function by its function's
+  name."""
+  def short(name):
+    return name.rpartition(":")[2]
+  return os.path.join("runs", f"{short(dataset)}_{short(model)}")
+
+
+def _normalization_from_flags() -> Optional[tuple]:
+  if not FLAGS.image_mean:
+    return None
+  try:
+    mean, std = (tuple(float(v) for v in values)
+                 for values in (FLAGS.image_mean, FLAGS.image_std))
+  except ValueError:
+    raise UserError(f"--image_mean={','.join(FLAGS.image_mean)} "
+                    f"--image_std={','.join(FLAGS.image_std)}: give numbers, "
+                    "one per channel") from None
+  if len(mean) != len(std) or min(std) <= 0:
+    raise UserError("--image_mean and --image_std: give one mean and one "
+                    "positive std per channel")
+  return mean, std
+
+
+def run(*, model=None, dataset=None, **flag_values) -> TrainResult:
+  """Trains from a Python script, launched as `horovodrun -np N python
+  SCRIPT.py [--flag=value ...]`: the engine's flags, with the script's
+  values as their defaults and its command line over them.
+
+  `model` and `dataset` are module-level functions, or names as their
+  flags take: a model builder called as --model's, and a data set loader
+  returning `engine.datasets.Splits` (for arrays a script holds:
+  `engine.datasets.from_arrays`). They are recorded in flags.txt as
+  `path/to/SCRIPT.py:function`, so resuming and engine.evaluate find them.
+  Any other keyword is a flag: `epochs=3`, `batch_size=64`. Errors end the
+  process with one line and a non-zero exit, as the command line does.
+  """
+  logging.use_absl_handler()  # as app.run does: absl's log format
+  values = dict(flag_values, model=model, dataset=dataset)
+  try:
+    for name, value in values.items():
+      if value is not None:
+        FLAGS.set_default(name, user_code.spec_of(value)
+                          if callable(value) else value)
+    FLAGS(sys.argv)
+  except UserError as e:
+    _exit_with_error(str(e))
+  except (flags.Error, KeyError) as e:
+    _exit_with_error(f"run(): {e}")
+  return _train_or_exit()
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  _train_or_exit()
+
+
+def _train_or_exit() -> TrainResult:
+  """Trains with the flags; an error the user can act on ends the process
+  with one line (`engine.train: error: ...`) and exit code 2, a preemption
+  with 128 + the signal's number."""
   try:
-    train(config_from_flags())
+    return train(config_from_flags())
   except UserError as e:
     _exit_with_error(str(e))
   except preemption.Preempted as e:
@@ -616,14 +770,27 @@ def main(argv):
   except tf.errors.DataLossError as e:
     # A TFRecord file found corrupt while streaming: its counts came from
     # flags, so it was not read at start-up, where the check names the file.
-    detail = re.sub(r"\{\{.*?\}\}|\[Op:.*", "", e.message).strip()
     _exit_with_error(
-        f"corrupt input data ({detail}); run with --train_examples=0 "
+        f"corrupt input data ({_op_detail(e)}); run with --train_examples=0 "
         "--test_examples=0 to check every file at start-up and name it")
+  except tf.errors.InvalidArgumentError as e:
+    # An image file whose first bytes looked right, found undecodable by
+    # the input pipeline (image_folder checks headers only at start-up).
+    if "image" not in e.message.lower():
+      raise
+    _exit_with_error(f"an image failed to decode while training "
+                     f"({_op_detail(e)}"
+                     "); its first bytes looked right at start-up: replace "
+                     "or remove the damaged file")
   except tf.errors.OpError as e:
     if not distributed.is_peer_failure(e):
       raise
     _exit_with_error("another process stopped the job; its error is above")
+
+
+def _op_detail(error: tf.errors.OpError) -> str:
+  """A TensorFlow op error's message without its op and graph names."""
+  return re.sub(r"\{\{.*?\}\}|\[Op:.*", "", error.message).strip()
 
 
 def _exit_with_error(message: str) -> None:
