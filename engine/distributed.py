@@ -138,7 +138,6 @@ def average_across_ranks(variables) -> None:
                                   name="average/" + variable.name))
 
 
-
 def on_chief(action: Optional[Callable[[], Any]], name: str) -> Any:
   """Runs `action` on rank 0 only; every rank gets its result or its error.
 
@@ -153,6 +152,31 @@ def on_chief(action: Optional[Callable[[], Any]], name: str) -> Any:
     except UserError as e:
       outcome = (None, str(e))
   result, message = hvd.broadcast_object(outcome, root_rank=0, name=name)
+  if message:
+    raise UserError(message)
+  return result
+
+
+def agree(action: Callable[[], Any], name: str,
+          collective: bool = True) -> Any:
+  """Runs `action` on every rank; if it fails on any, fails on every one.
+
+  Each rank gets its own result. A UserError on some ranks (a file missing
+  on one host) becomes, on the others, a UserError naming the lowest rank
+  that failed, so every process stops with one line instead of waiting at
+  its next collective. `collective=False` runs `action` alone (no
+  agreement), where a collective is not allowed yet.
+  """
+  try:
+    result, message = action(), ""
+  except UserError as e:
+    result, message = None, str(e)
+  if collective and hvd.size() > 1:
+    messages = hvd.allgather_object(message, name=name)
+    failed = [(rank, m) for rank, m in enumerate(messages) if m]
+    if failed and not message:
+      rank, first = failed[0]
+      message = f"on rank {rank}: {first}"
   if message:
     raise UserError(message)
   return result

@@ -2,6 +2,7 @@
 import inspect
 from typing import Callable
 
+from engine import user_code
 from engine.errors import UserError
 
 
@@ -10,7 +11,9 @@ class Registry:
 
   The flags of several builders share one namespace: --dropout means
   something to every model, --depth only to wrn. A builder's signature says
-  which flags it takes, and the others are not its concern.
+  which flags it takes, and the others are not its concern. A name of the
+  form `module:function` is a user's own builder (engine/user_code.py),
+  passed its parameters the same way.
   """
 
   def __init__(self, flag: str, builders: dict[str, Callable]):
@@ -20,10 +23,34 @@ class Registry:
   def names(self) -> list[str]:
     return sorted(self._builders)
 
-  def build(self, name: str, *args, **params):
+  def is_known(self, name: str) -> bool:
+    """A registered name, or a user's `module:function`."""
+    return name in self._builders or user_code.is_spec(name)
+
+  def builder(self, name: str) -> Callable:
+    if user_code.is_spec(name):
+      return user_code.load(name, self._flag)
     if name not in self._builders:
       raise UserError(f"--{self._flag}={name} is unknown; choose one of "
-                      f"{', '.join(self.names())}")
-    builder = self._builders[name]
-    accepted = inspect.signature(builder).parameters
-    return builder(*args, **{k: v for k, v in params.items() if k in accepted})
+                      f"{', '.join(self.names())} or give "
+                      "package.module:function")
+    return self._builders[name]
+
+  def build(self, name: str, *args, **params):
+    builder = self.builder(name)
+    try:
+      accepted = inspect.signature(builder).parameters
+    except (TypeError, ValueError):  # a builtin or an odd callable
+      accepted = {}
+    if not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
+      params = {k: v for k, v in params.items() if k in accepted}
+    if not user_code.is_spec(name):
+      return builder(*args, **params)
+    try:
+      return builder(*args, **params)
+    except UserError:
+      raise
+    except Exception as e:  # the user's code: one line, not a traceback
+      raise UserError(f"--{self._flag}={name}: {builder.__name__}("
+                      f"{', '.join(params)}) raised {type(e).__name__}: "
+                      f"{user_code.first_line(e)}") from None

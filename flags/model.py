@@ -3,9 +3,18 @@ from absl import flags
 
 import models
 
-flags.DEFINE_enum("model", "cnn", models.names(),
-                  "Model to train: cnn (small, fast, for CPUs) or wrn "
-                  "(WideResNet-depth-width).")
+flags.DEFINE_string(
+    "model", "cnn",
+    f"Model to train: one of {', '.join(models.names())} (cnn: small, fast, "
+    "for CPUs; wrn: WideResNet-depth-width), or your own builder as "
+    "package.module:function or path/to/file.py:function, called with "
+    "input_shape, num_classes and whichever of this module's flags its "
+    "signature declares, returning a tf.keras.Model with float32 logits "
+    "[batch, num_classes] (README, Your own model).")
+flags.register_validator(
+    "model", models.is_known,
+    f"value should be one of {', '.join(models.names())}, or "
+    "package.module:function or path/to/file.py:function")
 flags.DEFINE_integer("depth", 16, "wrn: depth, 6n+4 (16 in WRN-16-10).",
                      lower_bound=10)
 flags.DEFINE_integer("width", 10, "wrn: widening factor (10 in WRN-16-10).",

@@ -1,11 +1,17 @@
 """Models by name: `build(name, **params) -> tf.keras.Model`.
 
-Every builder takes `input_shape` and `num_classes` and returns a functional
-Keras model whose output is float32 logits. Builders declare the parameters
-they use in their signatures and receive only those (engine/registry.py), so
-the flags shared by several models (dropout, weight decay) reach the models
-that have them and are ignored by the others.
+Every builder takes `input_shape` and `num_classes` and returns a Keras
+model whose output is float32 logits of shape [batch, num_classes].
+Builders declare the parameters they use in their signatures and receive
+only those (engine/registry.py), so the flags shared by several models
+(dropout, weight decay) reach the models that have them and are ignored by
+the others. A user's own builder, `--model=package.module:function` or
+`--model=path/to/file.py:function`, is called the same way, and what it
+returns is checked here, at start-up, rather than ten calls into training.
 """
+import tensorflow as tf
+
+from engine.errors import UserError
 from engine.registry import Registry
 from models import cnn, resnet, wrn
 
@@ -16,4 +22,40 @@ _MODELS = Registry("model", {
     "wrn": wrn.build,
 })
 names = _MODELS.names
-build = _MODELS.build
+is_known = _MODELS.is_known
+
+
+def build(name: str, *, input_shape, num_classes: int,
+          **params) -> tf.keras.Model:
+  model = _MODELS.build(name, input_shape=tuple(input_shape),
+                        num_classes=num_classes, **params)
+  _check(model, name, tuple(input_shape), num_classes)
+  return model
+
+
+def _check(model, name: str, input_shape: tuple, num_classes: int) -> None:
+  """A Keras model giving float32 logits per class, or a UserError.
+
+  Checked by calling it on two blank images, which also creates the
+  variables of a subclassed model before anything saves or broadcasts them.
+  """
+  if not isinstance(model, tf.keras.Model):
+    raise UserError(f"--model={name} returned a {type(model).__name__}, not "
+                    "a tf.keras.Model")
+  try:
+    logits = model(tf.zeros((2, *input_shape)), training=False)
+  except Exception as e:  # the user's code: one line
+    first = (str(e).strip().splitlines() or [repr(e)])[0]
+    raise UserError(f"--model={name} fails on a batch of "
+                    f"{'x'.join(map(str, input_shape))} images: "
+                    f"{type(e).__name__}: {first}") from None
+  shape = tuple(getattr(logits, "shape", ()))
+  if shape != (2, num_classes):
+    raise UserError(f"--model={name} outputs shape {list(shape)} for 2 "
+                    f"images; it must output [batch, {num_classes}] logits, "
+                    f"one per class")
+  if logits.dtype != tf.float32:
+    raise UserError(f"--model={name} outputs {logits.dtype.name} logits; "
+                    "end the model with a float32 layer, e.g. "
+                    "tf.keras.layers.Activation('linear', dtype='float32'), "
+                    "so that softmax and the loss are computed in float32")
