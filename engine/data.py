@@ -1,16 +1,19 @@
 """Input pipeline: shard, shuffle, batch, augment, normalize, prefetch.
 
-The same for every data set (see `engine/datasets`), with two kinds of
-source: examples held in memory (`Examples`), and TFRecord files streamed
-from disk (`RecordFiles`). Three properties matter more than speed here:
+The same for every data set (see `engine/datasets`), with four kinds of
+source: examples held in memory (`Examples`), arrays on disk read by rows
+(`ArrayRows`), image files decoded as read (`ImageFiles`), and TFRecord
+files streamed from disk (`RecordFiles`). Three properties matter more than
+speed here:
 
 * Every rank runs the same number of steps each epoch. Horovod's allreduce
   waits for all ranks, so one rank with an extra batch would hang the job.
   `steps_per_epoch` is fixed from the global batch, and a rank whose shard
   is too short for it starts another pass over its shard.
-* Ranks see disjoint data. In memory, rank r keeps examples r, r + N,
-  r + 2N, ..., the selection `tf.data.Dataset.shard(N, r)` makes, and
-  shuffles only those; from files, rank r reads files r, r + N, ...
+* Ranks see disjoint data. Rank r keeps examples r, r + N, r + 2N, ...,
+  the selection `tf.data.Dataset.shard(N, r)` makes, and shuffles only
+  those (for arrays on disk and image files, it reads only those); from
+  TFRecord files, rank r reads files r, r + N, ...
 * An epoch's batches depend only on (seed, epoch, rank, size): shuffles are
   stateless permutations keyed by (seed, epoch), and augmentation uses
   stateless random ops keyed by epoch, step and rank. A run is reproducible,
@@ -19,15 +22,20 @@ from disk (`RecordFiles`). Three properties matter more than speed here:
 
 Training reads one stream for the whole run, epoch after epoch, through one
 iterator: prefetching carries on across epoch ends, and no iterator is torn
-down between epochs. In memory, batches are gathered by index, a vectorized
-copy per batch rather than a shuffle buffer filled one example at a time.
+down between epochs. Except for TFRecords, batches are gathered by index (a
+vectorized copy per batch in memory, a read of the batch's rows on disk, or
+a parallel decode of the batch's files) rather than through a shuffle
+buffer filled one example at a time, so a resumed run skips to its step
+without reading what it skips.
 """
 import math
 import os
 
+import numpy as np
 import tensorflow as tf
 
-from engine.datasets import DatasetInfo, Examples, RecordFiles
+from engine.datasets import (ArrayRows, DatasetInfo, Examples, ImageFiles,
+                             RecordFiles, Source, image_folder)
 from engine.errors import UserError
 
 # Fixed parallelism rather than tf.data's autotuning: our per-batch work (a
@@ -65,7 +73,7 @@ def steps_per_epoch(*, num_train: int, batch_size: int, world_size: int,
   return steps
 
 
-def train_batches(source: Examples | RecordFiles, info: DatasetInfo, *,
+def train_batches(source: Source, info: DatasetInfo, *,
                   rank: int, world_size: int, batch_size: int, steps: int,
                   seed: int, first_epoch: int, flip: bool, shift: float,
                   first_step: int = 0) -> tf.data.Dataset:
@@ -81,14 +89,14 @@ def train_batches(source: Examples | RecordFiles, info: DatasetInfo, *,
         steps=steps, seed=seed, first_epoch=first_epoch, first_step=first_step,
         flip=flip)
   else:
-    batches = _memory_train_batches(
+    batches = _indexed_train_batches(
         source, info, rank=rank, world_size=world_size, batch_size=batch_size,
         steps=steps, seed=seed, first_epoch=first_epoch, first_step=first_step,
         flip=flip, shift=shift)
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
 
 
-def eval_batches(source: Examples | RecordFiles, info: DatasetInfo, *,
+def eval_batches(source: Source, info: DatasetInfo, *,
                  rank: int, world_size: int,
                  batch_size: int) -> tf.data.Dataset:
   """This rank's share of the whole split, each example exactly once.
@@ -102,25 +110,39 @@ def eval_batches(source: Examples | RecordFiles, info: DatasetInfo, *,
     examples = _records(tf.data.Dataset.from_tensor_slices(list(files))).map(
         lambda record: _decode_eval(record, info, source.label_offset),
         num_parallel_calls=_decode_parallelism())
+    batches = examples.batch(batch_size)
+  elif isinstance(source, ImageFiles):
+    batches = tf.data.Dataset.from_tensor_slices(
+        (list(source.paths), source.labels)).shard(world_size, rank).map(
+            lambda path, label: (image_folder.decode(path, info.image_shape),
+                                 label),
+            num_parallel_calls=_decode_parallelism()).batch(batch_size)
+  elif isinstance(source, ArrayRows):
+    read = _row_reader(source, info)
+    batches = tf.data.Dataset.range(rank, len(source.labels), world_size
+                                    ).batch(batch_size).map(read)
   else:
-    examples = tf.data.Dataset.from_tensor_slices(
-        (source.images, source.labels)).shard(world_size, rank)
-  batches = examples.batch(batch_size).map(
+    batches = tf.data.Dataset.from_tensor_slices(
+        (source.images, source.labels)).shard(world_size, rank).batch(
+            batch_size)
+  batches = batches.map(
       lambda images, labels: (normalize(images, info), labels),
       num_parallel_calls=PARALLEL_BATCHES)
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
 
 
-def _memory_train_batches(examples: Examples, info: DatasetInfo, *,
-                          rank: int, world_size: int, batch_size: int,
-                          steps: int, seed: int, first_epoch: int,
-                          first_step: int, flip: bool,
-                          shift: float) -> tf.data.Dataset:
-  shard = tf.range(rank, len(examples.labels), world_size, dtype=tf.int64)
+def _indexed_train_batches(source: Examples | ArrayRows | ImageFiles,
+                           info: DatasetInfo, *, rank: int, world_size: int,
+                           batch_size: int, steps: int, seed: int,
+                           first_epoch: int, first_step: int, flip: bool,
+                           shift: float) -> tf.data.Dataset:
+  """Batches of examples chosen by index: each epoch a stateless shuffle of
+  this rank's indices, cut into `steps` batches; then each batch's
+  examples are read (`_row_reader`, or decoded file by file), augmented
+  and normalized."""
+  shard = tf.range(rank, len(source.labels), world_size, dtype=tf.int64)
   per_epoch = steps * batch_size
   passes = math.ceil(per_epoch / len(shard))
-  images = tf.constant(examples.images)
-  labels = tf.constant(examples.labels)
   root_key = tf.constant([seed, 0], tf.int64)
 
   def epoch_indices(epoch):
@@ -133,17 +155,68 @@ def _memory_train_batches(examples: Examples, info: DatasetInfo, *,
     return tf.data.Dataset.from_tensor_slices(batches).enumerate().map(
         lambda step, indices: (key, step, indices))
 
-  def load(epoch_key, step, indices):
+  def augmented(epoch_key, step, images, labels):
     key = tf.random.experimental.stateless_fold_in(
         epoch_key, step * world_size + rank)
-    batch = augment(tf.gather(images, indices), key, flip=flip, shift=shift,
+    batch = augment(images, key, flip=flip, shift=shift,
                     fill=info.shift_fill)
-    return normalize(batch, info), tf.gather(labels, indices)
+    return normalize(batch, info), labels
 
-  return (tf.data.Dataset.counter(first_epoch)
-          .flat_map(epoch_indices)
-          .skip(first_step)  # indices only: skipping costs nothing
-          .map(load, num_parallel_calls=PARALLEL_BATCHES))
+  indices = (tf.data.Dataset.counter(first_epoch)
+             .flat_map(epoch_indices)
+             .skip(first_step))  # indices only: skipping costs nothing
+  if isinstance(source, ImageFiles):
+    return _decoded_batches(indices, source, info, batch_size).map(
+        augmented, num_parallel_calls=PARALLEL_BATCHES)
+  read = _row_reader(source, info)
+  return indices.map(
+      lambda key, step, rows: augmented(key, step, *read(rows)),
+      num_parallel_calls=PARALLEL_BATCHES)
+
+
+def _row_reader(source: Examples | ArrayRows, info: DatasetInfo):
+  """A function from a batch's indices to its (images, labels)."""
+  labels = tf.constant(source.labels)
+  if isinstance(source, Examples):
+    images = tf.constant(source.images)
+    return lambda rows: (tf.gather(images, rows), tf.gather(labels, rows))
+  dtype = tf.as_dtype(source.images.dtype)
+
+  def read(rows: np.ndarray) -> np.ndarray:
+    # Readers take increasing rows; a batch may hold one twice (a shard
+    # shorter than an epoch is read in several passes).
+    unique, inverse = np.unique(rows, return_inverse=True)
+    return source.images.read(unique)[inverse]
+
+  def reader(rows):
+    images = tf.numpy_function(read, [rows], dtype, stateful=False)
+    images.set_shape([None, *info.image_shape])
+    return images, tf.gather(labels, rows)
+
+  return reader
+
+
+def _decoded_batches(indices: tf.data.Dataset, source: ImageFiles,
+                     info: DatasetInfo, batch_size: int) -> tf.data.Dataset:
+  """Each batch's files decoded in parallel, one example per call, and
+  batched again with their batch's (key, step)."""
+  paths = tf.constant(list(source.paths))
+  labels = tf.constant(source.labels)
+
+  def per_example(key, step, rows):
+    count = tf.shape(rows)[0]
+    return (tf.tile(key[None], [count, 1]), tf.fill([count], step), rows)
+
+  def decoded(key, step, row):
+    return (key, step, image_folder.decode(tf.gather(paths, row),
+                                           info.image_shape),
+            tf.gather(labels, row))
+
+  return (indices.map(per_example).unbatch()
+          .map(decoded, num_parallel_calls=_decode_parallelism())
+          .batch(batch_size, drop_remainder=True)
+          .map(lambda keys, steps, images, labels:
+               (keys[0], steps[0], images, labels)))
 
 
 def _record_train_batches(source: RecordFiles, info: DatasetInfo, *,

@@ -3,11 +3,20 @@ from absl import flags
 
 from engine import datasets
 
-flags.DEFINE_enum("dataset", "fashion_mnist", datasets.names(),
-                  "Data set: fashion_mnist and cifar10 (their original "
-                  "files, in memory), tfrecord (a directory of TFRecord "
-                  "files of encoded images, streamed), synthetic (random "
-                  "images, no I/O).")
+flags.DEFINE_string(
+    "dataset", "fashion_mnist",
+    "Data set: fashion_mnist and cifar10 (their original files, in memory), "
+    "image_folder (DIR/train/<class>/ and DIR/validation/<class>/ of JPEG, "
+    "PNG, BMP or GIF images, streamed), arrays (an .npz, .h5 or directory of "
+    ".npy files with x_train, y_train, x_test, y_test, read by rows), "
+    "tfrecord (a directory of TFRecord files of encoded images, streamed), "
+    "synthetic (random images, no I/O), or your own loader as "
+    "package.module:function or path/to/file.py:function returning "
+    "engine.datasets.Splits (README, Your own data).")
+flags.register_validator(
+    "dataset", datasets.is_known,
+    f"value should be one of {', '.join(datasets.names())}, or "
+    "package.module:function or path/to/file.py:function")
 flags.DEFINE_string("data_dir", "",
                     "Directory holding the data set's files. Empty: the data "
                     "set's default (fashion_mnist: "
@@ -21,8 +30,37 @@ flags.DEFINE_float("random_shift", 0.1,
                    "Horovod lab uses 0.2; CIFAR's pad-4-and-crop is 0.125); "
                    "0 disables.", lower_bound=0.0, upper_bound=0.5)
 flags.DEFINE_integer("image_size", 224,
-                     "tfrecord: images are cropped and resized to this square "
-                     "size.", lower_bound=8)
+                     "tfrecord, image_folder: images are cropped (tfrecord) "
+                     "and resized to this square size.", lower_bound=8)
+flags.DEFINE_enum("channels", "3", ["1", "3"],
+                  "image_folder: channels to decode every image to "
+                  "(grayscale, RGB and RGBA files may be mixed; alpha is "
+                  "dropped).")
+flags.DEFINE_float("validation_split", 0.0,
+                   "image_folder without a validation/ folder: the fraction "
+                   "of each class's files held out for validation, chosen "
+                   "by a hash of their paths (the same on every rank and "
+                   "rerun).", lower_bound=0.0, upper_bound=0.9)
+flags.DEFINE_bool("skip_bad_files", False,
+                  "image_folder: skip (and count) empty, unreadable and "
+                  "non-image files instead of stopping at the first.")
+flags.DEFINE_list("array_keys", [],
+                  "arrays: names stored under other keys, as "
+                  "STANDARD=STORED pairs, e.g. x_train=images,y_train=labels.")
+flags.DEFINE_list("image_mean", [],
+                  "arrays, image_folder: per-channel mean of the training "
+                  "images on their stored scale (0-255 for uint8), instead "
+                  "of measuring a sample at start-up. Give --image_std too.")
+flags.DEFINE_list("image_std", [], "As --image_mean: per-channel std.")
+
+
+def _statistics_given_together(values):
+  return bool(values["image_mean"]) == bool(values["image_std"])
+
+
+flags.register_multi_flags_validator(
+    ["image_mean", "image_std"], _statistics_given_together,
+    "--image_mean and --image_std go together")
 flags.DEFINE_integer("num_classes", 1000, "tfrecord: number of classes.",
                      lower_bound=2)
 flags.DEFINE_integer("label_offset", 0,

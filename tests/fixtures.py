@@ -163,3 +163,147 @@ def recorded_processes(out_dir) -> list[dict]:
     record["weights"] = [weights[k] for k in weights.files]
     processes.append(record)
   return processes
+
+
+IMAGE_CLASSES = ("ant", "bee", "cat")
+
+
+def write_image_folder(directory: str, *, train_counts=(7, 5, 6),
+                       validation_counts=(3, 2, 4), shape=(20, 24),
+                       seed: int = 0) -> str:
+  """An image folder in the layout of Keras' image_dataset_from_directory:
+  DIRECTORY/train/<class>/ and, unless `validation_counts` is None,
+  DIRECTORY/validation/<class>/.
+
+  Each image shows its class as a bright band (`learnable_images`), in
+  grayscale, RGB or RGBA in turn (JPEGs: no RGBA), as PNG and JPEG in
+  turn, except that each
+  split's first two files of the first class are a BMP and a GIF. Odd
+  counts, so ranks get unequal shares.
+  """
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  splits = {"train": train_counts}
+  if validation_counts is not None:
+    splits["validation"] = validation_counts
+  for s, (split, counts) in enumerate(splits.items()):
+    for label, (name, count) in enumerate(zip(IMAGE_CLASSES, counts)):
+      folder = os.path.join(directory, split, name)
+      os.makedirs(folder, exist_ok=True)
+      rng = np.random.default_rng(seed + 10 * s + label)
+      images = rng.integers(0, 60, (count, *shape, 3)).astype(np.uint8)
+      band = shape[0] // len(IMAGE_CLASSES)
+      images[:, label * band:(label + 1) * band] += 150
+      for i, pixels in enumerate(images):
+        extension = ("png", "jpg")[i % 2]
+        mode = ("L", "RGB", "RGBA")[i % 3]
+        if extension == "jpg" and mode == "RGBA":  # JPEG has no alpha
+          mode = "RGB"
+        image = Image.fromarray(pixels).convert(mode)
+        if label == 0 and i < 2:
+          extension = ("bmp", "gif")[i]
+          image = image.convert("RGB" if i == 0 else "P")
+        image.save(os.path.join(folder, f"{name}_{i:03d}.{extension}"))
+  return directory
+
+
+def write_arrays(path: str, *, num_train: int = 61, num_test: int = 23,
+                 shape=(12, 12), num_classes: int = 4, dtype="uint8",
+                 seed: int = 0) -> str:
+  """x_train, y_train, x_test, y_test (and class_names) as `path`: an .npz,
+  an .h5, or else a directory of .npy files. Images of `shape` (H, W for
+  one channel), learnable."""
+  arrays = {}
+  for split, num, offset in (("train", num_train, 0), ("test", num_test, 1)):
+    images, labels = learnable_images(num, shape, num_classes, seed + offset)
+    arrays[f"x_{split}"] = (images if dtype == "uint8" else
+                            (images / 255.0).astype(dtype))
+    arrays[f"y_{split}"] = labels.astype(np.int64)
+  arrays["class_names"] = np.array([f"class_{i}" for i in range(num_classes)])
+  if path.endswith(".npz"):
+    np.savez(path, **arrays)
+  elif path.endswith(".h5"):
+    import h5py  # pylint: disable=import-outside-toplevel
+    with h5py.File(path, "w") as f:
+      for name, array in arrays.items():
+        f[name] = array.astype("S") if name == "class_names" else array
+  else:
+    os.makedirs(path, exist_ok=True)
+    for name, array in arrays.items():
+      np.save(os.path.join(path, name + ".npy"), array)
+  return path
+
+
+# A user's own model, in a file of its own: BatchNorm, dropout, a custom
+# layer, a loss of its own (model.losses); and the same as a subclassed
+# model, which Keras can neither clone nor describe before it is called.
+USER_MODEL_MODULE = '''
+import tensorflow as tf
+
+
+class Scale(tf.keras.layers.Layer):
+  """A custom layer: one learned factor."""
+
+  def build(self, input_shape):
+    self.factor = self.add_weight(name="factor", shape=(),
+                                  initializer="ones")
+
+  def call(self, x):
+    return x * self.factor
+
+
+def build(input_shape, num_classes, dropout=0.0):
+  inputs = tf.keras.Input(input_shape)
+  conv = tf.keras.layers.Conv2D(8, 3, padding="same")
+  x = tf.keras.layers.ReLU()(tf.keras.layers.BatchNormalization()(
+      conv(inputs)))
+  x = Scale()(tf.keras.layers.GlobalAveragePooling2D()(x))
+  x = tf.keras.layers.Dropout(dropout)(x)
+  logits = tf.keras.layers.Dense(num_classes, dtype="float32")(x)
+  model = tf.keras.Model(inputs, logits, name="users_model")
+  model.add_loss(lambda: 1e-4 * tf.reduce_sum(conv.kernel ** 2))
+  return model
+
+
+class Subclassed(tf.keras.Model):
+
+  def __init__(self, num_classes):
+    super().__init__(name="users_subclassed")
+    self.conv = tf.keras.layers.Conv2D(8, 3, padding="same")
+    self.norm = tf.keras.layers.BatchNormalization()
+    self.scale = Scale()
+    self.logits = tf.keras.layers.Dense(num_classes, dtype="float32")
+
+  def call(self, images, training=False):
+    x = tf.nn.relu(self.norm(self.conv(images), training=training))
+    return self.logits(self.scale(tf.reduce_mean(x, axis=[1, 2])))
+
+
+def build_subclassed(num_classes):
+  return Subclassed(num_classes)
+'''
+
+
+# A user's own data set function: their arrays, through from_arrays.
+USER_DATA_MODULE = '''
+import numpy as np
+
+from engine import datasets
+
+
+def load(data_dir):
+  arrays = np.load(data_dir)
+  return datasets.from_arrays(arrays["x_train"], arrays["y_train"],
+                              arrays["x_test"], arrays["y_test"],
+                              class_names=["w", "x", "y", "z"])
+'''
+
+
+def write_user_code(directory: str) -> str:
+  """USER_MODEL_MODULE and USER_DATA_MODULE as DIRECTORY/users_model.py
+  and DIRECTORY/users_data.py; returns DIRECTORY."""
+  os.makedirs(directory, exist_ok=True)
+  for name, source in (("users_model.py", USER_MODEL_MODULE),
+                       ("users_data.py", USER_DATA_MODULE)):
+    with open(os.path.join(directory, name), "w") as f:
+      f.write(source)
+  return directory

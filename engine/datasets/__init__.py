@@ -1,22 +1,84 @@
 """Data sets by name: each loader returns its splits and what the model needs.
 
-A loader returns raw examples, uint8 images and int64 labels, and the
-statistics to normalize them; sharding, shuffling, augmentation and batching
-are the input pipeline's job (`engine/data.py`). In-memory data sets return
-`Examples`; data sets too large for memory return `RecordFiles`, read by the
-pipeline file by file. Loaders declare the options they take in their
-signatures and receive only those (engine/registry.py).
+A loader returns raw examples, images and int64 labels, and the statistics
+to normalize them; sharding, shuffling, augmentation and batching are the
+input pipeline's job (`engine/data.py`). The built-in formats: the original
+files of Fashion-MNIST and CIFAR-10 (in memory), TFRecords and image
+folders (streamed), arrays on disk (read by rows), synthetic images. A
+user's own loader, `--dataset=package.module:function`, returns the same
+`Splits` (engine/datasets/splits.py). Loaders declare the options they take
+in their signatures and receive only those (engine/registry.py).
 """
-from engine.datasets import cifar10, fashion_mnist, synthetic, tfrecord
-from engine.datasets.splits import (DatasetInfo, Examples, RecordFiles,  # noqa: F401
-                                    Splits)
+import json
+import os
+from typing import Optional
+
+from engine.datasets import (arrays, cifar10, fashion_mnist, image_folder,
+                             synthetic, tfrecord)
+# The loaders' contract, and arrays a script holds, for users' own code.
+from engine.datasets.arrays import from_arrays  # noqa: F401
+from engine.datasets.splits import (  # noqa: F401
+    ArrayRows, DatasetInfo, Examples, ImageFiles, RecordFiles, Source,
+    Splits)
+from engine.errors import UserError
 from engine.registry import Registry
 
 _DATASETS = Registry("dataset", {
+    "arrays": arrays.load,
     "cifar10": cifar10.load,
     "fashion_mnist": fashion_mnist.load,
+    "image_folder": image_folder.load,
     "synthetic": synthetic.load,
     "tfrecord": tfrecord.load,
 })
 names = _DATASETS.names
-load = _DATASETS.build
+is_known = _DATASETS.is_known
+# In model_dir: what a run's data looked like, written at its first start.
+CLASSES_FILE = "classes.txt"
+NORMALIZATION_FILE = "normalization.json"
+
+
+def load(name: str, *args, model_dir: str = "",
+         normalization: Optional[tuple] = None, **params) -> Splits:
+  """The splits of data set `name` (or a user's `module:function`).
+
+  A run's normalization statistics are those recorded in its model_dir at
+  its first start, so a resume and engine.evaluate normalize exactly as
+  training did; otherwise `normalization` (from flags), or the loader's own.
+  """
+  normalization = recorded_normalization(model_dir) or normalization
+  splits = _DATASETS.build(name, *args, normalization=normalization,
+                           **params)
+  if not isinstance(splits, Splits):
+    raise UserError(f"--dataset={name} returned a {type(splits).__name__}; "
+                    "a data set function returns engine.datasets.Splits "
+                    "(README, Your own data)")
+  info = splits.info
+  if not len(info.mean) == len(info.std) == info.image_shape[-1]:
+    raise UserError(f"normalization statistics of {len(info.mean)} and "
+                    f"{len(info.std)} values for images of "
+                    f"{info.image_shape[-1]} channels; give one mean and one "
+                    "std per channel (--image_mean, --image_std)")
+  return splits
+
+
+def record(model_dir: str, info: DatasetInfo) -> None:
+  """Writes classes.txt and the normalization statistics into model_dir."""
+  with open(os.path.join(model_dir, CLASSES_FILE), "w") as f:
+    f.writelines(name + "\n" for name in info.classes())
+  with open(os.path.join(model_dir, NORMALIZATION_FILE), "w") as f:
+    json.dump({"mean": list(info.mean), "std": list(info.std)}, f)
+
+
+def recorded_normalization(model_dir: str) -> Optional[tuple]:
+  path = os.path.join(model_dir, NORMALIZATION_FILE) if model_dir else ""
+  if not path or not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      recorded = json.load(f)
+    return tuple(recorded["mean"]), tuple(recorded["std"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise UserError(f"{path}: unreadable ({e}); it records the run's "
+                    "normalization: restore it, or delete it to recompute"
+                    ) from None

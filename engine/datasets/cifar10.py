@@ -26,6 +26,9 @@ TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
 IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
+# batches.meta's label_names, in label order.
+CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
+               "horse", "ship", "truck")
 _HOW_TO_POINT = f"pass --data_dir=DIR holding {BATCHES_DIR}/ or {ARCHIVE}"
 _PIXELS_PER_IMAGE = 32 * 32 * 3
 
@@ -38,7 +41,7 @@ def load(data_dir: str) -> Splits:
   info = DatasetInfo(
       name="cifar10", image_shape=IMAGE_SHAPE, num_classes=NUM_CLASSES,
       num_train=len(train.images), num_test=len(test.images), mean=mean,
-      std=std, shift_fill="constant")
+      std=std, shift_fill="constant", class_names=CLASS_NAMES)
   return Splits(train=train, test=test, info=info)
 
 

@@ -20,6 +20,9 @@ FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 NUM_CLASSES = 10
+# From the data set's README, in label order.
+CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+               "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 
 
 def load(data_dir: str) -> Splits:
@@ -38,7 +41,8 @@ def load(data_dir: str) -> Splits:
   info = DatasetInfo(
       name="fashion_mnist", image_shape=train_x.shape[1:],
       num_classes=NUM_CLASSES, num_train=len(train_x), num_test=len(test_x),
-      mean=(float(pixels.mean()),), std=(float(pixels.std()),))
+      mean=(float(pixels.mean()),), std=(float(pixels.std()),),
+      class_names=CLASS_NAMES)
   return Splits(train=Examples(train_x, train_y), test=Examples(test_x, test_y),
                 info=info)
 

@@ -1,5 +1,23 @@
-"""What every data set loader returns."""
+"""What every data set loader returns: `Splits`, the engine's contract.
+
+A loader (built in, or a user's `--dataset=package.module:function`) returns
+`Splits(train, test, info)`. Each split is one of four sources, and the
+input pipeline (engine/data.py) shards, shuffles, augments and batches any
+of them the same way:
+
+* `Examples`: arrays in memory (small data sets).
+* `ArrayRows`: arrays on disk, read a batch of rows at a time (.npy, .npz,
+  HDF5; engine/datasets/arrays.py), so no rank holds the whole data set.
+* `ImageFiles`: one image file per example, decoded as it is read
+  (engine/datasets/image_folder.py).
+* `RecordFiles`: TFRecord files of encoded images, streamed file by file.
+
+`DatasetInfo` says what the model and the export need to know: the image
+shape and dtype, the classes and their names, and the training set's
+per-channel statistics that normalize every image.
+"""
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -11,19 +29,54 @@ class DatasetInfo:
   num_classes: int
   num_train: int
   num_test: int
-  mean: tuple[float, ...]  # per channel, of the training images, in [0, 255]
+  # Per channel, of the training images, on their stored scale (0-255 for
+  # uint8 images).
+  mean: tuple[float, ...]
   std: tuple[float, ...]
   # How a shifted image's uncovered border is filled: "nearest" repeats the
   # edge (the Horovod lab's Fashion-MNIST), "constant" fills zeros (CIFAR's
   # pad-and-crop).
   shift_fill: str = "nearest"
+  # The classes' names, in label order; empty: the labels' numbers.
+  class_names: tuple[str, ...] = ()
+  # How images are stored, and so what the exported model takes.
+  image_dtype: str = "uint8"
+
+  def classes(self) -> tuple[str, ...]:
+    """The name of each class, in label order."""
+    return self.class_names or tuple(str(i) for i in range(self.num_classes))
 
 
 @dataclasses.dataclass(frozen=True)
 class Examples:
-  """One split in memory: uint8 images [N, H, W, C], int64 labels [N]."""
+  """One split in memory: uint8 or float32 images [N, H, W, C], int64
+  labels [N]."""
   images: np.ndarray
   labels: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayRows:
+  """One split in an array on disk, read by rows as batches need them.
+
+  `images` is anything with `.shape`, `.dtype` and `read(rows)` returning
+  those rows (sorted, increasing) as an array [len(rows), H, W, C]; labels
+  (small) are in memory, int64 [N].
+  """
+  images: Any
+  labels: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFiles:
+  """One split as image files (JPEG, PNG, BMP, GIF), one example each.
+
+  Decoded to `channels` channels and resized to the image shape as they
+  are read; labels are int64 [N], in the order of `paths`.
+  """
+  paths: tuple[str, ...]
+  labels: np.ndarray
+  channels: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +90,11 @@ class RecordFiles:
   label_offset: int  # subtracted from stored labels (1 for 1-based labels)
 
 
+Source = Examples | ArrayRows | ImageFiles | RecordFiles
+
+
 @dataclasses.dataclass(frozen=True)
 class Splits:
-  train: Examples | RecordFiles
-  test: Examples | RecordFiles
+  train: Source
+  test: Source
   info: DatasetInfo

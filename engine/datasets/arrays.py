@@ -1,0 +1,353 @@
+"""Your own arrays: an .npz, a directory of .npy files, or an HDF5 file.
+
+The names are those of `keras.datasets.*.load_data()`: `x_train`, `y_train`,
+`x_test`, `y_test` (`--array_keys` renames them), and optionally
+`class_names`. Images are uint8 or float, N x H x W x C, or N x H x W for
+one channel; labels are integers from 0.
+
+Nothing is loaded whole. Labels (small) are read at start-up and checked;
+images stay on disk and the input pipeline reads the rows of each batch:
+.npy files and the members of an uncompressed .npz (what `np.savez` writes)
+by offset with `os.pread`, HDF5 datasets by slices through h5py. The page
+cache, not the process, holds what was read, so a rank's memory does not
+grow with the data set (`bench/input_memory.py`). A compressed .npz
+(`np.savez_compressed`) cannot be read by rows and is loaded into memory.
+
+`from_arrays` builds the same splits from arrays a script already holds.
+"""
+import os
+import zipfile
+
+from absl import logging
+import numpy as np
+
+from engine.datasets.splits import (ArrayRows, DatasetInfo, Examples,
+                                    Splits)
+from engine.errors import UserError
+
+KEYS = ("x_train", "y_train", "x_test", "y_test")
+CLASS_NAMES_KEY = "class_names"
+HDF5_SUFFIXES = (".h5", ".hdf5")
+# Rows read at start-up for the normalization statistics: a seeded sample
+# of the training images, the same on every rank and every rerun.
+STATS_SAMPLE = 4096
+_FORMATS = ("an .npz, an .h5/.hdf5 file, or a directory of x_train.npy, "
+            "y_train.npy, x_test.npy, y_test.npy")
+
+
+def load(*, data_dir: str, array_keys: list, normalization=None) -> Splits:
+  """The splits of the arrays at `data_dir`; `normalization` is (mean, std)
+  to use rather than the sample's."""
+  if not data_dir:
+    raise UserError(f"--dataset=arrays needs --data_dir=PATH: {_FORMATS}")
+  keys = _renamed_keys(array_keys)
+  store = _open(data_dir)
+  missing = [keys[k] for k in KEYS if keys[k] not in store]
+  if missing:
+    raise UserError(f"{data_dir}: no {', '.join(missing)} (it holds "
+                    f"{', '.join(sorted(store)) or 'nothing'}); rename with "
+                    "--array_keys=x_train=NAME,...")
+  class_names = store[CLASS_NAMES_KEY].names() if (
+      CLASS_NAMES_KEY in store) else ()
+  return _splits(
+      *(store[keys[k]] for k in KEYS), source=data_dir,
+      names=[keys[k] for k in KEYS], class_names=class_names,
+      normalization=normalization)
+
+
+def from_arrays(x_train, y_train, x_test, y_test, *, class_names=(),
+                name: str = "arrays", normalization=None) -> Splits:
+  """Splits from numpy arrays in memory, checked as files are: for a
+  script's `dataset=` (engine.train.run)."""
+  arrays = [_InMemory(np.asarray(a)) for a in (x_train, y_train, x_test,
+                                               y_test)]
+  return _splits(*arrays, source=name, names=list(KEYS),
+                 class_names=tuple(class_names), normalization=normalization)
+
+
+def _renamed_keys(array_keys) -> dict[str, str]:
+  keys = {k: k for k in KEYS}
+  for item in array_keys or ():
+    standard, _, stored = item.partition("=")
+    if standard not in KEYS or not stored:
+      raise UserError(f"--array_keys={','.join(array_keys)}: give "
+                      "STANDARD=STORED pairs, STANDARD one of "
+                      f"{', '.join(KEYS)} (e.g. x_train=images)")
+    keys[standard] = stored
+  return keys
+
+
+# Opening: each format's arrays by name, none read yet.
+
+def _open(path: str) -> dict:
+  if os.path.isdir(path):
+    return {name[:-4]: _NpyFile(os.path.join(path, name))
+            for name in sorted(os.listdir(path)) if name.endswith(".npy")}
+  if not os.path.exists(path):
+    raise UserError(f"--data_dir={path}: no such file or directory; give "
+                    f"{_FORMATS}")
+  if path.endswith(".npz"):
+    return _open_npz(path)
+  if path.endswith(HDF5_SUFFIXES):
+    return _open_hdf5(path)
+  raise UserError(f"--data_dir={path}: not an .npz, .h5 or .hdf5 file; give "
+                  f"{_FORMATS}")
+
+
+def _open_npz(path: str) -> dict:
+  try:
+    archive = zipfile.ZipFile(path)
+    members = archive.infolist()
+  except (zipfile.BadZipFile, OSError) as e:
+    raise UserError(f"{path}: not a readable .npz ({e})") from None
+  arrays = {}
+  for member in members:
+    if not member.filename.endswith(".npy"):
+      continue
+    name = member.filename[:-4]
+    if member.compress_type == zipfile.ZIP_STORED:
+      arrays[name] = _NpyFile(path, _stored_member_offset(path, member),
+                              label=f"{path}:{name}")
+    else:
+      arrays[name] = _load_compressed(archive, member, path)
+  return arrays
+
+
+def _stored_member_offset(path: str, member: zipfile.ZipInfo) -> int:
+  """Where an uncompressed member's bytes start: after its local header
+  (30 bytes, its name, and its extra field, which may differ from the
+  central directory's)."""
+  with open(path, "rb") as f:
+    f.seek(member.header_offset)
+    header = f.read(30)
+  if len(header) < 30 or header[:4] != b"PK\x03\x04":
+    raise UserError(f"{path}: damaged .npz (bad header of {member.filename})")
+  name_length = int.from_bytes(header[26:28], "little")
+  extra_length = int.from_bytes(header[28:30], "little")
+  return member.header_offset + 30 + name_length + extra_length
+
+
+def _open_hdf5(path: str) -> dict:
+  import h5py  # pylint: disable=import-outside-toplevel
+  try:
+    f = h5py.File(path, "r")
+  except OSError as e:
+    raise UserError(f"{path}: not a readable HDF5 file ({e})") from None
+  arrays = {}
+
+  def add(name, item):
+    if isinstance(item, h5py.Dataset):  # by its full path: group/name
+      arrays[name] = _Hdf5Dataset(item, f"{path}:{name}")
+
+  f.visititems(add)
+  return arrays
+
+
+class _NpyFile:
+  """An .npy array on disk (a file, or a member of an uncompressed .npz at
+  `offset`), read by rows with os.pread."""
+
+  def __init__(self, path: str, offset: int = 0, label: str = ""):
+    self.label = label or path
+    try:
+      self._fd = os.open(path, os.O_RDONLY)
+      with open(path, "rb") as f:
+        f.seek(offset)
+        version = np.lib.format.read_magic(f)
+        read_header = (np.lib.format.read_array_header_1_0 if version ==
+                       (1, 0) else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(f)
+        self._data_offset = f.tell()
+    except OSError as e:
+      raise UserError(f"{self.label}: cannot read it ({e.strerror})") from None
+    except ValueError as e:
+      raise UserError(f"{self.label}: not an .npy array ({e})") from None
+    if fortran and len(shape) > 1:
+      raise UserError(f"{self.label}: stored in Fortran order, which cannot "
+                      "be read by rows; save it with np.ascontiguousarray")
+    if dtype.hasobject:
+      raise UserError(f"{self.label}: holds Python objects; save plain "
+                      "numbers (or strings, for class_names)")
+    self.shape, self.dtype = tuple(shape), dtype
+    self._row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    expected = self._data_offset + self._row_bytes * (shape[0] if shape else 1)
+    if os.fstat(self._fd).st_size < expected:
+      raise UserError(f"{self.label}: truncated (its header promises "
+                      f"{shape}, {expected} bytes with the header; the file "
+                      f"has {os.fstat(self._fd).st_size})")
+
+  def read(self, rows) -> np.ndarray:
+    chunks = [os.pread(self._fd, self._row_bytes,
+                       self._data_offset + int(r) * self._row_bytes)
+              for r in rows]
+    return np.frombuffer(b"".join(chunks), self.dtype).reshape(
+        len(chunks), *self.shape[1:])
+
+  def all(self) -> np.ndarray:
+    return self.read(range(self.shape[0])) if self.shape else np.array(
+        np.frombuffer(os.pread(self._fd, self._row_bytes, self._data_offset),
+                      self.dtype)[0])
+
+  def names(self) -> tuple[str, ...]:
+    return _as_names(self.all(), self.label)
+
+
+class _Hdf5Dataset:
+  """An HDF5 dataset, read by slices (h5py reads only the rows asked)."""
+
+  def __init__(self, dataset, label: str):
+    self._dataset = dataset
+    self.label = label
+    self.shape, self.dtype = tuple(dataset.shape), dataset.dtype
+
+  def read(self, rows) -> np.ndarray:
+    return self._dataset[np.asarray(rows, dtype=np.int64)]
+
+  def all(self) -> np.ndarray:
+    return self._dataset[()]
+
+  def names(self) -> tuple[str, ...]:
+    return _as_names(self.all(), self.label)
+
+
+class _InMemory:
+  """An array already in memory, with the interface of the readers."""
+
+  def __init__(self, array: np.ndarray, label: str = ""):
+    self.array = array
+    self.label = label
+    self.shape, self.dtype = array.shape, array.dtype
+
+  def read(self, rows) -> np.ndarray:
+    return self.array[np.asarray(rows, dtype=np.int64)]
+
+  def all(self) -> np.ndarray:
+    return self.array
+
+  def names(self) -> tuple[str, ...]:
+    return _as_names(self.array, self.label)
+
+
+def _load_compressed(archive: zipfile.ZipFile, member: zipfile.ZipInfo,
+                      path: str) -> _InMemory:
+  """A compressed .npz member, loaded whole (zip streams cannot be read by
+  rows)."""
+  label = f"{path}:{member.filename[:-4]}"
+  logging.info("%s is compressed and is read into memory; save with "
+               "np.savez (not savez_compressed) to read it by rows", label)
+  try:
+    with archive.open(member) as f:
+      return _InMemory(np.lib.format.read_array(f, allow_pickle=False), label)
+  except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+    raise UserError(f"{label}: cannot read it ({e})") from None
+
+
+def _as_names(array: np.ndarray, label: str) -> tuple[str, ...]:
+  if array.ndim != 1:
+    raise UserError(f"{label}: class names must be a 1-D array of strings")
+  return tuple(n.decode() if isinstance(n, bytes) else str(n) for n in array)
+
+
+# Checking, and the splits.
+
+class _Images:
+  """A split's images as the pipeline reads them: N x H x W x C rows of
+  uint8 or float32, whatever they are stored as."""
+
+  def __init__(self, stored):
+    self._stored = stored
+    self.dtype = np.dtype(np.uint8 if stored.dtype == np.uint8
+                          else np.float32)
+    self.shape = (*stored.shape, 1)[:4] if len(stored.shape) == 3 else tuple(
+        stored.shape)
+
+  def read(self, rows) -> np.ndarray:
+    return self._stored.read(rows).astype(self.dtype, copy=False).reshape(
+        len(rows), *self.shape[1:])
+
+
+def _splits(x_train, y_train, x_test, y_test, *, source: str,
+            names: list[str], class_names: tuple, normalization) -> Splits:
+  train_images = _checked_images(x_train, names[0])
+  test_images = _checked_images(x_test, names[2])
+  if train_images.shape[1:] != test_images.shape[1:]:
+    raise UserError(f"{source}: {names[0]} images are "
+                    f"{'x'.join(map(str, train_images.shape[1:]))} but "
+                    f"{names[2]} images are "
+                    f"{'x'.join(map(str, test_images.shape[1:]))}")
+  if not train_images.shape[0]:
+    raise UserError(f"{x_train.label or names[0]}: holds no images")
+  train_labels = _checked_labels(y_train, names[1], x_train.shape[0],
+                                 names[0])
+  test_labels = _checked_labels(y_test, names[3], x_test.shape[0], names[2])
+  num_classes = len(class_names) or int(train_labels.max(initial=0)) + 1
+  for labels, array, name in ((train_labels, y_train, names[1]),
+                              (test_labels, y_test, names[3])):
+    if labels.size and labels.max() >= num_classes:
+      reason = (f"{len(class_names)} class names" if class_names else
+                f"{names[1]}'s labels go up to {num_classes - 1}")
+      raise UserError(f"{array.label or name}: label {labels.max()} is out "
+                      f"of range ({reason})")
+  mean, std = normalization or _statistics(train_images)
+  info = DatasetInfo(
+      name=os.path.basename(source.rstrip("/")) or "arrays",
+      image_shape=train_images.shape[1:], num_classes=num_classes,
+      num_train=len(train_labels), num_test=len(test_labels),
+      mean=tuple(mean), std=tuple(std), class_names=class_names,
+      image_dtype=train_images.dtype.name)
+  return Splits(train=_source(x_train, train_images, train_labels),
+                test=_source(x_test, test_images, test_labels), info=info)
+
+
+def _source(stored, images: _Images, labels: np.ndarray):
+  if isinstance(stored, _InMemory):
+    return Examples(images.read(np.arange(images.shape[0])), labels)
+  return ArrayRows(images, labels)
+
+
+def _checked_images(array, name: str) -> _Images:
+  label = array.label or name
+  if len(array.shape) not in (3, 4) or 0 in array.shape[1:]:
+    raise UserError(f"{label}: images of shape {list(array.shape)}; give "
+                    "N x H x W x C, or N x H x W for one channel")
+  if not (array.dtype == np.uint8 or np.issubdtype(array.dtype, np.floating)):
+    raise UserError(f"{label}: images of type {array.dtype}; give uint8 or "
+                    "float images")
+  return _Images(array)
+
+
+def _checked_labels(array, name: str, num_images: int,
+                    images_name: str) -> np.ndarray:
+  label = array.label or name
+  if len(array.shape) == 2 and array.shape[1] == 1:
+    values = array.all()[:, 0]  # a column, as some savers write labels
+  elif len(array.shape) == 1:
+    values = array.all()
+  else:
+    raise UserError(f"{label}: labels of shape {list(array.shape)}; give one "
+                    "integer label per image (N)")
+  if len(values) != num_images:
+    raise UserError(f"{label}: {len(values)} labels for {num_images} images "
+                    f"in {images_name}; give one label per image")
+  if not np.issubdtype(values.dtype, np.integer):
+    if not (np.issubdtype(values.dtype, np.floating)
+            and np.all(np.mod(values, 1) == 0)):
+      raise UserError(f"{label}: labels of type {values.dtype} that are not "
+                      "whole numbers; give integer class ids")
+  values = values.astype(np.int64)
+  if values.size and values.min() < 0:
+    raise UserError(f"{label}: label {values.min()} is out of range; labels "
+                    "are class ids from 0")
+  return values
+
+
+def _statistics(images: _Images) -> tuple[tuple, tuple]:
+  """Per-channel mean and std of a seeded sample of the training images."""
+  count = images.shape[0]
+  rows = np.sort(np.random.default_rng(0).choice(
+      count, min(count, STATS_SAMPLE), replace=False))
+  pixels = images.read(rows).astype(np.float64)
+  mean = pixels.mean(axis=(0, 1, 2))
+  std = pixels.std(axis=(0, 1, 2))
+  return (tuple(float(m) for m in mean),
+          tuple(float(s) if s > 0 else 1.0 for s in std))

@@ -1,0 +1,225 @@
+"""Your own images: a directory of class folders, decoded as they are read.
+
+The layout of Keras' `image_dataset_from_directory` and torchvision's
+`ImageFolder`:
+
+  data_dir/train/<class>/*.jpg|.jpeg|.png|.bmp|.gif
+  data_dir/validation/<class>/...     (or val/ or test/)
+
+Labels are the class folders' names, sorted. Without a validation folder,
+`--validation_split=F` holds out a fraction F of each class's files, chosen
+by a hash of each file's path: the same files on every rank, on every
+rerun, and mostly the same files when some are added.
+
+Start-up lists the files and reads each one's first bytes (not its image),
+so a missing, empty, unreadable or non-image file is named before any
+training, at the cost of one small read per file. Images are decoded by the
+input pipeline, each rank only its own share. Normalization statistics come
+from a seeded sample of the training images, unless given.
+"""
+import hashlib
+import os
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from engine.datasets.splits import DatasetInfo, ImageFiles, Splits
+from engine.errors import UserError
+
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+TRAIN_DIR = "train"
+VALIDATION_DIRS = ("validation", "val", "test")
+# Training images decoded at start-up for the normalization statistics.
+STATS_SAMPLE = 512
+_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"GIF87a", b"GIF89a")
+
+
+def load(*, data_dir: str, image_size: int, channels: int,
+         validation_split: float, skip_bad_files: bool,
+         normalization=None) -> Splits:
+  """`normalization` is (mean, std) to use rather than the sample's."""
+  class_names, train, validation = list_files(
+      data_dir, validation_split=validation_split,
+      skip_bad_files=skip_bad_files)
+  image_shape = (image_size, image_size, channels)
+  splits = [ImageFiles(tuple(p for p, _ in files),
+                       np.array([l for _, l in files], np.int64), channels)
+            for files in (train, validation)]
+  mean, std = normalization or _statistics(splits[0], image_shape)
+  info = DatasetInfo(
+      name=os.path.basename(os.path.abspath(data_dir)),
+      image_shape=image_shape, num_classes=len(class_names),
+      num_train=len(train), num_test=len(validation), mean=tuple(mean),
+      std=tuple(std), class_names=tuple(class_names))
+  return Splits(train=splits[0], test=splits[1], info=info)
+
+
+def list_files(data_dir: str, *, validation_split: float,
+               skip_bad_files: bool):
+  """(class names, train files, validation files), the files as sorted
+  (path, label) pairs, every one checked at a glance (`_problem`)."""
+  train_dir = _train_dir(data_dir)
+  class_names = _class_folders(train_dir)
+  validation_dir = next((os.path.join(data_dir, name)
+                         for name in VALIDATION_DIRS
+                         if os.path.isdir(os.path.join(data_dir, name))),
+                        None)
+  bad = []
+  train = _list_files(train_dir, class_names, bad, skip_bad_files)
+  if validation_dir:
+    if validation_split:
+      raise UserError(f"--validation_split={validation_split:g}: "
+                      f"{validation_dir} exists and is the validation split; "
+                      "drop the flag, or move the folder away")
+    extra = sorted(set(_class_folders(validation_dir)) - set(class_names))
+    if extra:
+      raise UserError(f"{os.path.join(validation_dir, extra[0])}: a class "
+                      f"that {train_dir} lacks; every validation class must "
+                      "have training images")
+    validation = _list_files(validation_dir, class_names, bad,
+                             skip_bad_files, may_be_empty=True)
+  elif validation_split:
+    train, validation = _hold_out(train, validation_split, class_names)
+  else:
+    raise UserError(f"--data_dir={data_dir}: no validation/ folder; add one "
+                    "with the same class folders, or pass "
+                    "--validation_split=0.1 to hold out 10% of train/")
+  if bad:
+    logging.warning("skipped %d bad files (--skip_bad_files), e.g. %s",
+                    len(bad), bad[0])
+  return class_names, train, validation
+
+
+def decode(path: tf.Tensor, image_shape) -> tf.Tensor:
+  """An image file as float32 [H, W, C] on the 0-255 scale, resized.
+
+  Any of the four formats, with 1 to 4 channels: alpha is dropped, and
+  grayscale and color are converted to `channels`.
+  """
+  height, width, channels = image_shape
+  image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
+  have = tf.shape(image)[-1]
+  image = tf.cond(have >= 3, lambda: image[..., :3], lambda: image[..., :1])
+  if channels == 3:
+    image = tf.cond(tf.shape(image)[-1] == 1,
+                    lambda: tf.tile(image, [1, 1, 3]), lambda: image)
+  else:
+    image = tf.cond(tf.shape(image)[-1] == 3,
+                    lambda: tf.image.rgb_to_grayscale(image), lambda: image)
+  image = tf.image.resize(image, [height, width])
+  return tf.ensure_shape(image, image_shape)
+
+
+def _train_dir(data_dir: str) -> str:
+  if not data_dir:
+    raise UserError("--dataset=image_folder needs --data_dir=DIR holding "
+                    "train/<class>/ folders of images")
+  if not os.path.isdir(data_dir):
+    raise UserError(f"--data_dir={data_dir}: no such directory")
+  train_dir = os.path.join(data_dir, TRAIN_DIR)
+  if not os.path.isdir(train_dir):
+    raise UserError(f"--data_dir={data_dir}: no {TRAIN_DIR}/ folder; the "
+                    "layout is train/<class>/*.jpg and validation/<class>/")
+  return train_dir
+
+
+def _class_folders(split_dir: str) -> list[str]:
+  names = sorted(entry.name for entry in os.scandir(split_dir)
+                 if entry.is_dir() and not entry.name.startswith("."))
+  if not names:
+    raise UserError(f"{split_dir}: no class folders; put each class's "
+                    "images in a folder named after it")
+  return names
+
+
+def _list_files(split_dir: str, class_names, bad: list,
+                skip_bad_files: bool, may_be_empty: bool = False):
+  """Sorted (path, label) pairs; a class folder with no images is an
+  error, except a validation folder's missing class (`may_be_empty`)."""
+  files = []
+  for label, name in enumerate(class_names):
+    folder = os.path.join(split_dir, name)
+    found = []
+    for root, dirs, names in os.walk(folder):
+      dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+      for file_name in sorted(names):
+        if (file_name.startswith(".")
+            or not file_name.lower().endswith(EXTENSIONS)):
+          continue
+        path = os.path.join(root, file_name)
+        problem = _problem(path)
+        if not problem:
+          found.append((path, label))
+        elif skip_bad_files:
+          bad.append(f"{path}: {problem}")
+        else:
+          raise UserError(f"{path}: {problem}; remove it, or pass "
+                          "--skip_bad_files to skip such files")
+    if not found and not (may_be_empty and not os.path.isdir(folder)):
+      raise UserError(f"{folder}: no {'/'.join(e[1:] for e in EXTENSIONS)} "
+                      "images in this class folder")
+    files += found
+  return files
+
+
+def _problem(path: str) -> str:
+  """What is wrong with an image file at a glance, or ''."""
+  try:
+    with open(path, "rb") as f:
+      head = f.read(8)
+  except OSError as e:
+    return f"cannot read it ({e.strerror})"
+  if not head:
+    return "empty file"
+  if not head.startswith(_MAGIC):
+    return "not a JPEG, PNG, BMP or GIF image"
+  return ""
+
+
+def _hold_out(files, fraction: float, class_names):
+  """Each class's files split by a hash of their paths: the lowest
+  `fraction` of hashes are validation."""
+  train, validation = [], []
+  for label in range(len(class_names)):
+    mine = sorted((f for f in files if f[1] == label),
+                  key=lambda f: hashlib.sha1(f[0].encode()).hexdigest())
+    held = min(len(mine) - 1, round(fraction * len(mine)))
+    validation += mine[:held]
+    train += mine[held:]
+  return sorted(train), sorted(validation)
+
+
+def _statistics(images: ImageFiles, image_shape) -> tuple[tuple, tuple]:
+  """Per-channel mean and std of a seeded sample of the training images,
+  decoded and resized as training reads them."""
+  rows = np.sort(np.random.default_rng(0).choice(
+      len(images.paths), min(len(images.paths), STATS_SAMPLE), replace=False))
+  sample = [images.paths[r] for r in rows]
+  decoded = tf.data.Dataset.from_tensor_slices(sample).map(
+      lambda path: decode(path, image_shape),
+      num_parallel_calls=len(os.sched_getaffinity(0)))
+  count, total, squares = 0, 0.0, 0.0
+  try:
+    for batch in decoded.batch(64):
+      pixels = batch.numpy().astype(np.float64).reshape(-1, image_shape[-1])
+      count += len(pixels)
+      total = total + pixels.sum(0)
+      squares = squares + (pixels ** 2).sum(0)
+  except tf.errors.InvalidArgumentError:
+    raise UserError(_first_undecodable(sample, image_shape)) from None
+  mean = total / count
+  std = np.sqrt(np.maximum(squares / count - mean ** 2, 0))
+  return (tuple(float(m) for m in mean),
+          tuple(float(s) if s > 0 else 1.0 for s in std))
+
+
+def _first_undecodable(paths, image_shape) -> str:
+  """The message naming the first of `paths` that does not decode."""
+  for path in paths:
+    try:
+      decode(tf.constant(path), image_shape)
+    except tf.errors.InvalidArgumentError as e:
+      return (f"{path}: cannot decode it ({e.message.splitlines()[0]}); "
+              "remove or replace it")
+  return "an image failed to decode"
