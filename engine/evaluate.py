@@ -16,9 +16,12 @@ import sys
 from absl import app
 from absl import flags
 
+import numpy as np
+
 from engine import checkpoint
 from engine import data
 from engine import distributed
+from engine import metrics
 from engine import step as steps
 from engine import train as engine_train
 from engine.errors import UserError
@@ -30,7 +33,8 @@ flags.DEFINE_string("checkpoint", "latest",
 
 
 def evaluate(config: engine_train.TrainConfig, which: str):
-  """Returns (checkpoint path, metrics.Result) on every rank."""
+  """Returns (checkpoint path, metrics.Result, per-class accuracy, class
+  names) on every rank."""
   world, splits, model = engine_train.prepare(config)
 
   def restore():
@@ -48,10 +52,13 @@ def evaluate(config: engine_train.TrainConfig, which: str):
   path = distributed.on_chief(restore if distributed.is_chief() else None,
                               name="evaluate_restore")
   distributed.broadcast_from_chief(model.variables)
-  result = steps.evaluate(steps.EvalStep(model=model), data.eval_batches(
+  eval_step = steps.EvalStep(model=model, image_shape=splits.info.image_shape,
+                             num_classes=splits.info.num_classes)
+  result = steps.evaluate(eval_step, data.eval_batches(
       splits.test, splits.info, rank=world.rank, world_size=world.size,
       batch_size=config.batch_size))
-  return path, result
+  per_class = metrics.per_class_accuracy(eval_step.confusion.counts())
+  return path, result, per_class, splits.info.classes()
 
 
 def _run_flags(model_dir: str) -> str:
@@ -74,13 +81,18 @@ def main(argv):
     given = sys.argv[1:]
     FLAGS.unparse_flags()
     FLAGS([sys.argv[0], f"--flagfile={run_flags}", *given])
-    path, result = evaluate(engine_train.config_from_flags(), FLAGS.checkpoint)
+    path, result, per_class, names = evaluate(
+        engine_train.config_from_flags(), FLAGS.checkpoint)
   except UserError as e:
     print(f"engine.evaluate: error: {e}", file=sys.stderr)
     sys.exit(2)
   if distributed.is_chief():
     print(f"{path}: test loss {result.loss:.4f}, test accuracy "
           f"{result.accuracy:.4f} ({result.examples} examples)")
+    width = max(len(name) for name in names)
+    for name, accuracy in zip(names, per_class):
+      shown = "no examples" if np.isnan(accuracy) else f"{accuracy:.4f}"
+      print(f"  {name:<{width}}  {shown}")
 
 
 if __name__ == "__main__":

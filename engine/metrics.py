@@ -58,3 +58,34 @@ class Totals:
   def result(self) -> Result:
     """The figure over every rank's examples. A collective, as `sums`."""
     return Result.of(self.sums())
+
+
+class Confusion:
+  """This rank's confusion matrix, counts[true class, predicted class];
+  `counts()` sums it over all ranks (a collective, as `Totals.sums`)."""
+
+  def __init__(self, name: str, num_classes: int):
+    self._name = name
+    self._num_classes = num_classes
+    self._counts = tf.Variable(
+        tf.zeros([num_classes, num_classes], tf.float64), trainable=False,
+        name=name)
+
+  def update(self, logits: tf.Tensor, labels: tf.Tensor) -> None:
+    """Adds one batch; meant to run inside the step's tf.function."""
+    predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
+    self._counts.assign_add(tf.math.confusion_matrix(
+        labels, predictions, self._num_classes, dtype=tf.float64))
+
+  def reset(self) -> None:
+    self._counts.assign(tf.zeros_like(self._counts))
+
+  def counts(self) -> np.ndarray:
+    return distributed.sum_across_ranks(self._counts.numpy(),
+                                        name=self._name)
+
+
+def per_class_accuracy(counts: np.ndarray) -> np.ndarray:
+  """Each class's share of its examples predicted right (nan: none)."""
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return np.diag(counts) / counts.sum(axis=1)

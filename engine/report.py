@@ -6,8 +6,10 @@ of files.
 """
 import json
 import os
+from typing import Optional
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 METRICS_FILE = "metrics.jsonl"
@@ -57,7 +59,10 @@ class Reporter:
         f.writelines(kept)
       os.replace(temporary, self.metrics_path)
 
-  def epoch(self, record: dict) -> None:
+  def epoch(self, record: dict,
+            confusion: Optional[np.ndarray] = None) -> None:
+    """`confusion`: the validation confusion matrix, counts[true, predicted],
+    drawn as a TensorBoard image."""
     if not self._chief:
       return
     logging.info(
@@ -74,4 +79,25 @@ class Reporter:
     with self._summaries.as_default(step=record["global_step"]):
       for key, tag in SCALARS.items():
         tf.summary.scalar(tag, record[key])
+      if confusion is not None:
+        tf.summary.image("val/confusion_matrix", confusion_image(confusion),
+                         description="Rows: true class, columns: predicted "
+                         "class, in label order (classes.txt); each row "
+                         "normalized, white 0 to dark blue 1.")
     self._summaries.flush()
+
+
+def confusion_image(counts: np.ndarray, size: int = 320) -> np.ndarray:
+  """The row-normalized confusion matrix as a [1, H, W, 3] uint8 image:
+  each cell a square of pixels, white for 0 to dark blue for 1, with grey
+  lines between cells when they are large enough to show them."""
+  classes = len(counts)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    shares = np.nan_to_num(counts / counts.sum(axis=1, keepdims=True))
+  cell = max(1, size // classes)
+  pixels = np.kron(shares, np.ones((cell, cell)))
+  white, blue = np.array([255.0, 255.0, 255.0]), np.array([8.0, 48.0, 107.0])
+  image = white + pixels[..., None] * (blue - white)
+  if cell >= 4:
+    image[::cell, :] = image[:, ::cell] = 160
+  return image.astype(np.uint8)[None]

@@ -137,18 +137,28 @@ class TrainStep:
 
 
 class EvalStep:
-  """Inference on one batch of any size; traced once per run."""
+  """Inference on one batch of any size; traced once per run.
 
-  def __init__(self, *, model: tf.keras.Model, xla: bool = False):
+  Besides loss and accuracy it counts the confusion matrix, for per-class
+  accuracy (engine.evaluate) and TensorBoard's image of it.
+  """
+
+  def __init__(self, *, model: tf.keras.Model, xla: bool = False,
+               image_shape=None, num_classes: int = 0):
+    """`image_shape` and `num_classes` default to the model's own, which
+    only a functional model knows before it is called."""
     self.model = model
+    image_shape = image_shape or model.input_shape[1:]
     self.totals = metrics.Totals("eval_totals")
+    self.confusion = metrics.Confusion(
+        "eval_confusion", num_classes or model.output_shape[-1])
     self.traces = 0
     # A batch dimension of None: the last, shorter batch reuses the trace
     # (XLA compiles it once more, for its shape).
-    shape = [None, *model.input_shape[1:]]
     self._step = tf.function(self._eval_step, jit_compile=xla,
                              input_signature=[
-        tf.TensorSpec(shape, tf.float32), tf.TensorSpec([None], tf.int64)])
+        tf.TensorSpec([None, *image_shape], tf.float32),
+        tf.TensorSpec([None], tf.int64)])
 
   def __call__(self, images: tf.Tensor, labels: tf.Tensor) -> None:
     self._step(images, labels)
@@ -157,6 +167,7 @@ class EvalStep:
     self.traces += 1
     logits = self.model(images, training=False)
     self.totals.update(cross_entropy(labels, logits), logits, labels)
+    self.confusion.update(logits, labels)
 
 
 def cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
@@ -168,6 +179,7 @@ def cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
 def evaluate(step: EvalStep, batches: tf.data.Dataset) -> metrics.Result:
   """Loss and accuracy over the whole split (each rank passes its shard)."""
   step.totals.reset()
+  step.confusion.reset()
   for images, labels in batches:
     step(images, labels)
   return step.totals.result()
