@@ -1,0 +1,1 @@
+"""Command-line tools beside training: `python -m engine.tools.NAME`."""
