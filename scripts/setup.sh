@@ -27,6 +27,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   rm -f "$venv/.horovod-built"   # a new TensorFlow needs a new Horovod build
 fi
 
+# The repository on the venv's path: scripts outside it (examples/, a
+# user's own) import engine, models and flags with .venv/bin/python.
+site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+[ "$(cat "$site/horovod_engine.pth" 2>/dev/null)" = "$root" ] || echo "$root" > "$site/horovod_engine.pth"
+
 if [ ! -e "$venv/.horovod-built" ] || ! "$py" -c "import horovod.tensorflow" 2>/dev/null; then
   say "building horovod==0.28.1 against TensorFlow with Gloo (2-3 minutes)"
   # cmake<4 and wheel come from requirements.txt; --no-build-isolation makes

@@ -2,6 +2,7 @@
 import gzip
 import shutil
 
+import numpy as np
 import pytest
 
 from tests import fixtures
@@ -90,3 +91,95 @@ def test_tfrecord_found_corrupt_while_training(tmp_path):
               "--test_examples=16", "--batch_size=4", "--epochs=2",
               f"--model_dir={tmp_path}/run"],
              "corrupt input data (truncated record at ")
+
+
+# A user's own data and model: bad input is one line, before anything is
+# written, and an existing model_dir is left as it was.
+
+def snapshot(directory):
+  return {str(p.relative_to(directory)): p.read_bytes()
+          for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def own(tmp_path):
+  """An image folder, arrays, the user's code, and a model_dir holding a
+  file of an earlier run."""
+  fixtures.write_image_folder(str(tmp_path / "images"))
+  fixtures.write_arrays(str(tmp_path / "a.npz"))
+  fixtures.write_user_code(str(tmp_path / "code"))
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  (model_dir / "notes.txt").write_text("an earlier run's notes\n")
+  return tmp_path
+
+
+def bad_label_npz(own):
+  x, y = fixtures.learnable_images(20, (8, 8), 3, 0)
+  np.savez(own / "bad.npz", x_train=x, y_train=y, x_test=x,
+           y_test=np.where(y == 2, 7, y))
+  return f"--data_dir={own}/bad.npz"
+
+
+@pytest.mark.parametrize("change, args, message", [
+    (lambda own: [p.unlink() for p in (own / "images/train/bee").iterdir()],
+     ["--dataset=image_folder", "--data_dir={own}/images"],
+     "{own}/images/train/bee: no "),
+    (lambda own: (own / "images/train/cat/x.png").write_text("not a png"),
+     ["--dataset=image_folder", "--data_dir={own}/images"],
+     "{own}/images/train/cat/x.png: not a JPEG, PNG, BMP or GIF image"),
+    (None, ["--dataset=arrays", "BAD_LABELS"],
+     "{own}/bad.npz:y_test: label 7 is out of range"),
+    (None, ["--dataset=arrays", "--data_dir={own}/a.npz",
+            "--array_keys=x_test=images"],
+     "{own}/a.npz: no images (it holds"),
+    (lambda own: (own / "code/broken.py").write_text("import nothing_here\n"),
+     ["--model={own}/code/broken.py:build"],
+     "cannot import {own}/code/broken.py: ModuleNotFoundError: No module "
+     "named 'nothing_here'"),
+    (None, ["--dataset=arrays", "--data_dir={own}/a.npz",
+            "--model={own}/code/users_data.py:load"],
+     "--model={own}/code/users_data.py:load: load() raised"),
+    (lambda own: (own / "code/listing.py").write_text(
+        "def load(data_dir):\n  return {'x_train': []}\n"),
+     ["--dataset={own}/code/listing.py:load"],
+     "returned a dict; a data set function returns engine.datasets.Splits"),
+], ids=["empty_class", "not_an_image", "label_range", "missing_key",
+        "model_import", "model_call", "dataset_type"])
+def test_own_data_and_model_errors_leave_model_dir_as_it_was(own, change,
+                                                             args, message):
+  if change:
+    change(own)
+  args = [bad_label_npz(own) if a == "BAD_LABELS" else a.format(own=own)
+          for a in args]
+  before = snapshot(own / "run")
+  fails_with([*args, f"--model_dir={own}/run", "--epochs=1"],
+             message.format(own=own))
+  assert snapshot(own / "run") == before
+
+
+def test_a_model_failing_on_one_rank_stops_every_rank_with_its_line(tmp_path):
+  code = tmp_path / "rank_model.py"
+  code.write_text(
+      "import horovod.tensorflow as hvd\n"
+      "from models import cnn\n"
+      "def build(input_shape, num_classes):\n"
+      "  if hvd.rank() == 1:\n"
+      "    raise RuntimeError('no GPU memory left on this host')\n"
+      "  return cnn.build(input_shape=input_shape, num_classes=num_classes)\n")
+  data_dir = fixtures.write_fashion_mnist(str(tmp_path / "fm"), 40, 10)
+  result = fixtures.launch(
+      ["-m", "engine.train", f"--data_dir={data_dir}", f"--model={code}:build",
+       f"--model_dir={tmp_path}/run", "--epochs=1", "--batch_size=4"],
+      processes=2, timeout=120)
+  assert result.returncode != 0
+  lines = [l for l in result.stderr.splitlines() if l[:3] in ("[0]", "[1]")]
+  assert not [l for l in lines if "Traceback" in l], result.stderr[-3000:]
+  expected = (f"--model={code}:build: build(input_shape, num_classes) raised "
+              "RuntimeError: no GPU memory left on this host")
+  errors = {rank: [l for l in lines if l.startswith(rank) and "error:" in l]
+            for rank in ("[0]", "[1]")}
+  assert [len(e) for e in errors.values()] == [1, 1], result.stderr[-3000:]
+  assert f"error: on rank 1: {expected}" in errors["[0]"][0]
+  assert f"error: {expected}" in errors["[1]"][0]
+  assert not (tmp_path / "run").exists()

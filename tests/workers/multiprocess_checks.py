@@ -17,6 +17,7 @@ asserts on those files.
 """
 import json
 import os
+import re
 import sys
 
 import horovod.tensorflow as hvd
@@ -46,8 +47,8 @@ def engine_run(config) -> dict:
   result = engine_train.train(config)
   model = result.model
   flat = np.concatenate([v.numpy().ravel() for v in model.variables])
-  everyone = hvd.allgather(tf.constant(flat[None]),
-                           name=f"weights_{config.dataset}").numpy()
+  everyone = hvd.allgather(tf.constant(flat[None]), name="weights_" +
+                           re.sub(r"\W", "_", config.model_dir)).numpy()
   full_loss, full_accuracy = full_split_figures(model, config)
   return {
       "max_weight_difference_across_ranks":
@@ -66,6 +67,8 @@ def engine_run(config) -> dict:
 def full_split_figures(model, config) -> tuple[float, float]:
   """Loss and accuracy of the whole test split, computed by this rank alone."""
   splits = datasets.load(config.dataset, data_dir=config.data_dir,
+                         model_dir=config.model_dir,
+                         normalization=config.normalization,
                          **config.data_params)
   losses, correct = [], 0
   for images, labels in data.eval_batches(splits.test, splits.info, rank=0,
