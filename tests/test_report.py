@@ -2,6 +2,7 @@ import glob
 import json
 import os
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -42,3 +43,25 @@ def test_chief_writes_metrics_jsonl_and_tensorboard_scalars(tmp_path):
 def test_other_ranks_write_nothing(tmp_path):
   report.Reporter(str(tmp_path), chief=False, epochs=1).epoch(RECORD)
   assert not os.listdir(tmp_path)
+
+
+def test_the_confusion_matrix_is_drawn_row_by_row():
+  counts = np.array([[3, 1, 0], [0, 0, 0], [0, 2, 2]], np.float64)
+  image = report.confusion_image(counts, size=30)
+  assert image.shape == (1, 30, 30, 3) and image.dtype == np.uint8
+  cell = image[0, 5::10, 5::10, 0]  # the red channel at each cell's centre
+  # Darker is larger: 3/4 < 1/4 < 0, and an empty row is white.
+  assert cell[0, 0] < cell[0, 1] < cell[0, 2] == 255
+  assert list(cell[1]) == [255, 255, 255]
+  assert cell[2, 1] == cell[2, 2] < cell[2, 0]
+
+
+def test_the_chief_writes_the_confusion_image_each_epoch(tmp_path):
+  reporter = report.Reporter(str(tmp_path), chief=True, epochs=2)
+  reporter.epoch(RECORD, np.eye(4))
+  [path] = glob.glob(os.path.join(tmp_path, "tensorboard", "events.*"))
+  images = [value for event in tf.compat.v1.train.summary_iterator(path)
+            for value in event.summary.value
+            if value.tag == "val/confusion_matrix"]
+  assert len(images) == 1
+  assert images[0].metadata.plugin_data.plugin_name == "images"

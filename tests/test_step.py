@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import models
+from engine import metrics
 from engine import precision
 from engine import step as steps
 from engine.errors import UserError
@@ -128,3 +129,17 @@ def test_the_step_returns_the_stop_request_agreed_across_ranks():
   assert step(images, labels) is False
   assert step(images, labels, stop_requested=True) is True
   assert step.traces == 1
+
+
+def test_eval_counts_the_confusion_matrix_and_per_class_accuracy():
+  model = tf.keras.Sequential([tf.keras.Input((2,)),
+                               tf.keras.layers.Lambda(lambda x: x * 10.0)])
+  step = steps.EvalStep(model=model)
+  images = tf.constant([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+  labels = tf.constant([0, 0, 1, 1], tf.int64)
+  steps.evaluate(step, tf.data.Dataset.from_tensor_slices(
+      (images, labels)).batch(3))
+  counts = step.confusion.counts()
+  np.testing.assert_array_equal(counts, [[2, 0], [1, 1]])
+  np.testing.assert_array_equal(metrics.per_class_accuracy(counts),
+                                [1.0, 0.5])
