@@ -152,6 +152,15 @@ def write_tfrecords(directory: str, *, num_files: int = 3,
   return directory
 
 
+def eval_batches_of_every_rank(source, info, *, world_size: int,
+                               batch_size: int):
+  """(images, labels) of every evaluation batch of every rank, in turn."""
+  from engine import data  # pylint: disable=import-outside-toplevel
+  for rank in range(world_size):
+    yield from data.eval_batches(source, info, rank=rank,
+                                 world_size=world_size, batch_size=batch_size)
+
+
 def recorded_processes(out_dir) -> list[dict]:
   """What each process of a tests/workers/recorded_run.py job wrote to
   `out_dir`: its JSON record, with its final weights under "weights"."""

@@ -42,12 +42,10 @@ def test_each_rank_reads_its_rows_and_eval_covers_the_split(stored):
   splits = load(stored)
   _, test_labels = fixtures.learnable_images(23, (12, 12), 4, 1)
   seen = []
-  for rank in range(2):
-    for images, labels in data.eval_batches(splits.test, splits.info,
-                                            rank=rank, world_size=2,
-                                            batch_size=5):
-      assert images.shape[1:] == (12, 12, 1)
-      seen += labels.numpy().tolist()
+  for images, labels in fixtures.eval_batches_of_every_rank(
+      splits.test, splits.info, world_size=2, batch_size=5):
+    assert images.shape[1:] == (12, 12, 1)
+    seen += labels.numpy().tolist()
   assert sorted(seen) == sorted(test_labels.tolist())
   stream = data.train_batches(splits.train, splits.info, rank=1,
                               world_size=2, batch_size=8, steps=5, seed=0,

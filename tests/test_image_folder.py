@@ -83,12 +83,10 @@ def test_validation_split_holds_out_each_class_the_same_way(copy):
 def test_eval_reads_each_file_once_across_ranks(folder):
   splits = load(folder)
   seen = []
-  for rank in range(2):
-    for images, labels in data.eval_batches(splits.test, splits.info,
-                                            rank=rank, world_size=2,
-                                            batch_size=2):
-      assert images.shape[1:] == (16, 16, 3)
-      seen += labels.numpy().tolist()
+  for images, labels in fixtures.eval_batches_of_every_rank(
+      splits.test, splits.info, world_size=2, batch_size=2):
+    assert images.shape[1:] == (16, 16, 3)
+    seen += labels.numpy().tolist()
   assert sorted(seen) == sorted(splits.test.labels.tolist())
 
 

@@ -155,6 +155,19 @@ def test_only_rank_zero_writes_tensorboard_summaries(command_line):
   assert len(list((model_dir / "tensorboard").glob("events.*"))) == 1
 
 
+def test_tensorboard_gets_the_confusion_matrix_each_epoch_and_classes_txt(
+    command_line):
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  model_dir, _ = command_line
+  [events] = (model_dir / "tensorboard").glob("events.*")
+  steps = [event.step for event in tf.compat.v1.train.summary_iterator(
+      str(events)) for value in event.summary.value
+           if value.tag == "val/confusion_matrix"]
+  assert steps == [12, 24]
+  assert (model_dir / "classes.txt").read_text().splitlines()[-1] == \
+      "Ankle boot"
+
+
 def xplanes(profile_dir):
   """The profiler's files, in the layout TensorBoard's profile plugin reads."""
   return list(profile_dir.glob("plugins/profile/*/*.xplane.pb"))

@@ -37,13 +37,11 @@ def test_eval_reads_every_record_once_across_ranks_decoded(data_dir):
   splits = load(data_dir, label_offset=1)
   _, expected = fixtures.learnable_images(16, (24, 20, 3), 10, 1)
   seen = []
-  for rank in range(2):
-    for images, labels in data.eval_batches(splits.test, splits.info,
-                                            rank=rank, world_size=2,
-                                            batch_size=5):
-      assert images.shape[1:] == (16, 16, 3)
-      assert abs(float(np.mean(images))) < 3  # normalized
-      seen += labels.numpy().tolist()
+  for images, labels in fixtures.eval_batches_of_every_rank(
+      splits.test, splits.info, world_size=2, batch_size=5):
+    assert images.shape[1:] == (16, 16, 3)
+    assert abs(float(np.mean(images))) < 3  # normalized
+    seen += labels.numpy().tolist()
   assert collections.Counter(seen) == collections.Counter(expected.tolist())
 
 
