@@ -30,6 +30,12 @@ def mobilenet_v2(input_shape, num_classes, dropout=0.0):
   backbone = tf.keras.applications.MobileNetV2(
       input_shape=(*x.shape[1:3], 3), alpha=0.5, include_top=False,
       weights=None, pooling="avg")
+  for layer in backbone.layers:
+    if isinstance(layer, layers.BatchNormalization):
+      # Keras' 0.999 averages over thousands of steps: evaluated after a
+      # few epochs of a small data set, the model would still use its
+      # initial statistics and score 10%.
+      layer.momentum = 0.9
   x = layers.Dropout(dropout)(backbone(x))
   # float32 logits, also under --mixed_precision: softmax and the loss in
   # full precision.
