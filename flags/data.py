@@ -48,9 +48,12 @@ flags.DEFINE_list("array_keys", [],
                   "arrays: names stored under other keys, as "
                   "STANDARD=STORED pairs, e.g. x_train=images,y_train=labels.")
 flags.DEFINE_list("image_mean", [],
-                  "arrays, image_folder: per-channel mean of the training "
-                  "images on their stored scale (0-255 for uint8), instead "
-                  "of measuring a sample at start-up. Give --image_std too.")
+                  "Per-channel mean of the training images on their stored "
+                  "scale (0-255 for uint8), instead of the data set's own "
+                  "(measured on a sample at start-up for arrays and "
+                  "image_folder, ImageNet's for tfrecord). Give --image_std "
+                  "too. A resumed run keeps the statistics it started with "
+                  "(model_dir/normalization.json).")
 flags.DEFINE_list("image_std", [], "As --image_mean: per-channel std.")
 
 

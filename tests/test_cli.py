@@ -57,9 +57,14 @@ def test_corrupt_gzip(data_dir, tmp_path):
      "flag --commit_every_steps=0: 0 is not a positive"),
     ("--elastic", "--elastic needs an elastic launch: horovodrun -np N "
      "--min-np M"),
+    ("--image_mean=1,2", "--image_mean and --image_std go together"),
+    ("--image_mean=x --image_std=1", "--image_mean=x --image_std=1: give "
+     "numbers, one per channel"),
+    ("--image_mean=1,2 --image_std=1,2", "normalization statistics of 2 and "
+     "2 values for images of 1 channels"),
 ])
 def test_bad_flags(flag, message):
-  fails_with([flag], message)
+  fails_with(flag.split(), message)
 
 
 def test_global_batch_larger_than_the_data(data_dir):

@@ -58,3 +58,10 @@ def test_flags_after_the_flagfile_override_it(parsed):
   config = parsed(f"--flagfile={fixtures.REPO}/flags/fashion_mnist_cpu.cfg",
                   "--epochs=2", "--model=wrn")
   assert (config.epochs, config.model) == (2, "wrn")
+
+
+def test_a_users_model_and_data_name_the_default_model_dir(parsed):
+  config = parsed("--model=examples/keras_applications.py:mobilenet_v2",
+                  "--dataset=my_package.data:load")
+  assert config.model_dir == "runs/load_mobilenet_v2"
+  assert config.model == "examples/keras_applications.py:mobilenet_v2"

@@ -9,6 +9,7 @@ user's own loader, `--dataset=package.module:function`, returns the same
 `Splits` (engine/datasets/splits.py). Loaders declare the options they take
 in their signatures and receive only those (engine/registry.py).
 """
+import dataclasses
 import json
 import os
 from typing import Optional
@@ -44,7 +45,8 @@ def load(name: str, *args, model_dir: str = "",
 
   A run's normalization statistics are those recorded in its model_dir at
   its first start, so a resume and engine.evaluate normalize exactly as
-  training did; otherwise `normalization` (from flags), or the loader's own.
+  training did; otherwise `normalization` (from flags), or the loader's own
+  (loaders that sample their statistics take `normalization` to skip it).
   """
   normalization = recorded_normalization(model_dir) or normalization
   splits = _DATASETS.build(name, *args, normalization=normalization,
@@ -53,6 +55,10 @@ def load(name: str, *args, model_dir: str = "",
     raise UserError(f"--dataset={name} returned a {type(splits).__name__}; "
                     "a data set function returns engine.datasets.Splits "
                     "(README, Your own data)")
+  if normalization:  # also for loaders that compute their own
+    splits = dataclasses.replace(splits, info=dataclasses.replace(
+        splits.info, mean=tuple(normalization[0]),
+        std=tuple(normalization[1])))
   info = splits.info
   if not len(info.mean) == len(info.std) == info.image_shape[-1]:
     raise UserError(f"normalization statistics of {len(info.mean)} and "
