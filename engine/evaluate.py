@@ -15,7 +15,6 @@ import sys
 
 from absl import app
 from absl import flags
-
 import numpy as np
 
 from engine import checkpoint
