@@ -143,7 +143,20 @@ def _open_hdf5(path: str) -> dict:
   return arrays
 
 
-class _NpyFile:
+class _Stored:
+  """An array by name. Each kind has `shape`, `dtype`, `label` (where it
+  is, for messages), `read(rows)` for increasing rows, and `all()`."""
+
+  def names(self) -> tuple[str, ...]:
+    """The array as class names: 1-D strings (or bytes)."""
+    if len(self.shape) != 1:
+      raise UserError(f"{self.label}: class names must be a 1-D array of "
+                      "strings")
+    return tuple(n.decode() if isinstance(n, bytes) else str(n)
+                 for n in self.all())
+
+
+class _NpyFile(_Stored):
   """An .npy array on disk (a file, or a member of an uncompressed .npz at
   `offset`), read by rows with os.pread."""
 
@@ -184,15 +197,14 @@ class _NpyFile:
         len(chunks), *self.shape[1:])
 
   def all(self) -> np.ndarray:
-    return self.read(range(self.shape[0])) if self.shape else np.array(
-        np.frombuffer(os.pread(self._fd, self._row_bytes, self._data_offset),
-                      self.dtype)[0])
-
-  def names(self) -> tuple[str, ...]:
-    return _as_names(self.all(), self.label)
+    """In one read (labels: a million rows are a million reads by row)."""
+    count = self.shape[0] if self.shape else 1
+    raw = os.pread(self._fd, self._row_bytes * count, self._data_offset)
+    return np.frombuffer(raw, self.dtype).reshape(self.shape)
 
 
-class _Hdf5Dataset:
+
+class _Hdf5Dataset(_Stored):
   """An HDF5 dataset, read by slices (h5py reads only the rows asked)."""
 
   def __init__(self, dataset, label: str):
@@ -206,11 +218,8 @@ class _Hdf5Dataset:
   def all(self) -> np.ndarray:
     return self._dataset[()]
 
-  def names(self) -> tuple[str, ...]:
-    return _as_names(self.all(), self.label)
 
-
-class _InMemory:
+class _InMemory(_Stored):
   """An array already in memory, with the interface of the readers."""
 
   def __init__(self, array: np.ndarray, label: str = ""):
@@ -223,9 +232,6 @@ class _InMemory:
 
   def all(self) -> np.ndarray:
     return self.array
-
-  def names(self) -> tuple[str, ...]:
-    return _as_names(self.array, self.label)
 
 
 def _load_compressed(archive: zipfile.ZipFile, member: zipfile.ZipInfo,
@@ -240,12 +246,6 @@ def _load_compressed(archive: zipfile.ZipFile, member: zipfile.ZipInfo,
       return _InMemory(np.lib.format.read_array(f, allow_pickle=False), label)
   except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
     raise UserError(f"{label}: cannot read it ({e})") from None
-
-
-def _as_names(array: np.ndarray, label: str) -> tuple[str, ...]:
-  if array.ndim != 1:
-    raise UserError(f"{label}: class names must be a 1-D array of strings")
-  return tuple(n.decode() if isinstance(n, bytes) else str(n) for n in array)
 
 
 # Checking, and the splits.
