@@ -180,10 +180,12 @@ def _problem(path: str) -> str:
 def _hold_out(files, fraction: float, class_names):
   """Each class's files split by a hash of their paths: the lowest
   `fraction` of hashes are validation."""
+  by_class = [[] for _ in class_names]
+  for path, label in files:
+    by_class[label].append((path, label))
   train, validation = [], []
-  for label in range(len(class_names)):
-    mine = sorted((f for f in files if f[1] == label),
-                  key=lambda f: hashlib.sha1(f[0].encode()).hexdigest())
+  for mine in by_class:
+    mine.sort(key=lambda f: hashlib.sha1(f[0].encode()).hexdigest())
     held = min(len(mine) - 1, round(fraction * len(mine)))
     validation += mine[:held]
     train += mine[held:]
