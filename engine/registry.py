@@ -44,13 +44,12 @@ class Registry:
       accepted = {}
     if not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
       params = {k: v for k, v in params.items() if k in accepted}
-    if not user_code.is_spec(name):
-      return builder(*args, **params)
     try:
       return builder(*args, **params)
-    except UserError:
-      raise
-    except Exception as e:  # the user's code: one line, not a traceback
+    except Exception as e:
+      # The user's code: one line, not a traceback. Ours: a bug, shown whole.
+      if isinstance(e, UserError) or not user_code.is_spec(name):
+        raise
       raise UserError(f"--{self._flag}={name}: {builder.__name__}("
                       f"{', '.join(params)}) raised {type(e).__name__}: "
                       f"{user_code.first_line(e)}") from None

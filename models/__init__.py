@@ -11,6 +11,7 @@ returns is checked here, at start-up, rather than ten calls into training.
 """
 import tensorflow as tf
 
+from engine import user_code
 from engine.errors import UserError
 from engine.registry import Registry
 from models import cnn, resnet, wrn
@@ -45,10 +46,10 @@ def _check(model, name: str, input_shape: tuple, num_classes: int) -> None:
   try:
     logits = model(tf.zeros((2, *input_shape)), training=False)
   except Exception as e:  # the user's code: one line
-    first = (str(e).strip().splitlines() or [repr(e)])[0]
     raise UserError(f"--model={name} fails on a batch of "
                     f"{'x'.join(map(str, input_shape))} images: "
-                    f"{type(e).__name__}: {first}") from None
+                    f"{type(e).__name__}: {user_code.first_line(e)}"
+                    ) from None
   shape = tuple(getattr(logits, "shape", ()))
   if shape != (2, num_classes):
     raise UserError(f"--model={name} outputs shape {list(shape)} for 2 "

@@ -19,8 +19,8 @@ from engine.datasets import (arrays, cifar10, fashion_mnist, image_folder,
 # The loaders' contract, and arrays a script holds, for users' own code.
 from engine.datasets.arrays import from_arrays  # noqa: F401
 from engine.datasets.splits import (  # noqa: F401
-    ArrayRows, DatasetInfo, Examples, ImageFiles, RecordFiles, Source,
-    Splits)
+    CLASSES_FILE, ArrayRows, DatasetInfo, Examples, ImageFiles, RecordFiles,
+    Source, Splits)
 from engine.errors import UserError
 from engine.registry import Registry
 
@@ -34,8 +34,7 @@ _DATASETS = Registry("dataset", {
 })
 names = _DATASETS.names
 is_known = _DATASETS.is_known
-# In model_dir: what a run's data looked like, written at its first start.
-CLASSES_FILE = "classes.txt"
+# In model_dir, beside CLASSES_FILE: the statistics the run normalizes with.
 NORMALIZATION_FILE = "normalization.json"
 
 
@@ -70,10 +69,15 @@ def load(name: str, *args, model_dir: str = "",
 
 def record(model_dir: str, info: DatasetInfo) -> None:
   """Writes classes.txt and the normalization statistics into model_dir."""
-  with open(os.path.join(model_dir, CLASSES_FILE), "w") as f:
-    f.writelines(name + "\n" for name in info.classes())
+  write_classes(model_dir, info.classes())
   with open(os.path.join(model_dir, NORMALIZATION_FILE), "w") as f:
     json.dump({"mean": list(info.mean), "std": list(info.std)}, f)
+
+
+def write_classes(directory: str, class_names) -> None:
+  """CLASSES_FILE in `directory`: one name a line, in label order."""
+  with open(os.path.join(directory, CLASSES_FILE), "w") as f:
+    f.writelines(name + "\n" for name in class_names)
 
 
 def recorded_normalization(model_dir: str) -> Optional[tuple]:

@@ -21,6 +21,10 @@ from typing import Any
 
 import numpy as np
 
+# The classes' names, one a line in label order: written into a run's
+# model_dir, and beside TFRecords by engine.tools.to_tfrecords.
+CLASSES_FILE = "classes.txt"
+
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:

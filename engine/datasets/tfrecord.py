@@ -14,7 +14,8 @@ import os
 
 import tensorflow as tf
 
-from engine.datasets.splits import DatasetInfo, RecordFiles, Splits
+from engine.datasets.splits import (CLASSES_FILE, DatasetInfo, RecordFiles,
+                                    Splits)
 from engine.errors import UserError
 
 # ImageNet's per-channel statistics (0-255 scale), the usual choice for
@@ -23,7 +24,6 @@ IMAGENET_MEAN = (123.675, 116.28, 103.53)
 IMAGENET_STD = (58.395, 57.12, 57.375)
 TRAIN_PREFIXES = ("train",)
 TEST_PREFIXES = ("validation", "test")
-CLASSES_FILE = "classes.txt"
 
 
 def load(*, data_dir: str, image_size: int, num_classes: int,

@@ -63,8 +63,7 @@ def convert(source: str, out: str, *, shards: int, validation_shards: int = 0,
               "validation": splits["validation"].count,
               "shards": {"train": shards, "validation": validation_shards}}
   _check_or_write_manifest(out, manifest)
-  with open(os.path.join(out, datasets.CLASSES_FILE), "w") as f:
-    f.writelines(name + "\n" for name in class_names)
+  datasets.write_classes(out, class_names)
   jobs = [(split, index, count)
           for split, count in (("train", shards),
                                ("validation", validation_shards))
