@@ -188,3 +188,13 @@ def test_a_model_failing_on_one_rank_stops_every_rank_with_its_line(tmp_path):
   assert f"error: on rank 1: {expected}" in errors["[0]"][0]
   assert f"error: {expected}" in errors["[1]"][0]
   assert not (tmp_path / "run").exists()
+
+
+def test_an_image_found_damaged_while_training_is_one_line(own):
+  """With the statistics given, no sample decodes it before training."""
+  bad = own / "images/train/cat/cat_000.png"
+  bad.write_bytes(bad.read_bytes()[:60])
+  fails_with(["--dataset=image_folder", f"--data_dir={own}/images",
+              "--image_size=16", "--image_mean=1,1,1", "--image_std=1,1,1",
+              "--batch_size=2", "--epochs=1", f"--model_dir={own}/run"],
+             "an image failed to decode while training")

@@ -173,3 +173,11 @@ def test_without_validation_folder_or_split_says_what_to_do(copy):
   with pytest.raises(UserError, match="no validation/ folder.*"
                      "--validation_split=0.1"):
     load(copy)
+
+
+def test_an_image_that_fails_to_decode_is_named_at_start_up(copy):
+  """Its first bytes look right; the statistics' sample decodes it."""
+  bad = copy / "train" / "cat" / "cat_000.png"
+  bad.write_bytes(bad.read_bytes()[:60])
+  with pytest.raises(UserError, match=f"{bad}: cannot decode it"):
+    load(copy)
