@@ -16,16 +16,24 @@ one as latest. A latest checkpoint damaged afterwards (a truncated copy, a
 full disk) is detected when it is read, reported, and the one before it is
 used instead. A checkpoint of another model or data set is refused before
 anything is written, naming both.
+
+A save that fails (a full disk) is one line (errors.WriteFailed), and what
+it left half-written is removed: the checkpoints before it stay whole, and
+the latest of them is where a rerun resumes.
 """
 import dataclasses
+import glob
 import os
 from typing import Optional
 
 from absl import logging
 import tensorflow as tf
 
+from engine import optimizers
 from engine import precision
+from engine import storage
 from engine.errors import UserError
+from engine.errors import WriteFailed
 
 CHECKPOINT_DIR = "checkpoints"
 BEST_DIR = "best"
@@ -54,10 +62,13 @@ class Checkpoints:
   Create it on rank 0 only: constructing it reads the directory.
   `identity` describes what the variables mean (model, data set); a
   checkpoint whose identity differs is refused rather than half-restored.
+  `lr_factor` is the learning rate's factor (schedules), which rollbacks
+  lower and checkpoints keep.
   """
 
   def __init__(self, model_dir: str, *, model: tf.keras.Model, optimizer,
-               keep: int, identity: str):
+               keep: int, identity: str,
+               lr_factor: Optional[tf.Variable] = None):
     self.directory = os.path.join(model_dir, CHECKPOINT_DIR)
     self._identity = identity
     self._scales_loss = precision.scales_loss(optimizer)
@@ -75,7 +86,14 @@ class Checkpoints:
                    identity=self._identity_variable)
     if optimizer is not None:
       objects["optimizer"] = optimizer
+    self._lr_factor = lr_factor
+    self._objects = objects
+    if lr_factor is not None:
+      objects = dict(objects, lr_factor=lr_factor)
     self._checkpoint = tf.train.Checkpoint(**objects)
+    self.size = storage.size_of(model.variables + (
+        optimizers.state(optimizer) if optimizer is not None else []))
+    self.restored_path = None  # the last checkpoint restored
     self._latest = tf.train.CheckpointManager(
         self._checkpoint, self.directory, max_to_keep=keep)
     self._best = tf.train.CheckpointManager(
@@ -133,15 +151,21 @@ class Checkpoints:
                       "scaling and cannot continue with "
                       "--mixed_precision=float16; resume it with "
                       "--mixed_precision=none or bfloat16")
+    checkpoint = self._checkpoint
+    if self._lr_factor is not None and not reader.has_tensor(_LR_FACTOR_KEY):
+      # Written before rollbacks existed, with the rate at its full value.
+      checkpoint = tf.train.Checkpoint(**self._objects)
+      self._lr_factor.assign(1.0)
     try:
       # expect_partial: evaluation restores a model without its optimizer.
-      self._checkpoint.restore(path).expect_partial() \
+      checkpoint.restore(path).expect_partial() \
           .assert_existing_objects_matched()
     except _DAMAGE as e:  # a damaged data file
       raise _Unreadable(_first_line(e)) from None
     except (AssertionError, ValueError) as e:
       raise UserError(f"checkpoint {path} does not match this model: "
                       f"{_first_line(e)}") from None
+    self.restored_path = path
     return Position(int(self._epoch.numpy()), int(self._step.numpy()),
                     int(self._global_batch.numpy()),
                     int(self._world_size.numpy()))
@@ -152,10 +176,14 @@ class Checkpoints:
 
   # Saving.
 
+  @property
+  def latest_path(self) -> Optional[str]:
+    return self._latest.latest_checkpoint
+
   def save(self, position: Position, global_step: int) -> str:
     """Saves as ckpt-<global_step>."""
     self._set_position(position)
-    return self._latest.save(checkpoint_number=global_step)
+    return self._save(self._latest, "ckpt", global_step)
 
   def save_at_epoch_end(self, position: Position, global_step: int,
                         val_accuracy: float) -> bool:
@@ -164,15 +192,34 @@ class Checkpoints:
 
     The best accuracy is recorded before the epoch's checkpoint is written,
     so a run resumed from it compares later epochs with the true best and
-    never replaces best/ with a worse epoch.
+    never replaces best/ with a worse epoch. best/ is written first: if the
+    latest then fails to save, the rerun redoes the epoch and compares it
+    with the best before it.
     """
     best = val_accuracy > self.best_accuracy
     if best:
       self._best_accuracy.assign(val_accuracy)
+      self._set_position(position)
+      self._save(self._best, "best", global_step)
     self.save(position, global_step)
-    if best:
-      self._best.save(checkpoint_number=global_step)
     return best
+
+  def _save(self, manager: tf.train.CheckpointManager, name: str,
+            number: int) -> str:
+    """A save whose failure leaves the directory as it was: the save's
+    temporary files and its unfinished checkpoint are removed."""
+    prefix = os.path.join(manager.directory, f"{name}-{number}")
+    try:
+      with storage.writing("checkpoint", prefix, self.size):
+        return manager.save(checkpoint_number=number)
+    except WriteFailed:
+      leftovers = [prefix + "_temp"] + glob.glob(os.path.join(
+          manager.directory, "checkpoint.tmp*"))
+      if prefix not in manager.checkpoints:  # not one recorded before
+        leftovers += glob.glob(prefix + ".index") + glob.glob(
+            prefix + ".data-*")
+      storage.remove(*leftovers)
+      raise
 
   @property
   def best_path(self) -> Optional[str]:
@@ -201,6 +248,7 @@ def resolve(path: str) -> str:
 
 
 _IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
+_LR_FACTOR_KEY = "lr_factor/.ATTRIBUTES/VARIABLE_VALUE"
 _BEST_ACCURACY_KEY = "best_accuracy/.ATTRIBUTES/VARIABLE_VALUE"
 _LOSS_SCALE_KEY = "optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/" \
     "VARIABLE_VALUE"

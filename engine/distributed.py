@@ -142,18 +142,19 @@ def on_chief(action: Optional[Callable[[], Any]], name: str) -> Any:
   """Runs `action` on rank 0 only; every rank gets its result or its error.
 
   Other ranks pass None. Without this, rank 0 would exit on a bad
-  --model_dir alone and the others would learn of it at their next
-  collective, as a Horovod shutdown error.
+  --model_dir or a full disk alone and the others would learn of it at
+  their next collective, as a Horovod shutdown error. The error keeps its
+  kind (a WriteFailed stays one), so every rank exits with its code.
   """
   outcome = (None, None)
   if is_chief():
     try:
       outcome = (action(), None)
     except UserError as e:
-      outcome = (None, str(e))
-  result, message = hvd.broadcast_object(outcome, root_rank=0, name=name)
-  if message:
-    raise UserError(message)
+      outcome = (None, e)
+  result, error = hvd.broadcast_object(outcome, root_rank=0, name=name)
+  if error:
+    raise error
   return result
 
 

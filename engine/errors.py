@@ -1,4 +1,10 @@
-"""Errors a user can cause, reported in one line at the entry point."""
+"""Errors a user can cause or act on, reported in one line at the entry point.
+
+Each kind has its own exit code, so a script or scheduler around the engine
+can tell them apart (README, Faults): 2 bad input, 3 training diverged,
+4 a write to model_dir failed, 5 a process stopped answering. A preemption
+exits with 128 + the signal's number (engine.preemption).
+"""
 
 
 class UserError(Exception):
@@ -8,3 +14,21 @@ class UserError(Exception):
   entry point prints it as one line and exits non-zero; a traceback would only
   bury that line (N times over under horovodrun).
   """
+  exit_code = 2
+
+
+class Diverged(UserError):
+  """The loss or the gradients became non-finite and training cannot go on
+  (--on_nonfinite=stop, or its rollbacks are spent)."""
+  exit_code = 3
+
+
+class WriteFailed(UserError):
+  """A write to model_dir failed: a full disk, a removed or read-only
+  directory. Earlier checkpoints are intact; rerun once it is fixed."""
+  exit_code = 4
+
+
+class WorkerLost(UserError):
+  """A process stopped answering: frozen, killed, or its host gone."""
+  exit_code = 5

@@ -7,13 +7,18 @@ normalization itself, so a user of the SavedModel needs nothing from this
 engine to use it correctly. Nor from the user's own model code: a
 SavedModel holds the traced graph, and `tf.saved_model.load` restores it
 without the Python classes that built it.
+
+An export is written beside its place and moved there when complete, so a
+failed one (a full disk) leaves the previous export, not half of a new one.
 """
 import contextlib
+import os
 
 from absl import logging
 import tensorflow as tf
 
 from engine import data
+from engine import storage
 from engine.datasets import DatasetInfo
 
 EXPORT_DIR = "export"
@@ -45,9 +50,16 @@ def save(model: tf.keras.Model, info: DatasetInfo, path: str) -> None:
   # it is actionable here.
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.ERROR)
+  partial = path + ".partial"
   try:
-    tf.saved_model.save(module, path, signatures={"serving_default": serve})
+    with storage.writing("SavedModel", path,
+                         storage.size_of(model.variables)):
+      tf.saved_model.save(module, partial,
+                          signatures={"serving_default": serve})
+      storage.remove(path)
+      os.rename(partial, path)
   finally:
+    storage.remove(partial)
     logging.set_verbosity(verbosity)
 
 

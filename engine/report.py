@@ -2,7 +2,7 @@
 
 Only rank 0 narrates and writes; the others log warnings and errors only, so
 N processes produce one story rather than N interleaved copies, and one set
-of files.
+of files. A write that fails is one line (errors.WriteFailed, via storage).
 """
 import json
 import os
@@ -11,6 +11,8 @@ from typing import Optional
 from absl import logging
 import numpy as np
 import tensorflow as tf
+
+from engine import storage
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -34,6 +36,8 @@ class Reporter:
 
   metrics.jsonl gets one JSON object per line, flushed as written: a reader
   (or a crash) never sees a half-written epoch, and `tail -f` follows a run.
+  Besides epochs it records events (a rollback), whose records carry an
+  "event" key.
   TensorBoard scalars go to model_dir/tensorboard, indexed by global step.
   On ranks other than 0 every method does nothing.
   """
@@ -42,22 +46,39 @@ class Reporter:
     self.metrics_path = os.path.join(model_dir, METRICS_FILE)
     self._chief = chief
     self._epochs = epochs
-    self._summaries = (tf.summary.create_file_writer(
-        os.path.join(model_dir, TENSORBOARD_DIR)) if chief else None)
+    self._tensorboard_dir = os.path.join(model_dir, TENSORBOARD_DIR)
+    self._summaries = None
+    if chief:
+      with storage.writing("TensorBoard events", self._tensorboard_dir):
+        self._summaries = tf.summary.create_file_writer(
+            self._tensorboard_dir)
 
   def keep_epochs_up_to(self, epoch: int) -> None:
     """On resume: drops records of epochs after the checkpoint, which the
-    resumed run is about to redo (written before a crash, say)."""
+    resumed run is about to redo (written before a crash, say). Events
+    stay: they happened."""
     if not self._chief or not os.path.exists(self.metrics_path):
       return
     with open(self.metrics_path) as f:
       lines = [l for l in f if l.strip()]
-    kept = [l for l in lines if json.loads(l)["epoch"] <= epoch]
+    kept = [l for l in lines
+            if "event" in (record := json.loads(l)) or record["epoch"] <= epoch]
     if len(kept) < len(lines):
       temporary = self.metrics_path + ".tmp"
-      with open(temporary, "w") as f:
-        f.writelines(kept)
+      try:
+        with storage.writing("metrics", temporary, sum(map(len, kept))):
+          with open(temporary, "w") as f:
+            f.writelines(kept)
+      except storage.WriteFailed:
+        storage.remove(temporary)
+        raise
       os.replace(temporary, self.metrics_path)
+
+  def event(self, record: dict) -> None:
+    """Something that happened besides an epoch, already logged: its
+    record, with its "event" key, in metrics.jsonl."""
+    if self._chief:
+      self._append(record)
 
   def epoch(self, record: dict,
             confusion: Optional[np.ndarray] = None) -> None:
@@ -74,17 +95,28 @@ class Reporter:
         record["learning_rate"], record["images_per_sec"],
         record["input_seconds"], record["step_seconds"],
         record["epoch_seconds"], record["cumulative_seconds"])
-    with open(self.metrics_path, "a") as f:
-      f.write(json.dumps(record) + "\n")
-    with self._summaries.as_default(step=record["global_step"]):
-      for key, tag in SCALARS.items():
-        tf.summary.scalar(tag, record[key])
-      if confusion is not None:
-        tf.summary.image("val/confusion_matrix", confusion_image(confusion),
-                         description="Rows: true class, columns: predicted "
-                         "class, in label order (classes.txt); each row "
-                         "normalized, white 0 to dark blue 1.")
-    self._summaries.flush()
+    if record.get("skipped_steps"):
+      logging.info("%d steps of epoch %d skipped by the float16 loss scaler "
+                   "(gradients not finite at its scale)",
+                   record["skipped_steps"], record["epoch"])
+    self._append(record)
+    with storage.writing("TensorBoard events", self._tensorboard_dir):
+      with self._summaries.as_default(step=record["global_step"]):
+        for key, tag in SCALARS.items():
+          tf.summary.scalar(tag, record[key])
+        if confusion is not None:
+          tf.summary.image("val/confusion_matrix",
+                           confusion_image(confusion),
+                           description="Rows: true class, columns: predicted "
+                           "class, in label order (classes.txt); each row "
+                           "normalized, white 0 to dark blue 1.")
+      self._summaries.flush()
+
+  def _append(self, record: dict) -> None:
+    line = json.dumps(record) + "\n"
+    with storage.writing("metrics", self.metrics_path, len(line)):
+      with open(self.metrics_path, "a") as f:
+        f.write(line)
 
 
 def confusion_image(counts: np.ndarray, size: int = 320) -> np.ndarray:

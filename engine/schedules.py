@@ -48,6 +48,10 @@ class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
   The peak rate and the length of an epoch in steps depend on the number of
   processes, which an elastic run changes between two steps: `set_world`
   sets them, in variables the compiled step reads, so it is not retraced.
+
+  `factor` multiplies the whole curve: a rollback after a divergence
+  lowers it (--rollback_lr_factor), and checkpoints keep it, so a resumed
+  run continues at the lowered rate.
   """
 
   def __init__(self, *, base_lr: float, scaling: str, warmup_epochs: float,
@@ -74,6 +78,7 @@ class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
     self._steps_per_epoch = variable("steps_per_epoch")
     self._warmup_steps = variable("warmup_steps")
     self._total_steps = variable("total_steps")
+    self.factor = tf.Variable(1.0, trainable=False, name="lr_factor")
 
   def set_world(self, *, world_size: int, steps_per_epoch: int) -> None:
     """The rate for `world_size` processes taking `steps_per_epoch` steps
@@ -89,7 +94,9 @@ class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
     return scaled_rate(self.base_lr, self.world_size, self.scaling)
 
   def __call__(self, step):
-    step = tf.cast(step, tf.float32)
+    return self.factor * self._unscaled(tf.cast(step, tf.float32))
+
+  def _unscaled(self, step):
     if self.warmup_epochs:
       warmup_steps = self._warmup_steps
       progress = step / warmup_steps

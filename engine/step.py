@@ -21,6 +21,17 @@ _HOROVOD_COMPRESSIONS = {"none": hvd.Compression.none,
                          "fp16": hvd.Compression.fp16}
 
 
+class NonFinite(Exception):
+  """A step whose loss or gradients were not finite, on some rank; it was
+  not applied. Raised on every rank after the same step."""
+
+
+# The step's status, one integer read by the host per step: its bits.
+_STOP_AGREED = 1
+_NONFINITE = 2
+_NAMES_SHOWN = 3
+
+
 class TrainStep:
   """One optimizer step on one batch per rank; traced once per run.
 
@@ -28,6 +39,13 @@ class TrainStep:
   the backward pass, the gradients' allreduce, unscaling, the update. With
   `accumulation_steps` K > 1 the batch is split into K micro-batches whose
   local gradients are averaged before the one allreduce.
+
+  A step whose loss (on any rank) or averaged gradients are not finite is
+  not applied, and raises NonFinite on every rank. Under float16 that is the
+  loss scaler's business first: it skips the step and halves its scale, and
+  the step counts it in `skipped_steps`; only a non-finite step at the
+  minimum scale of 1 raises. That also bounds the steps skipped in a row:
+  halving from 2^15, the 16th is at the minimum.
 
   Counts its traces (`traces`) because a retrace per step or per epoch is a
   silent, large slowdown that tests should catch.
@@ -42,6 +60,7 @@ class TrainStep:
     optimizers.build_state(optimizer, model.trainable_variables)
     self.totals = metrics.Totals("train_totals")
     self.traces = 0
+    self.skipped_steps = 0  # by the float16 loss scaler; reset per epoch
     if allreduce_op == "adasum" and not hvd.mpi_enabled():
       raise UserError("--allreduce_op=adasum needs Horovod's MPI controller, "
                       "and this job runs on Gloo; build Horovod with MPI and "
@@ -62,8 +81,17 @@ class TrainStep:
 
   def __call__(self, images: tf.Tensor, labels: tf.Tensor,
                stop_requested: bool = False) -> bool:
-    """One step; returns whether any rank asked to stop (see preemption)."""
-    return bool(self._step(images, labels, self._flags[stop_requested]))
+    """One step; returns whether any rank asked to stop (see preemption).
+
+    Reads one integer from the step, as it read one flag before there were
+    non-finite checks: the details are read only when something was not
+    finite.
+    """
+    outcome = self._step(images, labels, self._flags[stop_requested])
+    status = int(outcome["status"])
+    if status & _NONFINITE:
+      self._nonfinite(outcome)
+    return bool(status & _STOP_AGREED)
 
   def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
@@ -71,35 +99,95 @@ class TrainStep:
     if self._accumulation_steps == 1:
       with tf.GradientTape() as tape:
         loss = self._loss(images, labels)
-      backward_starts = [loss]
+      loss_is_finite = tf.math.is_finite(loss)
       tape = hvd.DistributedGradientTape(tape, **self._allreduce)
       gradients = tape.gradient(loss, variables)
     else:
       # DistributedGradientTape reduces every backward pass; accumulating
       # needs the local gradients first, then one reduction of their mean.
-      local = self._accumulated_gradients(images, labels, variables)
-      backward_starts = local
+      local, loss_is_finite = self._accumulated_gradients(images, labels,
+                                                          variables)
       gradients = hvd.grouped_allreduce(local, **self._allreduce)
+    stop_share, nonfinite_loss_share = self._shares_of_ranks(
+        stop_requested, loss_is_finite)
     if self._scales_loss:  # after the allreduce: it sums scaled gradients
       gradients = self.optimizer.get_unscaled_gradients(gradients)
-    self.optimizer.apply_gradients(zip(gradients, variables))
-    with tf.control_dependencies(backward_starts):
-      return self._any_rank(stop_requested)
+    # The same on every rank: every rank holds the same averaged gradients.
+    gradients_finite = tf.stack([_is_finite(g) for g in gradients])
+    finite = tf.logical_and(nonfinite_loss_share == 0,
+                            tf.reduce_all(gradients_finite))
+    loss_scale = (self.optimizer.loss_scale if self._scales_loss
+                  else tf.constant(0.0))
+    with tf.control_dependencies([loss_scale]):  # the scale of this step
+      self._apply(finite, gradients, variables)
+    status = (tf.cast(stop_share > 0, tf.int32) * _STOP_AGREED
+              + tf.cast(tf.logical_not(finite), tf.int32) * _NONFINITE)
+    return dict(status=status, loss=tf.cast(loss, tf.float32),
+                nonfinite_loss_share=nonfinite_loss_share,
+                gradients_finite=gradients_finite, loss_scale=loss_scale)
 
-  def _any_rank(self, flag):
-    """Whether `flag` (0 or 1) is 1 on any rank.
+  def _apply(self, finite, gradients, variables) -> None:
+    """The update, unless something was not finite. Under float16 the loss
+    scaler decides (it skips the update and lowers its scale)."""
+    if self._scales_loss:
+      self.optimizer.apply_gradients(zip(gradients, variables))
+      return
 
-    Submitted when the gradients start to be, as an average like theirs, so
-    Horovod can fuse it into one of their allreduces instead of running a
-    collective of its own; and every rank takes the decision after the
-    same step. Alone, a process skips Horovod's queue (as
-    DistributedGradientTape does), which would add a cycle of its
-    background thread to every step.
+    def apply():
+      self.optimizer.apply_gradients(zip(gradients, variables))
+
+    def skip():
+      # As the loss scaler does: the step counter still counts the step.
+      self.optimizer.iterations.assign_add(1, read_value=False)
+
+    tf.cond(finite, apply, skip)
+
+  def _shares_of_ranks(self, stop_requested, loss_is_finite):
+    """The shares of ranks that asked to stop and whose loss was not finite.
+
+    One allreduce of two numbers, submitted when the gradients start to be
+    (it depends on the loss only), as an average like theirs, so Horovod
+    fuses it into one of their allreduces instead of running a collective
+    of its own; and every rank takes the decisions after the same step.
+    Alone, a process skips Horovod's queue (as DistributedGradientTape
+    does), which would add a cycle of its background thread to every step.
     """
-    return tf.cond(
+    flags = tf.stack([stop_requested,
+                      1.0 - tf.cast(loss_is_finite, tf.float32)])
+    shares = tf.cond(
         hvd.size_op() > 1,
-        lambda: hvd.allreduce(flag, op=hvd.Average, name="stop_requested"),
-        lambda: flag) > 0
+        lambda: hvd.allreduce(flags, op=hvd.Average, name="step_flags"),
+        lambda: flags)
+    return shares[0], shares[1]
+
+  def _nonfinite(self, outcome) -> None:
+    """Counts a step the loss scaler skipped, or raises NonFinite."""
+    what = self._describe_nonfinite(outcome)
+    if not self._scales_loss:
+      raise NonFinite(what)
+    self.skipped_steps += 1
+    if float(outcome["loss_scale"]) <= 1:
+      raise NonFinite(f"{what}, at the float16 loss scale's minimum of 1")
+
+  def _describe_nonfinite(self, outcome) -> str:
+    """What was not finite: the loss, on how many ranks, and which
+    gradients (the first few variables' names)."""
+    parts = []
+    ranks = round(float(outcome["nonfinite_loss_share"]) * hvd.size())
+    if ranks:
+      parts.append(f"the loss was non-finite on {ranks} of {hvd.size()} "
+                   f"processes (rank {hvd.rank()}'s: "
+                   f"{float(outcome['loss']):g})")
+    finite = outcome["gradients_finite"].numpy()
+    if not finite.all():
+      names = [v.name.rpartition(":")[0] or v.name
+               for v, ok in zip(self.model.trainable_variables, finite)
+               if not ok]
+      shown = ", ".join(names[:_NAMES_SHOWN])
+      more = ", ..." if len(names) > _NAMES_SHOWN else ""
+      parts.append(f"the gradients of {len(names)} of {len(finite)} "
+                   f"variables were non-finite ({shown}{more})")
+    return " and ".join(parts)
 
   def _loss(self, images, labels):
     """The batch's loss to differentiate (times the loss scale under
@@ -119,21 +207,23 @@ class TrainStep:
     return per_example_loss, logits, loss
 
   def _accumulated_gradients(self, images, labels, variables):
-    """The mean of the micro-batches' local gradients: the gradient of the
+    """The mean of the micro-batches' local gradients (the gradient of the
     whole batch's mean loss, with the activations of one micro-batch alive
-    at a time."""
+    at a time), and whether every micro-batch's loss was finite."""
     k = self._accumulation_steps
     images = tf.reshape(images, [k, -1, *images.shape[1:]])
     labels = tf.reshape(labels, [k, -1])
     sums = [tf.zeros_like(v) for v in variables]
+    finite = tf.constant(True)
     for i in tf.range(k):
       # One micro-batch at a time: a while loop may otherwise run several
       # iterations' forward passes at once, and hold their activations.
       tf.autograph.experimental.set_loop_options(parallel_iterations=1)
       with tf.GradientTape() as tape:
         loss = self._loss(images[i], labels[i])
+      finite = tf.logical_and(finite, tf.math.is_finite(loss))
       sums = [s + g for s, g in zip(sums, tape.gradient(loss, variables))]
-    return [s / k for s in sums]
+    return [s / k for s in sums], finite
 
 
 class EvalStep:
@@ -168,6 +258,14 @@ class EvalStep:
     logits = self.model(images, training=False)
     self.totals.update(cross_entropy(labels, logits), logits, labels)
     self.confusion.update(logits, labels)
+
+
+def _is_finite(gradient) -> tf.Tensor:
+  if gradient is None:  # a variable the loss does not depend on
+    return tf.constant(True)
+  if isinstance(gradient, tf.IndexedSlices):
+    gradient = gradient.values
+  return tf.reduce_all(tf.math.is_finite(gradient))
 
 
 def cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:

@@ -8,14 +8,16 @@ Read `train()` top to bottom to follow a batch from disk to the optimizer:
 distributed setup, input pipeline, model, optimizer, the train loop, and what
 is reported.
 """
+import contextlib
 import copy
 import dataclasses
+import functools
 import os
 import re
 import signal
 import sys
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from absl import app
 from absl import flags
@@ -39,8 +41,11 @@ from engine import report
 from engine import schedules
 from engine import step as steps
 from engine import stopping
+from engine import storage
 from engine import user_code
+from engine.errors import Diverged
 from engine.errors import UserError
+from engine.errors import WriteFailed
 import flags as engine_flags
 import models
 
@@ -86,6 +91,10 @@ class TrainConfig:
   keep_checkpoints: int
   checkpoint_every_steps: int
   command_line: str  # the flags as a flagfile, recorded in model_dir
+  # Faults
+  on_nonfinite: str
+  rollback_lr_factor: float
+  max_rollbacks: int
   # Elastic
   elastic: bool
   commit_every_steps: int
@@ -109,7 +118,7 @@ class TrainConfig:
 @dataclasses.dataclass
 class TrainResult:
   model: tf.keras.Model
-  history: list[dict]    # the metrics.jsonl records, on every rank
+  history: list[dict]    # the epochs' metrics.jsonl records, on every rank
   train_step: steps.TrainStep
   eval_step: steps.EvalStep
 
@@ -197,9 +206,9 @@ def train(config: TrainConfig) -> TrainResult:
       stop=stopping.TargetAccuracy(config.target_accuracy, config.patience))
   history = elastic.run(loop)(state) if config.elastic else loop(state)
 
-  # Whoever is rank 0 at the end exports.
-  if distributed.is_chief():
-    loop.run.export()
+  # Whoever is rank 0 at the end exports; every rank learns if it failed.
+  distributed.on_chief(loop.run.export if distributed.is_chief() else None,
+                       name="export")
   return TrainResult(model=model, history=history, train_step=train_step,
                      eval_step=eval_step)
 
@@ -230,20 +239,29 @@ class _TrainLoop:
     self._train_step = train_step
     self._eval_step = eval_step
     self._model_dir = config.model_dir
+    self._rollbacks = 0  # in this process's life (see --max_rollbacks)
     self.run = None  # rank 0's model_dir: checkpoints, flags, exports
 
   def variables(self) -> list[tf.Variable]:
-    """What every rank must hold alike: weights and optimizer state."""
-    return self._model.variables + optimizers.state(self._optimizer)
+    """What every rank must hold alike: weights, optimizer state, and the
+    learning rate's factor."""
+    return (self._model.variables + optimizers.state(self._optimizer)
+            + [self._learning_rate.factor])
 
   def __call__(self, state: elastic.TrainingState) -> list[dict]:
     start = self._start(state)
     try:
-      for epoch in range(start.first_epoch, self._config.epochs):
-        train, train_seconds = self._train_epoch(start, state, epoch)
+      epoch = start.first_epoch
+      while epoch < self._config.epochs:
+        try:
+          train, train_seconds = self._train_epoch(start, state, epoch)
+        except steps.NonFinite as nonfinite:
+          epoch = self._diverged(start, state, nonfinite)
+          continue
         val = self._evaluate(start)
         if self._end_epoch(start, state, epoch, train, val, train_seconds):
           break
+        epoch += 1
     finally:
       start.close()
     self._say_how_it_ended(start)
@@ -269,25 +287,37 @@ class _TrainLoop:
                  f" ({config.grad_accum_steps} micro-batches of "
                  f"{config.batch_size} per process)"
                  if config.grad_accum_steps > 1 else "", steps_per_epoch)
-    first_epoch, first_step = _starting_point(
-        self._resume_or_restart(state, world, chief), steps_per_epoch,
-        global_batch, world.size)
+    position = self._resume_or_restart(state, world, chief)
+    first_epoch, first_step = _starting_point(position, steps_per_epoch,
+                                              global_batch, world.size)
     self._set_learning_rate(world, steps_per_epoch,
                             first_epoch * steps_per_epoch + first_step)
     if config.elastic and state.position is None:
       # What a worker lost before the first commit would go back to.
       state.commit(position=checkpoint.Position(
           first_epoch, first_step, global_batch, world.size))
-    return _Start(
+    start = _Start(
         config=config, model_dir=self._model_dir, world=world,
         run=self.run if chief else None, steps_per_epoch=steps_per_epoch,
         global_batch=global_batch, first_epoch=first_epoch,
-        first_step=first_step, state=state,
-        batches=iter(data.train_batches(
-            self._splits.train, info, rank=world.rank, world_size=world.size,
-            batch_size=step_batch, steps=steps_per_epoch, seed=config.seed,
-            first_epoch=first_epoch, first_step=first_step,
-            flip=config.random_flip, shift=config.random_shift)))
+        first_step=first_step, state=state)
+    self._read_from(start, first_epoch, first_step)
+    if position is None and config.on_nonfinite == "rollback":
+      # Something to roll back to before the first epoch's checkpoint.
+      start.on_chief(lambda run: run.save(checkpoint.Position(
+          0, 0, global_batch, world.size), 0), name="initial_checkpoint")
+    return start
+
+  def _read_from(self, start: "_Start", epoch: int, step: int) -> None:
+    """This rank's batches from step `step` of epoch `epoch` on."""
+    config, world = self._config, start.world
+    start.first_step = step
+    start.batches = iter(data.train_batches(
+        self._splits.train, self._splits.info, rank=world.rank,
+        world_size=world.size,
+        batch_size=config.batch_size * config.grad_accum_steps,
+        steps=start.steps_per_epoch, seed=config.seed, first_epoch=epoch,
+        first_step=step, flip=config.random_flip, shift=config.random_shift))
 
   def _resume_or_restart(self, state: elastic.TrainingState,
                          world: distributed.World,
@@ -302,7 +332,8 @@ class _TrainLoop:
     """
     if chief and self.run is None:
       self.run = _Run(self._model_dir, self._config, model=self._model,
-                      optimizer=self._optimizer, info=self._splits.info)
+                      optimizer=self._optimizer, info=self._splits.info,
+                      lr_factor=self._learning_rate.factor)
     run = self.run if chief else None
     if state.position is not None:
       position = state.position
@@ -340,10 +371,12 @@ class _TrainLoop:
     commit_every = config.commit_every_steps if config.elastic else 0
     start.epoch_began = time.perf_counter()
     train_step.totals.reset()
+    train_step.skipped_steps = 0
     start.times.reset()
     start.progress.start_epoch(epoch, start.first_step)
     for done in range(start.first_step + 1, start.steps_per_epoch + 1):
       global_step = epoch * start.steps_per_epoch + done
+      start.global_step = global_step
       with start.profiler.step(global_step):
         with start.times.input():
           images, labels = next(start.batches)
@@ -361,8 +394,9 @@ class _TrainLoop:
       if stop_agreed:
         _preempted(start.run, position, global_step,
                    start.stop_requests.signum)
-      if start.run and every and global_step % every == 0:
-        start.run.checkpoints.save(position, global_step)
+      if every and global_step % every == 0:
+        start.on_chief(lambda run: run.save(position, global_step),
+                       name="save")
       if commit_every and global_step % commit_every == 0:
         # The epoch's figures so far go with the commit: the steps a
         # restart redoes are counted once.
@@ -416,6 +450,7 @@ class _TrainLoop:
         "epoch_seconds": epoch_seconds,
         "cumulative_seconds": start.cumulative_seconds,
         "world_size": start.world.size,
+        "skipped_steps": self._train_step.skipped_steps,
     }
     if config.target_accuracy:
       record["target_accuracy_first_epoch"] = start.stop.first_reached_epoch
@@ -424,11 +459,11 @@ class _TrainLoop:
     start.history.append(record)
     # An allreduce, on every rank; rank 0 draws it.
     confusion = self._eval_step.confusion.counts()
-    start.reporter.epoch(record, confusion)
     position = checkpoint.Position(epoch + 1, 0, start.global_batch,
                                    start.world.size)
-    if start.run:
-      start.run.end_epoch(position, global_step, val.accuracy)
+    start.on_chief(lambda run: run.end_epoch(
+        start.reporter, record, confusion, position, global_step,
+        val.accuracy), name="end_epoch")
     if config.elastic:
       state.commit(position=position, epoch_sums=_NO_EXAMPLES,
                    cumulative_seconds=start.cumulative_seconds,
@@ -440,6 +475,68 @@ class _TrainLoop:
                    start.stop.first_reached_epoch,
                    start.stop.first_reached_seconds)
     return stop_now
+
+  # A divergence: stop, or roll back.
+
+  def _diverged(self, start: "_Start", state: elastic.TrainingState,
+                nonfinite: steps.NonFinite) -> int:
+    """After a step that was not finite (and not applied, on any rank):
+    stops with Diverged, or rolls back (--on_nonfinite=rollback) and
+    returns the epoch to go on from."""
+    config = self._config
+    global_step = start.global_step
+    epoch, step = divmod(global_step - 1, start.steps_per_epoch)
+    rate = float(self._learning_rate(global_step - 1))
+    what = (f"at global step {global_step} (epoch {epoch + 1}, step "
+            f"{step + 1}) with learning rate {rate:.4g}: {nonfinite}")
+    rolling_back = config.on_nonfinite == "rollback"
+    if rolling_back and self._rollbacks < config.max_rollbacks:
+      return self._roll_back(start, state, what)
+    latest = start.on_chief(lambda run: run.checkpoints.latest_path,
+                            name="latest")
+    kept = (f"nothing was saved after {latest}, the last good checkpoint"
+            if latest else "no checkpoint was saved")
+    advice = (f"{self._rollbacks} rollbacks (--max_rollbacks) did not get "
+              "past it; lower --base_lr" if rolling_back else
+              "lower --base_lr, or pass --on_nonfinite=rollback")
+    raise Diverged(f"training diverged {what}; the step was not applied and "
+                   f"{kept}; {advice}")
+
+  def _roll_back(self, start: "_Start", state: elastic.TrainingState,
+                 what: str) -> int:
+    """Back to the last good checkpoint (rank 0 restores it, every rank
+    receives it), with the learning rate multiplied by
+    --rollback_lr_factor from then on: what practitioners do by hand after
+    a loss spike."""
+    config = self._config
+    factor = float(self._learning_rate.factor.numpy()) * \
+        config.rollback_lr_factor
+    position, path = start.on_chief(lambda run: run.roll_back(),
+                                    name="rollback")
+    distributed.broadcast_from_chief(self.variables())
+    self._learning_rate.factor.assign(factor)
+    self._rollbacks += 1
+    start.cumulative_seconds += time.perf_counter() - start.epoch_began
+    first_epoch, first_step = _starting_point(
+        position, start.steps_per_epoch, start.global_batch, start.world.size)
+    first_global_step = first_epoch * start.steps_per_epoch + first_step
+    self._optimizer.iterations.assign(first_global_step)
+    self._read_from(start, first_epoch, first_step)
+    start.history = [r for r in start.history if r["epoch"] <= first_epoch]
+    logging.warning("rolling back %s; back to %s (global step %d), learning "
+                    "rate x%g from now on (rollback %d of at most %d)", what,
+                    path, first_global_step, factor, self._rollbacks,
+                    config.max_rollbacks)
+    record = {"event": "rollback", "epoch": first_epoch,
+              "global_step": first_global_step,
+              "diverged_at_step": start.global_step, "checkpoint": path,
+              "learning_rate_factor": factor, "rollback": self._rollbacks}
+    start.on_chief(lambda run: run.record_rollback(start.reporter, record),
+                   name="record_rollback")
+    if config.elastic:
+      state.commit(position=position, epoch_sums=_NO_EXAMPLES,
+                   history=list(start.history))
+    return first_epoch
 
   def _say_how_it_ended(self, start: "_Start") -> None:
     if start.val:
@@ -463,14 +560,15 @@ class _Start:
   def __init__(self, *, config: TrainConfig, model_dir: str,
                world: distributed.World, run: Optional["_Run"],
                steps_per_epoch: int, global_batch: int, first_epoch: int,
-               first_step: int, state: elastic.TrainingState, batches):
+               first_step: int, state: elastic.TrainingState):
     self.world = world
     self.run = run  # rank 0's model_dir; None on the other ranks
     self.steps_per_epoch = steps_per_epoch
     self.global_batch = global_batch
     self.first_epoch = first_epoch
     self.first_step = first_step  # of the next epoch to train
-    self.batches = batches
+    self.batches = None  # this rank's, from first_step (_TrainLoop._read_from)
+    self.global_step = 0  # of the step being taken
     self.steps_run = 0
     self.optimizer_state_broadcast = False
     self.history = list(state.history)
@@ -494,21 +592,33 @@ class _Start:
         timeline=config.horovod_timeline)
     self.epoch_began = 0.0  # perf_counter() at the epoch's first step
 
+  def on_chief(self, action: Callable[["_Run"], Any], name: str) -> Any:
+    """`action(run)` on rank 0, which owns model_dir; every rank gets its
+    result, or its error (a failed write stops every rank alike)."""
+    run = self.run
+    return distributed.on_chief(run and functools.partial(action, run),
+                                name=name)
+
   def close(self) -> None:
     self.profiler.close()
     self.stop_requests.uninstall()
 
 
 class _Run:
-  """Rank 0's side of a run's model_dir: checkpoints, flags, exports."""
+  """Rank 0's side of a run's model_dir: checkpoints, flags, exports.
+
+  Its writes that fail (a full disk, a removed or read-only model_dir) end
+  in WriteFailed saying where a rerun of the same command resumes.
+  """
 
   def __init__(self, model_dir: str, config: TrainConfig, *, model,
-               optimizer, info: datasets.DatasetInfo):
+               optimizer, info: datasets.DatasetInfo, lr_factor: tf.Variable):
     self.model_dir = model_dir
     self._config = config
     self._model = model
     self._optimizer = optimizer
     self._info = info
+    self._lr_factor = lr_factor
     self._identity = checkpoint.identity(model, info)
     self.checkpoints = None
 
@@ -539,8 +649,13 @@ class _Run:
       position = self.checkpoints.restore(source)
       logging.info("starting %s from %s (epoch %d, step %d)", self.model_dir,
                    source, position.epoch + 1, position.step)
-    _record_flags(self.model_dir, self._config.command_line)
-    datasets.record(self.model_dir, self._info)
+    storage.warn_if_short_of_space(self.model_dir,
+                                   checkpoint_size=self.checkpoints.size,
+                                   keep=self._config.keep_checkpoints)
+    with self._writes(), storage.writing(
+        "flags.txt, classes.txt and normalization.json in", self.model_dir):
+      _record_flags(self.model_dir, self._config.command_line)
+      datasets.record(self.model_dir, self._info)
     return position
 
   def take_over(self) -> None:
@@ -552,22 +667,55 @@ class _Run:
     _make_model_dir(self.model_dir)
     self.checkpoints = checkpoint.Checkpoints(
         self.model_dir, model=self._model, optimizer=self._optimizer,
-        keep=self._config.keep_checkpoints, identity=self._identity)
+        keep=self._config.keep_checkpoints, identity=self._identity,
+        lr_factor=self._lr_factor)
 
-  def end_epoch(self, position: checkpoint.Position, global_step: int,
-                val_accuracy: float) -> None:
-    if self.checkpoints.save_at_epoch_end(position, global_step,
-                                          val_accuracy):
-      logging.info("best validation accuracy so far: %.4f", val_accuracy)
+  def save(self, position: checkpoint.Position, global_step: int) -> str:
+    with self._writes():
+      return self.checkpoints.save(position, global_step)
+
+  def end_epoch(self, reporter: report.Reporter, record: dict,
+                confusion: np.ndarray, position: checkpoint.Position,
+                global_step: int, val_accuracy: float) -> None:
+    """The epoch's record and its checkpoints."""
+    with self._writes():
+      reporter.epoch(record, confusion)
+      if self.checkpoints.save_at_epoch_end(position, global_step,
+                                            val_accuracy):
+        logging.info("best validation accuracy so far: %.4f", val_accuracy)
+
+  def roll_back(self) -> tuple[checkpoint.Position, str]:
+    """Restores the latest readable checkpoint: its position and path."""
+    position = self.checkpoints.restore_latest_readable()
+    return position, self.checkpoints.restored_path
+
+  def record_rollback(self, reporter: report.Reporter, record: dict) -> None:
+    """The rollback's event, after the records of epochs it undid go."""
+    with self._writes():
+      reporter.keep_epochs_up_to(record["epoch"])
+      reporter.event(record)
 
   def export(self) -> None:
     """The final model and the best checkpoint, as SavedModels."""
     directory = os.path.join(self.model_dir, export.EXPORT_DIR)
-    export.save(self._model, self._info, os.path.join(directory, "final"))
-    if self.checkpoints.best_path:
-      export.save_checkpoint(self._model, self.checkpoints.best_path,
-                             self._info, os.path.join(directory, "best"))
+    with self._writes():
+      export.save(self._model, self._info, os.path.join(directory, "final"))
+      if self.checkpoints.best_path:
+        export.save_checkpoint(self._model, self.checkpoints.best_path,
+                               self._info, os.path.join(directory, "best"))
     logging.info("exported SavedModels to %s (final, best)", directory)
+
+  @contextlib.contextmanager
+  def _writes(self):
+    """A failed write's message, ending with where a rerun resumes."""
+    try:
+      yield
+    except WriteFailed as e:
+      latest = self.checkpoints.latest_path if self.checkpoints else None
+      where = (f"it resumes from {latest}" if latest
+               else "it starts from the beginning")
+      raise WriteFailed(f"{e}, then run the same command again: {where}"
+                        ) from None
 
 
 def _starting_point(position, steps_per_epoch: int, global_batch: int,
@@ -598,7 +746,7 @@ def _preempted(run, position: checkpoint.Position, global_step: int,
   where = f"epoch {position.epoch + 1}, step {position.step}"
   name = signal.Signals(signum).name if signum else "a signal on another rank"
   if run:
-    path = run.checkpoints.save(position, global_step)
+    path = run.save(position, global_step)
     raise preemption.Preempted(
         signum, f"stopped by {name} at {where}; saved {path}; run the same "
         "command again to continue")
@@ -694,6 +842,9 @@ def config_from_flags() -> TrainConfig:
       resume=FLAGS.resume, resume_from=FLAGS.resume_from,
       keep_checkpoints=FLAGS.keep_checkpoints,
       checkpoint_every_steps=FLAGS.checkpoint_every_steps,
+      on_nonfinite=FLAGS.on_nonfinite,
+      rollback_lr_factor=FLAGS.rollback_lr_factor,
+      max_rollbacks=FLAGS.max_rollbacks,
       elastic=FLAGS.elastic, commit_every_steps=FLAGS.commit_every_steps,
       command_line=engine_flags.as_flagfile())
 
@@ -758,12 +909,12 @@ def main(argv):
 
 def _train_or_exit() -> TrainResult:
   """Trains with the flags; an error the user can act on ends the process
-  with one line (`engine.train: error: ...`) and exit code 2, a preemption
-  with 128 + the signal's number."""
+  with one line (`engine.train: error: ...`) and its kind's exit code
+  (engine.errors), a preemption with 128 + the signal's number."""
   try:
     return train(config_from_flags())
   except UserError as e:
-    _exit_with_error(str(e))
+    _exit_with_error(str(e), e.exit_code)
   except preemption.Preempted as e:
     print(f"engine.train: {e}", file=sys.stderr)
     sys.exit(128 + e.signum)
@@ -793,9 +944,10 @@ def _op_detail(error: tf.errors.OpError) -> str:
   return re.sub(r"\{\{.*?\}\}|\[Op:.*", "", error.message).strip()
 
 
-def _exit_with_error(message: str) -> None:
+def _exit_with_error(message: str, exit_code: int = UserError.exit_code
+                     ) -> None:
   print(f"engine.train: error: {message}", file=sys.stderr)
-  sys.exit(2)
+  sys.exit(exit_code)
 
 
 if __name__ == "__main__":

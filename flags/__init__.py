@@ -2,18 +2,18 @@
 
 Importing this package defines them all. `--helpfull` lists them grouped by
 these modules: flags.data, flags.model, flags.optimization, flags.training,
-flags.checkpoints, flags.elastic, flags.devices, flags.performance,
-flags.profiling. Their defaults are the CPU preset
+flags.checkpoints, flags.faults, flags.elastic, flags.devices,
+flags.performance, flags.profiling. Their defaults are the CPU preset
 (flags/fashion_mnist_cpu.cfg): with no flags at all, the engine trains a
 small CNN on Fashion-MNIST to over 90% test accuracy in minutes.
 """
 from absl import flags as absl_flags
 
-from flags import (checkpoints, data, devices, elastic, model, optimization,
-                   performance, profiling, training)
+from flags import (checkpoints, data, devices, elastic, faults, model,
+                   optimization, performance, profiling, training)
 
-_MODULES = (data, model, optimization, training, checkpoints, elastic,
-            devices, performance, profiling)
+_MODULES = (data, model, optimization, training, checkpoints, faults,
+            elastic, devices, performance, profiling)
 
 
 def as_flagfile() -> str:

@@ -143,3 +143,59 @@ def test_eval_counts_the_confusion_matrix_and_per_class_accuracy():
   np.testing.assert_array_equal(counts, [[2, 0], [1, 1]])
   np.testing.assert_array_equal(metrics.per_class_accuracy(counts),
                                 [1.0, 0.5])
+
+
+def test_a_nonfinite_loss_is_not_applied_and_raises_naming_it():
+  model = tiny_model()
+  optimizer = tf.keras.optimizers.SGD(0.1)
+  step = steps.TrainStep(model=model, optimizer=optimizer)
+  images, labels = batch(8, 7)
+  before = [w.numpy() for w in model.trainable_weights]
+  with pytest.raises(steps.NonFinite, match=r"the loss was non-finite on 1 "
+                     r"of 1 processes \(rank 0's: nan\) and the gradients "
+                     r"of \d+ of \d+ variables were non-finite \(conv"):
+    step(images * np.nan, labels)
+  for old, new in zip(before, model.trainable_weights):
+    np.testing.assert_array_equal(old, new.numpy())
+  assert int(optimizer.iterations) == 1  # counted, as the loss scaler does
+  step(images, labels)  # a finite step after it is applied
+  assert not np.array_equal(before[0], model.trainable_weights[0].numpy())
+  assert step.traces == 1
+
+
+def test_a_nonfinite_gradient_of_a_finite_loss_names_its_variable():
+  inputs = tf.keras.Input((3,))
+  hidden = tf.keras.layers.Dense(4, name="dense")(inputs)
+  # sqrt's gradient at 0 is infinite: times relu's 0 at 0, NaN.
+  zero_root = tf.keras.layers.Lambda(
+      lambda x: tf.sqrt(tf.nn.relu(-tf.abs(x))))(hidden)
+  logits = tf.keras.layers.Dense(2, name="logits")(
+      tf.keras.layers.Concatenate()([inputs, zero_root]))
+  model = tf.keras.Model(inputs, logits)
+  step = steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(0.1))
+  with pytest.raises(steps.NonFinite) as raised:
+    step(tf.ones([4, 3]), tf.constant([0, 1, 0, 1], tf.int64))
+  message = str(raised.value)
+  assert message.startswith("the gradients of 2 of 4 variables were "
+                            "non-finite (dense/kernel"), message
+  assert "loss" not in message
+
+
+def test_float16_counts_skipped_steps_and_raises_at_the_minimum_scale():
+  precision.set_policy("float16")
+  try:
+    model = tiny_model()
+  finally:
+    precision.set_policy("none")
+  optimizer = precision.with_loss_scaling(tf.keras.optimizers.SGD(0.1),
+                                          "float16")
+  step = steps.TrainStep(model=model, optimizer=optimizer)
+  images, labels = batch(8, 8)
+  for skipped in range(1, 16):  # 2^15 halved 15 times: the minimum, 1
+    step(images * np.nan, labels)
+    assert step.skipped_steps == skipped
+  assert float(optimizer.loss_scale) == 1.0
+  with pytest.raises(steps.NonFinite, match="at the float16 loss scale's "
+                     "minimum of 1"):
+    step(images * np.nan, labels)
+  assert step.traces == 1

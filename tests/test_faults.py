@@ -1,0 +1,121 @@
+"""Faults, for real: divergence, a full disk, a model_dir that turns
+read-only or disappears, a worker that stops answering.
+
+One `horovodrun -np 2` launch of tests/workers/fault_runs.py holds the runs
+where ranks matter (module-scoped fixture, asserted on by several tests);
+command-line launches check what a user sees: one line, its exit code.
+"""
+import json
+import os
+import re
+
+import pytest
+
+from tests import fixtures
+
+WORKER = os.path.join(fixtures.REPO, "tests", "workers", "fault_runs.py")
+IS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="mounting a tmpfs or a "
+                                "read-only bind mount needs root")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return fixtures.write_fashion_mnist(str(tmp_path_factory.mktemp("fm")),
+                                      num_train=301, num_test=51)
+
+
+@pytest.fixture(scope="module")
+def ranks(data_dir, tmp_path_factory):
+  out = tmp_path_factory.mktemp("faults")
+  result = fixtures.launch([WORKER, str(out), data_dir], processes=2)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def errors_of(ranks, run):
+  """Each rank's error from `run`, which every rank must have had."""
+  errors = [rank[run] for rank in ranks]
+  assert all("error" in error for error in errors), errors
+  return errors
+
+
+def test_a_divergence_stops_every_rank_after_the_same_step(ranks):
+  errors = errors_of(ranks, "diverged")
+  assert {e["error"] for e in errors} == {"Diverged"}
+  steps = {re.search(r"at global step (\d+) \(epoch 2, step \d+\) with "
+                     r"learning rate 4000: ", e["message"]).group(1)
+           for e in errors}
+  assert len(steps) == 1, errors
+  message = errors[0]["message"]
+  assert "the loss was non-finite on 2 of 2 processes" in message
+  assert re.search(r"; the step was not applied and nothing was saved "
+                   r"after \S+/checkpoints/ckpt-6, the last good checkpoint; "
+                   r"lower --base_lr, or pass --on_nonfinite=rollback$",
+                   message), message
+
+
+def test_a_divergence_leaves_checkpoints_and_exports_byte_identical(ranks):
+  assert ranks[0]["saved_files_unchanged"]
+
+
+def test_a_rollback_recovers_on_every_rank_and_keeps_the_lowered_rate(ranks):
+  for rank in ranks:
+    assert rank["rolled_back"]["epochs"] == [2, 3]
+    assert rank["rolled_back"]["max_weight_difference_across_ranks"] == 0.0
+  records = ranks[0]["records"]
+  assert [r["epoch"] for r in records if "event" not in r] == [1, 2, 3]
+  (rollback,) = [r for r in records if "event" in r]
+  assert rollback["event"] == "rollback"
+  assert rollback["checkpoint"].endswith(os.path.join("checkpoints",
+                                                      "ckpt-6"))
+  assert rollback["global_step"] == 6 < rollback["diverged_at_step"] <= 12
+  assert rollback["learning_rate_factor"] == pytest.approx(1e-5)
+  # 0.02 x 2 processes x the schedule's 10^5 x the rollback's 10^-5.
+  assert records[-1]["learning_rate"] == pytest.approx(0.04)
+  assert ranks[0]["saved_lr_factor"] == pytest.approx(1e-5)
+
+
+@needs_root
+def test_a_full_disk_stops_every_rank_with_one_line(ranks):
+  assert "error" not in ranks[0]["disk_first_epoch"]
+  errors = errors_of(ranks, "disk_full")
+  assert errors[0] == errors[1]  # rank 0's error, on every rank
+  message = errors[0]["message"]
+  assert errors[0]["error"] == "WriteFailed"
+  assert re.fullmatch(
+      r"could not write checkpoint \S+/checkpoints/(best/best|ckpt)-12 "
+      r"\(3\.\d MB\): No space left on device; [\d.]+ (MB|KB) free on its "
+      r"file system; free some space, then run the same command again: it "
+      r"resumes from \S+/checkpoints/ckpt-6", message), message
+
+
+@needs_root
+def test_a_full_disk_keeps_every_earlier_file_and_leaves_no_temporary_ones(
+    ranks):
+  assert ranks[0]["disk_full_checkpoints_unchanged"]
+  assert set(ranks[0]["disk_full_new_files"]) <= {"flags.latest.txt"}
+
+
+@needs_root
+def test_a_rerun_after_space_is_freed_resumes_from_the_last_checkpoint(
+    ranks):
+  for rank in ranks:
+    assert rank["disk_enlarged"]["epochs"] == [2]
+  assert ranks[0]["disk_records"] == [1, 2]
+
+
+@needs_root
+def test_a_model_dir_made_read_only_mid_run_stops_every_rank(ranks):
+  errors = errors_of(ranks, "read_only")
+  assert errors[0] == errors[1]
+  assert "Read-only file system" in errors[0]["message"]
+  assert "make the file system writable, then run the same command again: "\
+      "it resumes from" in errors[0]["message"]
+
+
+def test_a_model_dir_removed_mid_run_stops_every_rank(ranks):
+  errors = errors_of(ranks, "removed")
+  assert errors[0] == errors[1]
+  assert "No such file or directory" in errors[0]["message"]
+  assert "was model_dir removed? put it back" in errors[0]["message"]
