@@ -139,3 +139,31 @@ def test_float16_runs_keep_their_loss_scale_and_change_precision_one_way(
   with pytest.raises(UserError, match="saved without float16 loss scaling"):
     manager(tmp_path / "f32", model, precision.with_loss_scaling(
         inner, "float16")).restore_latest_readable()
+
+
+def test_the_learning_rate_factor_is_saved_and_restored(tmp_path):
+  model, optimizer = build()
+  factor = tf.Variable(0.25)
+  checkpoint.Checkpoints(str(tmp_path), model=model, optimizer=optimizer,
+                         keep=3, identity=IDENTITY, lr_factor=factor).save(
+                             checkpoint.Position(1, 0, 8, 1), 4)
+  restored = tf.Variable(1.0)
+  checkpoint.Checkpoints(str(tmp_path), model=model, optimizer=optimizer,
+                         keep=3, identity=IDENTITY,
+                         lr_factor=restored).restore_latest_readable()
+  assert float(restored.numpy()) == 0.25
+
+
+def test_a_checkpoint_from_before_rollbacks_restores_with_the_full_rate(
+    tmp_path):
+  model, optimizer = build(seed=1)
+  manager(tmp_path, model, optimizer).save(checkpoint.Position(1, 0, 8, 1), 4)
+  other, other_optimizer = build(seed=2)
+  factor = tf.Variable(0.5)
+  checkpoints = checkpoint.Checkpoints(
+      str(tmp_path), model=other, optimizer=other_optimizer, keep=3,
+      identity=IDENTITY, lr_factor=factor)
+  assert checkpoints.restore_latest_readable().epoch == 1
+  assert float(factor.numpy()) == 1.0
+  for a, b in zip(model.weights, other.weights):
+    assert (a.numpy() == b.numpy()).all()

@@ -8,6 +8,7 @@ command-line launches check what a user sees: one line, its exit code.
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -119,3 +120,68 @@ def test_a_model_dir_removed_mid_run_stops_every_rank(ranks):
   assert errors[0] == errors[1]
   assert "No such file or directory" in errors[0]["message"]
   assert "was model_dir removed? put it back" in errors[0]["message"]
+
+
+def one_line_per_rank(result, ranks=("[0]", "[1]")) -> list[str]:
+  """Each rank's one error line, with no traceback from any rank."""
+  lines = [l for l in result.stderr.splitlines() if l[:3] in ranks]
+  assert not [l for l in lines if "Traceback" in l], result.stderr[-3000:]
+  errors = []
+  for rank in ranks:
+    mine = [l for l in lines if l.startswith(rank) and "error:" in l]
+    assert len(mine) == 1, result.stderr[-3000:]
+    errors.append(mine[0].split("engine.train: error: ", 1)[1])
+  return errors
+
+
+def test_a_divergence_on_the_command_line_exits_3_with_one_line(data_dir,
+                                                                tmp_path):
+  # The command of the report that asked for this: a rate that diverges.
+  result = fixtures.launch(
+      ["-m", "engine.train", f"--data_dir={data_dir}",
+       f"--model_dir={tmp_path}/run", "--optimizer=sgd", "--base_lr=50",
+       "--epochs=3", "--steps_per_epoch=2", "--progress=none"], timeout=120)
+  assert result.returncode == 3, result.stderr[-3000:]
+  (error,) = one_line_per_rank(result, ranks=("eng",))
+  step = int(re.match(r"training diverged at global step (\d+) ",
+                      error).group(1))
+  saved = {int(re.match(r"ckpt-(\d+)\.", name).group(1))
+           for name in os.listdir(tmp_path / "run" / "checkpoints")
+           if name.startswith("ckpt-")}
+  assert all(s < step for s in saved), (saved, step)
+  assert not os.path.exists(tmp_path / "run" / "export")
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+  """A 1 MB tmpfs: room for the flags, not for a checkpoint."""
+  path = tmp_path / "tiny"
+  path.mkdir()
+  subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                  str(path)], check=True)
+  try:
+    yield path
+  finally:
+    subprocess.run(["umount", str(path)], check=True)
+
+
+@needs_root
+def test_a_full_disk_on_the_command_line_exits_4_on_every_rank(data_dir,
+                                                               tiny_tmpfs):
+  result = fixtures.launch(
+      ["-m", "engine.train", f"--data_dir={data_dir}",
+       f"--model_dir={tiny_tmpfs}/run", "--epochs=1", "--steps_per_epoch=2",
+       "--batch_size=16", "--progress=none"], processes=2, timeout=180)
+  assert result.returncode != 0
+  errors = one_line_per_rank(result)
+  assert errors[0] == errors[1]
+  assert re.match(rf"could not write checkpoint {tiny_tmpfs}/run/checkpoints/"
+                  r"best/best-2 \(4\.8 MB\): No space left on device; ",
+                  errors[0]), errors[0]
+  assert errors[0].endswith("then run the same command again: it starts "
+                            "from the beginning")
+  # horovodrun ends the other process once the first one exits.
+  assert re.match(r"Process [01] exit with status code 4\.", result.stdout)
+  assert not [name for name in os.listdir(tiny_tmpfs / "run" / "checkpoints"
+                                          / "best")
+              if name != "checkpoint"]

@@ -1,0 +1,64 @@
+"""Writes that fail, and the room checkpoints need (engine/storage.py)."""
+import os
+
+from absl import logging
+import pytest
+import tensorflow as tf
+
+from engine import storage
+from engine.errors import WriteFailed
+
+
+def test_a_full_device_is_one_line_naming_what_where_size_and_free_space():
+  # /dev/full fails every write with ENOSPC, as a full disk does.
+  with pytest.raises(WriteFailed) as raised:
+    with storage.writing("metrics", "/dev/full", 460):
+      with open("/dev/full", "w") as f:
+        f.write("x" * 460)
+  message = str(raised.value)
+  assert message.startswith("could not write metrics /dev/full (460 bytes): "
+                            "No space left on device; "), message
+  assert message.endswith("free on its file system; free some space")
+  assert "\n" not in message
+
+
+def test_tensorflow_file_errors_are_recognized_by_their_text(tmp_path):
+  missing = str(tmp_path / "gone" / "ckpt-3")
+  with pytest.raises(WriteFailed, match=r"could not write checkpoint "
+                     rf"{missing} \(2\.0 MB\): No such file or directory; "
+                     r".* free on its file system; was model_dir removed\? "
+                     r"put it back$"):
+    with storage.writing("checkpoint", missing, 2 * 2**20):
+      raise tf.errors.NotFoundError(None, None, f"{missing}; No such file "
+                                    "or directory")
+
+
+def test_free_space_is_that_of_the_nearest_existing_directory(tmp_path):
+  assert storage.free_space(str(tmp_path / "not" / "yet")) == \
+      storage.free_space(str(tmp_path))
+
+
+def test_start_up_warns_when_checkpoints_will_not_fit(tmp_path, caplog):
+  caplog.set_level(logging.WARNING)
+  storage.warn_if_short_of_space(str(tmp_path), checkpoint_size=2**50,
+                                 keep=3)
+  assert "5 checkpoints of 1048576.0 GB need 5242880.0 GB " \
+      "(--keep_checkpoints=3, one being written, the best)" in caplog.text
+  caplog.clear()
+  storage.warn_if_short_of_space(str(tmp_path), checkpoint_size=1, keep=3)
+  assert not caplog.text
+
+
+def test_sizes_read_as_people_read_them():
+  assert [storage.human(n) for n in (612, 12 * 2**10 + 300, 45 * 2**19,
+                                     3 * 2**30)] == [
+      "612 bytes", "12.3 KB", "22.5 MB", "3.0 GB"]
+
+
+def test_remove_takes_files_and_directories_and_ignores_the_missing(tmp_path):
+  (tmp_path / "ckpt-3_temp").mkdir()
+  (tmp_path / "ckpt-3_temp" / "part").write_text("x")
+  (tmp_path / "ckpt-3.index").write_text("x")
+  storage.remove(str(tmp_path / "ckpt-3_temp"), str(tmp_path / "ckpt-3.index"),
+                 str(tmp_path / "never"))
+  assert os.listdir(tmp_path) == []
