@@ -96,9 +96,9 @@ class Reporter:
         record["input_seconds"], record["step_seconds"],
         record["epoch_seconds"], record["cumulative_seconds"])
     if record.get("skipped_steps"):
-      logging.info("%d steps of epoch %d skipped by the float16 loss scaler "
-                   "(gradients not finite at its scale)",
-                   record["skipped_steps"], record["epoch"])
+      logging.info("epoch %d: the float16 loss scaler skipped %d of its "
+                   "steps (gradients not finite at its scale)",
+                   record["epoch"], record["skipped_steps"])
     self._append(record)
     with storage.writing("TensorBoard events", self._tensorboard_dir):
       with self._summaries.as_default(step=record["global_step"]):

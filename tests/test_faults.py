@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 
+import numpy as np
 import pytest
 
 from tests import fixtures
@@ -185,3 +186,23 @@ def test_a_full_disk_on_the_command_line_exits_4_on_every_rank(data_dir,
   assert not [name for name in os.listdir(tiny_tmpfs / "run" / "checkpoints"
                                           / "best")
               if name != "checkpoint"]
+
+
+def test_float16_skips_a_nan_batch_counts_it_and_trains_on(tmp_path):
+  arrays = fixtures.write_arrays(str(tmp_path / "data.npz"), num_train=32,
+                                 num_test=8, shape=(8, 8), dtype="float32")
+  with np.load(arrays) as stored:
+    values = dict(stored)
+  values["x_train"][5, 0, 0] = np.nan  # in one batch of each epoch
+  np.savez(arrays, **values)
+  result = fixtures.launch(
+      ["-m", "engine.train", "--dataset=arrays", f"--data_dir={arrays}",
+       f"--model_dir={tmp_path}/run", "--mixed_precision=float16",
+       "--image_mean=0.5", "--image_std=0.25", "--filters=4",
+       "--batch_size=8", "--epochs=2", "--progress=none"], timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = [json.loads(line) for line in
+             (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["skipped_steps"] for r in records] == [1, 1]
+  assert "epoch 2: the float16 loss scaler skipped 1 of its steps" in \
+      result.stderr
