@@ -13,6 +13,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from engine import liveness
 from engine.errors import UserError
 
 
@@ -40,6 +41,8 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
     # Read by hvd.init: a timeline that hvd.start_timeline can switch on.
     os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
   hvd.init()
+  # So a survivor of a failed collective can name the rank that stopped.
+  liveness.start_heartbeat(hvd.rank(), hvd.size())
   if deterministic:
     # Same inputs, same results, op by op (slower on GPUs); what makes a
     # resumed run land on exactly the weights of an uninterrupted one.

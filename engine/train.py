@@ -31,6 +31,7 @@ from engine import datasets
 from engine import distributed
 from engine import elastic
 from engine import export
+from engine import liveness
 from engine import metrics
 from engine import optimizers
 from engine import precision
@@ -45,6 +46,7 @@ from engine import storage
 from engine import user_code
 from engine.errors import Diverged
 from engine.errors import UserError
+from engine.errors import WorkerLost
 from engine.errors import WriteFailed
 import flags as engine_flags
 import models
@@ -912,7 +914,8 @@ def _train_or_exit() -> TrainResult:
   with one line (`engine.train: error: ...`) and its kind's exit code
   (engine.errors), a preemption with 128 + the signal's number."""
   try:
-    return train(config_from_flags())
+    config = config_from_flags()
+    return train(config)
   except UserError as e:
     _exit_with_error(str(e), e.exit_code)
   except preemption.Preempted as e:
@@ -936,7 +939,10 @@ def _train_or_exit() -> TrainResult:
   except tf.errors.OpError as e:
     if not distributed.is_peer_failure(e):
       raise
-    _exit_with_error("another process stopped the job; its error is above")
+    _exit_with_error(liveness.describe_lost_process(
+        tf.train.latest_checkpoint(os.path.join(config.model_dir,
+                                                checkpoint.CHECKPOINT_DIR))),
+                     WorkerLost.exit_code)
 
 
 def _op_detail(error: tf.errors.OpError) -> str:

@@ -5,10 +5,13 @@ One `horovodrun -np 2` launch of tests/workers/fault_runs.py holds the runs
 where ranks matter (module-scoped fixture, asserted on by several tests);
 command-line launches check what a user sees: one line, its exit code.
 """
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -206,3 +209,53 @@ def test_float16_skips_a_nan_batch_counts_it_and_trains_on(tmp_path):
   assert [r["skipped_steps"] for r in records] == [1, 1]
   assert "epoch 2: the float16 loss scaler skipped 1 of its steps" in \
       result.stderr
+
+
+def pid_of_rank(rank: int, model_dir) -> int:
+  """The engine process of `rank` (horovodrun sets HOROVOD_RANK)."""
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        command = f.read().split(b"\0")
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        environment = f.read().split(b"\0")
+    except OSError:
+      continue
+    if (command[0] == fixtures.PYTHON.encode()
+        and f"--model_dir={model_dir}".encode() in command
+        and f"HOROVOD_RANK={rank}".encode() in environment):
+      return int(pid)
+  raise AssertionError(f"no process of rank {rank}")
+
+
+def test_a_frozen_worker_is_named_with_the_wait_and_the_resume_point(
+    data_dir, tmp_path):
+  model_dir = tmp_path / "run"
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO,
+             HOROVOD_GLOO_TIMEOUT_SECONDS="10")  # 30 s by default
+  job = subprocess.Popen(
+      [fixtures.HOROVODRUN, "-np", "2", fixtures.PYTHON, "-m",
+       "engine.train", f"--data_dir={data_dir}", f"--model_dir={model_dir}",
+       "--epochs=100", "--steps_per_epoch=5", "--batch_size=16",
+       "--progress=none"], cwd=fixtures.REPO, env=env, text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  try:
+    deadline = time.monotonic() + 120
+    while not (model_dir / "checkpoints" / "checkpoint").exists():
+      assert time.monotonic() < deadline and job.poll() is None
+      time.sleep(0.1)
+    frozen = pid_of_rank(1, model_dir)
+    os.kill(frozen, signal.SIGSTOP)
+    stdout, stderr = job.communicate(timeout=120)
+  finally:
+    job.kill()
+  (error,) = one_line_per_rank(subprocess.CompletedProcess(
+      job.args, job.returncode, stdout, stderr), ranks=("[0]",))
+  assert re.fullmatch(
+      r"rank 1 stopped answering: silent for 1\d s; this process waited for "
+      r"it for Gloo's timeout of 10 s \(HOROVOD_GLOO_TIMEOUT_SECONDS\) and "
+      rf"stopped; run the same command again: it resumes from {model_dir}/"
+      r"checkpoints/ckpt-\d+", error), error
+  assert "Process 0 exit with status code 5." in stdout
+  with contextlib.suppress(ProcessLookupError):
+    os.kill(frozen, signal.SIGKILL)  # horovodrun's, unless it has already
