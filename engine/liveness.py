@@ -8,7 +8,8 @@ has been shut down". So each process writes the time, every second, from a
 daemon thread, into the HTTP key-value server horovodrun runs for Gloo's
 rendezvous (HOROVOD_GLOO_RENDEZVOUS_ADDR and _PORT, for the life of the
 job). A frozen or dead process stops beating; after a failed collective a
-survivor reads every rank's last beat and names the silent ones.
+survivor watches every rank's beat for a few seconds and names the ranks
+whose beat did not move.
 
 Under mpirun or srun there is no such server, and MPI has no timeout: a
 frozen process hangs the job until Horovod's stall shutdown
@@ -23,9 +24,9 @@ from typing import Optional
 import urllib.request
 
 INTERVAL_SECONDS = 1.0
-# Silent for longer than this: stopped (beats are a second apart; an HTTP
-# request on a loaded host can take a while).
-SILENT_SECONDS = 5.0
+# A live process beats at least once in this time, even on a loaded host;
+# well within the 5 s horovodrun gives the others once one has exited.
+WATCH_SECONDS = 2.5
 _SCOPE = "engine_heartbeat"
 _started = False
 
@@ -49,20 +50,24 @@ def start_heartbeat(rank: int, size: int) -> None:
 
 
 def silent_ranks() -> list[tuple[int, float]]:
-  """The other ranks not heard from for SILENT_SECONDS, with their
-  silence in seconds; empty without a key-value store."""
+  """The other ranks whose beat did not move in WATCH_SECONDS, with their
+  silence in seconds; empty without a key-value store.
+
+  Watching rather than reading once: a process killed a moment ago beat
+  as recently as the live ones.
+  """
   if not _started:
     return []
   rank, size = int(os.environ["HOROVOD_RANK"]), int(
       os.environ["HOROVOD_SIZE"])
+  others = [other for other in range(size) if other != rank]
+  before = {other: _get(other) for other in others}
+  time.sleep(WATCH_SECONDS)
   now, silent = time.time(), []
-  for other in range(size):
-    if other == rank:
-      continue
+  for other in others:
     beat = _get(other)
-    silence = now - beat if beat is not None else float("inf")
-    if silence > SILENT_SECONDS:
-      silent.append((other, silence))
+    if beat is None or beat == before[other]:
+      silent.append((other, now - beat if beat is not None else float("inf")))
   return silent
 
 
@@ -77,7 +82,7 @@ def describe_lost_process(latest_checkpoint: Optional[str]) -> str:
   else:
     who = " and ".join(f"rank {rank}" for rank, _ in silent)
     longest = max(silence for _, silence in silent)
-    if longest >= timeout - SILENT_SECONDS:
+    if longest >= timeout:
       what = (f"{who} stopped answering: silent for {longest:.0f} s; this "
               f"process waited for it for Gloo's timeout of {timeout:g} s "
               "(HOROVOD_GLOO_TIMEOUT_SECONDS) and stopped")

@@ -939,6 +939,9 @@ def _train_or_exit() -> TrainResult:
   except tf.errors.OpError as e:
     if not distributed.is_peer_failure(e):
       raise
+    # horovodrun sends the survivors SIGTERM as soon as one process exits,
+    # and SIGKILL 5 s later: the line below takes a few seconds to find.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_error(liveness.describe_lost_process(
         tf.train.latest_checkpoint(os.path.join(config.model_dir,
                                                 checkpoint.CHECKPOINT_DIR))),

@@ -8,6 +8,7 @@ several tests.
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -195,6 +196,9 @@ def test_sigkill_of_a_worker_ends_the_job_and_a_rerun_resumes(data_dir,
   workers[0].kill()
   output, _ = run.communicate(timeout=120)  # no hang
   assert run.returncode != 0
+  assert re.search(r"\[0\]<stderr>:engine.train: error: rank 1 stopped \d+ s "
+                   r"ago \(its error, if any, is above\); run the same "
+                   r"command again: it resumes from \S+/ckpt-\d+", output)
   rerun = train(data_dir, model_dir, epochs=6, processes=2)
   assert "resuming" in rerun.stderr
   assert [r["epoch"] for r in records(model_dir)] == [1, 2, 3, 4, 5, 6]
