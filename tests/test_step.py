@@ -102,7 +102,8 @@ def test_xla_compiles_the_forward_and_backward_pass_only_with_xla():
   assert any("backward" in n for n in names)
 
 
-def test_float16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
+def float16_step():
+  """A float16 model's TrainStep, with Keras' dynamic loss scaler."""
   precision.set_policy("float16")
   try:
     model = tiny_model()
@@ -110,7 +111,11 @@ def test_float16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
     precision.set_policy("none")
   optimizer = precision.with_loss_scaling(tf.keras.optimizers.SGD(0.1),
                                           "float16")
-  step = steps.TrainStep(model=model, optimizer=optimizer)
+  return model, optimizer, steps.TrainStep(model=model, optimizer=optimizer)
+
+
+def test_float16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
+  model, optimizer, step = float16_step()
   images, labels = batch(8, 5)
   step(images, labels)
   assert float(optimizer.loss_scale) == 2.0 ** 15  # finite: applied
@@ -182,14 +187,7 @@ def test_a_nonfinite_gradient_of_a_finite_loss_names_its_variable():
 
 
 def test_float16_counts_skipped_steps_and_raises_at_the_minimum_scale():
-  precision.set_policy("float16")
-  try:
-    model = tiny_model()
-  finally:
-    precision.set_policy("none")
-  optimizer = precision.with_loss_scaling(tf.keras.optimizers.SGD(0.1),
-                                          "float16")
-  step = steps.TrainStep(model=model, optimizer=optimizer)
+  _, optimizer, step = float16_step()
   images, labels = batch(8, 8)
   for skipped in range(1, 16):  # 2^15 halved 15 times: the minimum, 1
     step(images * np.nan, labels)
