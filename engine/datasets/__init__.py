@@ -11,6 +11,7 @@ in their signatures and receive only those (engine/registry.py).
 """
 import dataclasses
 import json
+import math
 import os
 from typing import Optional
 
@@ -87,7 +88,12 @@ def recorded_normalization(model_dir: str) -> Optional[tuple]:
   try:
     with open(path) as f:
       recorded = json.load(f)
-    return tuple(recorded["mean"]), tuple(recorded["std"])
+    mean, std = (tuple(float(v) for v in recorded[key])
+                 for key in ("mean", "std"))
+    # What would make every normalized image NaN or infinite.
+    if min(std, default=0) <= 0 or not all(map(math.isfinite, mean + std)):
+      raise ValueError("not finite numbers with a positive std")
+    return mean, std
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise UserError(f"{path}: unreadable ({e}); it records the run's "
                     "normalization: restore it, or delete it to recompute"

@@ -129,17 +129,19 @@ def _stored_member_offset(path: str, member: zipfile.ZipInfo) -> int:
 
 def _open_hdf5(path: str) -> dict:
   import h5py  # pylint: disable=import-outside-toplevel
-  try:
-    f = h5py.File(path, "r")
-  except OSError as e:
-    raise UserError(f"{path}: not a readable HDF5 file ({e})") from None
   arrays = {}
 
   def add(name, item):
     if isinstance(item, h5py.Dataset):  # by its full path: group/name
       arrays[name] = _Hdf5Dataset(item, f"{path}:{name}")
 
-  f.visititems(add)
+  try:
+    h5py.File(path, "r").visititems(add)
+  # Damaged metadata makes h5py raise many exception types (OSError,
+  # RuntimeError, KeyError, ...) at the open or the walk, each meaning the
+  # same.
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(f"{path}: not a readable HDF5 file ({e})") from None
   return arrays
 
 
@@ -173,7 +175,9 @@ class _NpyFile(_Stored):
         self._data_offset = f.tell()
     except OSError as e:
       raise UserError(f"{self.label}: cannot read it ({e.strerror})") from None
-    except ValueError as e:
+    # A garbled header makes numpy's parser raise almost any exception type
+    # (ValueError, SyntaxError, tokenize.TokenError), each meaning the same.
+    except Exception as e:  # pylint: disable=broad-except
       raise UserError(f"{self.label}: not an .npy array ({e})") from None
     if fortran and len(shape) > 1:
       raise UserError(f"{self.label}: stored in Fortran order, which cannot "
@@ -281,6 +285,13 @@ def _splits(x_train, y_train, x_test, y_test, *, source: str,
                                  names[0])
   test_labels = _checked_labels(y_test, names[3], x_test.shape[0], names[2])
   num_classes = len(class_names) or int(train_labels.max(initial=0)) + 1
+  if not class_names and num_classes > max(len(train_labels), 2):
+    # A damaged label file, most likely: a model (and confusion matrix) of
+    # that many classes could exhaust memory.
+    raise UserError(f"{y_train.label or names[1]}: labels go up to "
+                    f"{num_classes - 1}, more classes than the "
+                    f"{len(train_labels)} training images; labels are class "
+                    "ids 0..N-1 (give class_names to declare N classes)")
   for labels, array, name in ((train_labels, y_train, names[1]),
                               (test_labels, y_test, names[3])):
     if labels.size and labels.max() >= num_classes:
@@ -288,7 +299,8 @@ def _splits(x_train, y_train, x_test, y_test, *, source: str,
                 f"{names[1]}'s labels go up to {num_classes - 1}")
       raise UserError(f"{array.label or name}: label {labels.max()} is out "
                       f"of range ({reason})")
-  mean, std = normalization or _statistics(train_images)
+  mean, std = normalization or _statistics(train_images,
+                                          x_train.label or names[0])
   info = DatasetInfo(
       name=os.path.basename(source.rstrip("/")) or "arrays",
       image_shape=train_images.shape[1:], num_classes=num_classes,
@@ -341,12 +353,17 @@ def _checked_labels(array, name: str, num_images: int,
   return values
 
 
-def _statistics(images: _Images) -> tuple[tuple, tuple]:
-  """Per-channel mean and std of a seeded sample of the training images."""
+def _statistics(images: _Images, label: str) -> tuple[tuple, tuple]:
+  """Per-channel mean and std of a seeded sample of the training images;
+  `label` names them in errors."""
   count = images.shape[0]
   rows = np.sort(np.random.default_rng(0).choice(
       count, min(count, STATS_SAMPLE), replace=False))
   pixels = images.read(rows).astype(np.float64)
+  finite = np.isfinite(pixels).reshape(len(rows), -1).all(axis=1)
+  if not finite.all():
+    raise UserError(f"{label}: image {rows[~finite][0]} has NaN or infinite "
+                    "pixel values; replace or drop it")
   mean = pixels.mean(axis=(0, 1, 2))
   std = pixels.std(axis=(0, 1, 2))
   return (tuple(float(m) for m in mean),

@@ -54,6 +54,10 @@ def load(*, data_dir: str, image_size: int, num_classes: int,
 def _files(data_dir: str, prefixes) -> tuple[str, ...]:
   for prefix in prefixes:
     files = sorted(glob.glob(os.path.join(data_dir, prefix + "-*")))
+    for path in files:
+      if os.path.isdir(path):
+        raise UserError(f"{path}: a directory among the {prefix}-* TFRecord "
+                        "files; move it out of --data_dir")
     if files:
       return tuple(files)
   names = " or ".join(p + "-*" for p in prefixes)
@@ -64,8 +68,12 @@ def _class_names(data_dir: str) -> tuple[str, ...]:
   path = os.path.join(data_dir, CLASSES_FILE)
   if not os.path.exists(path):
     return ()
-  with open(path) as f:
-    return tuple(line.rstrip("\n") for line in f if line.strip())
+  try:
+    with open(path) as f:
+      return tuple(line.rstrip("\n") for line in f if line.strip())
+  except (OSError, UnicodeDecodeError) as e:
+    raise UserError(f"{path}: unreadable ({e}); it gives the classes' names, "
+                    "one a line in label order (UTF-8 text)") from None
 
 
 def _count(files) -> int:
