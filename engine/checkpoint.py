@@ -94,16 +94,20 @@ class Checkpoints:
     self.size = storage.size_of(model.variables + (
         optimizers.state(optimizer) if optimizer is not None else []))
     self.restored_path = None  # the last checkpoint restored
-    self._latest = tf.train.CheckpointManager(
-        self._checkpoint, self.directory, max_to_keep=keep)
-    self._best = tf.train.CheckpointManager(
-        self._checkpoint, os.path.join(self.directory, BEST_DIR),
-        max_to_keep=1, checkpoint_name="best")
+    self._latest = _manager(self._checkpoint, self.directory, keep, "ckpt")
+    self._best = _manager(self._checkpoint,
+                          os.path.join(self.directory, BEST_DIR), 1, "best")
     if self.best_path:
       # The best so far, for a process that takes over as rank 0 in an
       # elastic run (a restore sets it too, from the checkpoint it reads).
-      self._best_accuracy.assign(tf.train.load_checkpoint(
-          self.best_path).get_tensor(_BEST_ACCURACY_KEY))
+      try:
+        self._best_accuracy.assign(tf.train.load_checkpoint(
+            self.best_path).get_tensor(_BEST_ACCURACY_KEY))
+      except (*_DAMAGE, ValueError) as e:
+        raise UserError(
+            f"{self.best_path}, the best checkpoint, is unreadable "
+            f"({_first_line(e)}); move {os.path.dirname(self.best_path)} "
+            "away to train on without it") from None
 
   # Restoring.
 
@@ -116,7 +120,7 @@ class Checkpoints:
     candidates = self.existing()
     for path in reversed(candidates):
       try:
-        return self.restore(path)
+        return self._restore(path)
       except _Unreadable as e:
         logging.warning("checkpoint %s is unreadable (%s); trying the one "
                         "before it", path, e)
@@ -126,6 +130,13 @@ class Checkpoints:
 
   def restore(self, path: str) -> Position:
     """Restores `path` into the model and optimizer; returns its position."""
+    try:
+      return self._restore(path)
+    except _Unreadable as e:
+      raise UserError(f"checkpoint {path} is unreadable ({e}); give another "
+                      "one") from None
+
+  def _restore(self, path: str) -> Position:
     try:
       reader = tf.train.load_checkpoint(path)
     except (tf.errors.OpError, ValueError) as e:
@@ -230,6 +241,20 @@ class Checkpoints:
     self._step.assign(position.step)
     self._global_batch.assign(position.global_batch)
     self._world_size.assign(position.world_size)
+
+
+def _manager(checkpoint: tf.train.Checkpoint, directory: str, keep: int,
+             name: str) -> tf.train.CheckpointManager:
+  """A CheckpointManager; it reads the directory's state file, whose damage
+  is one line rather than a traceback."""
+  try:
+    return tf.train.CheckpointManager(checkpoint, directory,
+                                      max_to_keep=keep, checkpoint_name=name)
+  except (*_DAMAGE, ValueError, UnicodeDecodeError) as e:
+    state = os.path.join(directory, "checkpoint")
+    raise UserError(f"{state} is damaged ({_first_line(e)}); it lists the "
+                    "checkpoints beside it: restore it from a copy, or move "
+                    f"{directory} away") from None
 
 
 def resolve(path: str) -> str:

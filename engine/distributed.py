@@ -86,7 +86,10 @@ def bind_to_own_cores(local_rank: int, local_size: int) -> None:
   # Threads inherit affinity from their creator; Horovod's and TensorFlow's
   # already exist, so set it on every thread of the process.
   for thread in os.listdir("/proc/self/task"):
-    os.sched_setaffinity(int(thread), mine)
+    try:
+      os.sched_setaffinity(int(thread), mine)
+    except ProcessLookupError:  # it ended since the listing
+      pass
 
 
 def available_cores() -> int:

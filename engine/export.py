@@ -70,10 +70,21 @@ def save_checkpoint(model: tf.keras.Model, checkpoint_path: str,
 
   Restoring into the model itself rather than a clone works for every
   model, also subclassed ones and custom layers that Keras cannot clone.
+  Raises UnreadableCheckpoint if the checkpoint is damaged.
   """
   with _weights_restored_after(model):
-    tf.train.Checkpoint(model=model).restore(checkpoint_path).expect_partial()
+    try:
+      tf.train.Checkpoint(model=model).restore(
+          checkpoint_path).expect_partial()
+    except (tf.errors.OpError, ValueError, IndexError) as e:
+      raise UnreadableCheckpoint(f"{checkpoint_path} is unreadable "
+                                 f"({str(e).strip().splitlines()[0]})"
+                                 ) from None
     save(model, info, path)
+
+
+class UnreadableCheckpoint(Exception):
+  """A checkpoint damaged since it was written: not exported."""
 
 
 @contextlib.contextmanager

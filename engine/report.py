@@ -59,10 +59,17 @@ class Reporter:
     stay: they happened."""
     if not self._chief or not os.path.exists(self.metrics_path):
       return
-    with open(self.metrics_path) as f:
+    with open(self.metrics_path, "rb") as f:
       lines = [l for l in f if l.strip()]
-    kept = [l for l in lines
-            if "event" in (record := json.loads(l)) or record["epoch"] <= epoch]
+    kept = []
+    for number, line in enumerate(lines, start=1):
+      record = _parsed(line)
+      if record is None:
+        # Half a line, from a write that failed (a full disk), say.
+        logging.warning("%s: dropped line %d, not a record: %r",
+                        self.metrics_path, number, line[:80])
+      elif "event" in record or record["epoch"] <= epoch:
+        kept.append(line.decode().rstrip("\n") + "\n")
     if len(kept) < len(lines):
       temporary = self.metrics_path + ".tmp"
       try:
@@ -113,10 +120,24 @@ class Reporter:
       self._summaries.flush()
 
   def _append(self, record: dict) -> None:
+    """One line. Half of one, left by a write that failed, is dropped when
+    the run resumes (keep_epochs_up_to)."""
     line = json.dumps(record) + "\n"
     with storage.writing("metrics", self.metrics_path, len(line)):
       with open(self.metrics_path, "a") as f:
         f.write(line)
+
+
+def _parsed(line: bytes) -> Optional[dict]:
+  """A metrics.jsonl line's record, or None if it is not one."""
+  try:
+    record = json.loads(line)
+  except (ValueError, UnicodeDecodeError):
+    return None
+  if isinstance(record, dict) and ("event" in record or isinstance(
+      record.get("epoch"), int)):
+    return record
+  return None
 
 
 def confusion_image(counts: np.ndarray, size: int = 320) -> np.ndarray:

@@ -17,6 +17,7 @@ import re
 import signal
 import sys
 import time
+import traceback
 from typing import Any, Callable, Optional
 
 from absl import app
@@ -651,6 +652,7 @@ class _Run:
       position = self.checkpoints.restore(source)
       logging.info("starting %s from %s (epoch %d, step %d)", self.model_dir,
                    source, position.epoch + 1, position.step)
+    _make_model_dir(self.model_dir)  # the checks passed: now it is written
     storage.warn_if_short_of_space(self.model_dir,
                                    checkpoint_size=self.checkpoints.size,
                                    keep=self._config.keep_checkpoints)
@@ -663,10 +665,10 @@ class _Run:
   def take_over(self) -> None:
     """For a process that becomes rank 0 mid-run (elastic): the run's
     checkpoints, to write, without restoring any."""
+    _make_model_dir(self.model_dir)
     self._open_checkpoints()
 
   def _open_checkpoints(self) -> None:
-    _make_model_dir(self.model_dir)
     self.checkpoints = checkpoint.Checkpoints(
         self.model_dir, model=self._model, optimizer=self._optimizer,
         keep=self._config.keep_checkpoints, identity=self._identity,
@@ -703,8 +705,12 @@ class _Run:
     with self._writes():
       export.save(self._model, self._info, os.path.join(directory, "final"))
       if self.checkpoints.best_path:
-        export.save_checkpoint(self._model, self.checkpoints.best_path,
-                               self._info, os.path.join(directory, "best"))
+        try:
+          export.save_checkpoint(self._model, self.checkpoints.best_path,
+                                 self._info, os.path.join(directory, "best"))
+        except export.UnreadableCheckpoint as e:
+          logging.warning("the best checkpoint %s: exported the final model "
+                          "only", e)
     logging.info("exported SavedModels to %s (final, best)", directory)
 
   @contextlib.contextmanager
@@ -905,8 +911,21 @@ def run(*, model=None, dataset=None, **flag_values) -> TrainResult:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    _exit_with_error(f"unexpected arguments: {' '.join(argv[1:])} (flags "
+                     "take the form --name=value)")
   _train_or_exit()
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, its errors (a bad value, an unknown flag, a flagfile
+  that is not text) as one line."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    _exit_with_error(str(e))
+  except UnicodeDecodeError as e:
+    _exit_with_error(f"a --flagfile is not UTF-8 text ({e.reason} at byte "
+                     f"{e.start}); flagfiles hold one --name=value a line")
 
 
 def _train_or_exit() -> TrainResult:
@@ -925,17 +944,18 @@ def _train_or_exit() -> TrainResult:
     # A TFRecord file found corrupt while streaming: its counts came from
     # flags, so it was not read at start-up, where the check names the file.
     _exit_with_error(
-        f"corrupt input data ({_op_detail(e)}); run with --train_examples=0 "
-        "--test_examples=0 to check every file at start-up and name it")
+        f"corrupt input data ({_op_detail(e)}), found while training; run "
+        "with --train_examples=0 --test_examples=0 to check every file at "
+        "start-up and name it")
   except tf.errors.InvalidArgumentError as e:
-    # An image file whose first bytes looked right, found undecodable by
-    # the input pipeline (image_folder checks headers only at start-up).
-    if "image" not in e.message.lower():
+    _exit_with_error(_bad_input_found_while_training(e))
+  except UnicodeDecodeError as e:
+    # TensorFlow quoting a record's raw bytes in its error message.
+    if "tensorflow" not in traceback.extract_tb(e.__traceback__)[-1].filename:
       raise
-    _exit_with_error(f"an image failed to decode while training "
-                     f"({_op_detail(e)}"
-                     "); its first bytes looked right at start-up: replace "
-                     "or remove the damaged file")
+    _exit_with_error("invalid input data found while training: TensorFlow "
+                     f"quoted bytes of it that are not text ({e.reason}); a "
+                     "TFRecord file whose records are not tf.train.Example?")
   except tf.errors.OpError as e:
     if not distributed.is_peer_failure(e):
       raise
@@ -948,16 +968,38 @@ def _train_or_exit() -> TrainResult:
                      WorkerLost.exit_code)
 
 
+def _bad_input_found_while_training(error: tf.errors.InvalidArgumentError
+                                    ) -> str:
+  """Data the start-up checks could not see: an image whose first bytes
+  looked right (image_folder checks only those), a label beyond the
+  classes, a record of the wrong shape."""
+  detail = _op_detail(error)
+  if "image" in error.message.lower():
+    return (f"an image failed to decode while training ({detail}); its "
+            "first bytes looked right at start-up: replace or remove the "
+            "damaged file")
+  if "label value" in error.message:
+    return (f"a label out of range found while training ({detail}); labels "
+            "are class ids 0..N-1 for N classes (--num_classes, classes.txt)")
+  return f"invalid input data found while training ({detail})"
+
+
 def _op_detail(error: tf.errors.OpError) -> str:
-  """A TensorFlow op error's message without its op and graph names."""
-  return re.sub(r"\{\{.*?\}\}|\[Op:.*", "", error.message).strip()
+  """A TensorFlow op error's message on one line, without its op and
+  graph names."""
+  return " ".join(re.sub(r"\{\{.*?\}\}|\[\[.*?\]\]|\[Op:.*", "",
+                         error.message, flags=re.DOTALL).split())
 
 
 def _exit_with_error(message: str, exit_code: int = UserError.exit_code
                      ) -> None:
-  print(f"engine.train: error: {message}", file=sys.stderr)
+  # One line, whatever a file or flag put in it: control characters
+  # (newlines among them) as escapes.
+  printable = "".join(c if c.isprintable() else repr(c)[1:-1]
+                      for c in message)
+  print(f"engine.train: error: {printable}", file=sys.stderr)
   sys.exit(exit_code)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

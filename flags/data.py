@@ -79,5 +79,10 @@ flags.DEFINE_integer("test_examples", 0,
                      "(synthetic default 1000).", lower_bound=0)
 flags.DEFINE_list("synthetic_image_shape", ["32", "32", "3"],
                   "synthetic: height,width,channels of the images.")
+flags.register_validator(
+    "synthetic_image_shape",
+    lambda values: len(values) == 3 and all(
+        v.strip().isdigit() and int(v) > 0 for v in values),
+    "must be three positive integers: height,width,channels")
 flags.DEFINE_integer("synthetic_classes", 10, "synthetic: number of classes.",
                      lower_bound=2)

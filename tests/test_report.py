@@ -65,3 +65,15 @@ def test_the_chief_writes_the_confusion_image_each_epoch(tmp_path):
             if value.tag == "val/confusion_matrix"]
   assert len(images) == 1
   assert images[0].metadata.plugin_data.plugin_name == "images"
+
+
+def test_a_resume_drops_damaged_lines_and_keeps_events(tmp_path):
+  metrics = tmp_path / report.METRICS_FILE
+  metrics.write_text('{"epoch": 1, "val_accuracy": 0.5}\n'
+                     '{"event": "rollback", "epoch": 1}\n'
+                     '{"epoch": 2, "val_acc\n'  # a write cut short
+                     '[1, 2]\n'
+                     '{"epoch": 2, "val_accuracy": 0.6}\n')
+  report.Reporter(str(tmp_path), chief=True, epochs=3).keep_epochs_up_to(1)
+  assert metrics.read_text() == ('{"epoch": 1, "val_accuracy": 0.5}\n'
+                                 '{"event": "rollback", "epoch": 1}\n')
