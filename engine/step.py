@@ -105,8 +105,8 @@ class TrainStep:
     else:
       # DistributedGradientTape reduces every backward pass; accumulating
       # needs the local gradients first, then one reduction of their mean.
-      local, loss_is_finite = self._accumulated_gradients(images, labels,
-                                                          variables)
+      local, loss = self._accumulated_gradients(images, labels, variables)
+      loss_is_finite = tf.math.is_finite(loss)
       gradients = hvd.grouped_allreduce(local, **self._allreduce)
     stop_share, nonfinite_loss_share = self._shares_of_ranks(
         stop_requested, loss_is_finite)
@@ -209,21 +209,21 @@ class TrainStep:
   def _accumulated_gradients(self, images, labels, variables):
     """The mean of the micro-batches' local gradients (the gradient of the
     whole batch's mean loss, with the activations of one micro-batch alive
-    at a time), and whether every micro-batch's loss was finite."""
+    at a time), and the mean of their losses."""
     k = self._accumulation_steps
     images = tf.reshape(images, [k, -1, *images.shape[1:]])
     labels = tf.reshape(labels, [k, -1])
     sums = [tf.zeros_like(v) for v in variables]
-    finite = tf.constant(True)
+    loss_sum = tf.constant(0.0)
     for i in tf.range(k):
       # One micro-batch at a time: a while loop may otherwise run several
       # iterations' forward passes at once, and hold their activations.
       tf.autograph.experimental.set_loop_options(parallel_iterations=1)
       with tf.GradientTape() as tape:
         loss = self._loss(images[i], labels[i])
-      finite = tf.logical_and(finite, tf.math.is_finite(loss))
+      loss_sum += tf.cast(loss, tf.float32)
       sums = [s + g for s, g in zip(sums, tape.gradient(loss, variables))]
-    return [s / k for s in sums], finite
+    return [s / k for s in sums], loss_sum / k
 
 
 class EvalStep:

@@ -197,3 +197,16 @@ def test_float16_counts_skipped_steps_and_raises_at_the_minimum_scale():
                      "minimum of 1"):
     step(images * np.nan, labels)
   assert step.traces == 1
+
+
+def test_accumulated_micro_batches_are_checked_for_a_nonfinite_loss():
+  step = steps.TrainStep(model=tiny_model(),
+                         optimizer=tf.keras.optimizers.SGD(0.1),
+                         accumulation_steps=2)
+  images, labels = batch(8, 9)
+  step(images, labels)
+  poisoned = tf.concat([images[:4], images[4:] * np.nan], axis=0)
+  with pytest.raises(steps.NonFinite, match="the loss was non-finite on 1 "
+                     "of 1 processes"):
+    step(poisoned, labels)  # the second micro-batch's
+  assert step.traces == 1
