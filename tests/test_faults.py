@@ -232,30 +232,39 @@ def test_a_frozen_worker_is_named_with_the_wait_and_the_resume_point(
     data_dir, tmp_path):
   model_dir = tmp_path / "run"
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO,
-             HOROVOD_GLOO_TIMEOUT_SECONDS="10")  # 30 s by default
+             HOROVOD_GLOO_TIMEOUT_SECONDS="5")  # 30 s by default
   job = subprocess.Popen(
       [fixtures.HOROVODRUN, "-np", "2", fixtures.PYTHON, "-m",
        "engine.train", f"--data_dir={data_dir}", f"--model_dir={model_dir}",
        "--epochs=100", "--steps_per_epoch=5", "--batch_size=16",
        "--progress=none"], cwd=fixtures.REPO, env=env, text=True,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  frozen = None
   try:
     deadline = time.monotonic() + 120
     while not (model_dir / "checkpoints" / "checkpoint").exists():
       assert time.monotonic() < deadline and job.poll() is None
       time.sleep(0.1)
-    frozen = pid_of_rank(1, model_dir)
+    survivor, frozen = (pid_of_rank(rank, model_dir) for rank in (0, 1))
     os.kill(frozen, signal.SIGSTOP)
+    while os.path.exists(f"/proc/{survivor}"):  # it gives up, and says why
+      assert time.monotonic() < deadline
+      time.sleep(0.1)
+    # What horovodrun would do 10 s later: a stopped process ignores its
+    # SIGTERM.
+    os.kill(frozen, signal.SIGKILL)
     stdout, stderr = job.communicate(timeout=120)
   finally:
     job.kill()
+    if frozen:  # a stopped process outlives a killed horovodrun
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(frozen, signal.SIGKILL)
   (error,) = one_line_per_rank(subprocess.CompletedProcess(
       job.args, job.returncode, stdout, stderr), ranks=("[0]",))
-  assert re.fullmatch(
-      r"rank 1 stopped answering: silent for 1\d s; this process waited for "
-      r"it for Gloo's timeout of 10 s \(HOROVOD_GLOO_TIMEOUT_SECONDS\) and "
-      rf"stopped; run the same command again: it resumes from {model_dir}/"
-      r"checkpoints/ckpt-\d+", error), error
+  silence = re.fullmatch(
+      r"rank 1 stopped answering: silent for (\d+) s; this process waited "
+      r"for it for Gloo's timeout of 5 s \(HOROVOD_GLOO_TIMEOUT_SECONDS\) "
+      rf"and stopped; run the same command again: it resumes from "
+      rf"{model_dir}/checkpoints/ckpt-\d+", error)
+  assert silence and 5 <= int(silence.group(1)) < 20, error
   assert "Process 0 exit with status code 5." in stdout
-  with contextlib.suppress(ProcessLookupError):
-    os.kill(frozen, signal.SIGKILL)  # horovodrun's, unless it has already
