@@ -4,7 +4,7 @@ reads, each run through the engine's entry point, all in this one process.
   python -m tests.workers.fuzz_cases SEED SCRATCH_DIR [CASE_INDEX ...]
 
 Why in one process: a fresh `python -m engine.train` spends seconds
-importing TensorFlow, so some 200 of them would take many minutes. Here
+importing TensorFlow, so some 120 of them would take many minutes. Here
 TensorFlow and Horovod start once, and each case runs what
 `python -m engine.train ARGS` runs, `app.run(train.main, argv,
 flags_parser=train.parse_flags)`, which
@@ -854,16 +854,16 @@ def flagfile_case(rng: random.Random, good: Good,
 
 KINDS = {
     # kind: (cases, generator)
-    "idx": (24, idx_case),
-    "cifar10_pickle": (20, cifar10_case),
-    "cifar10_archive": (16, cifar10_archive_case),
-    "tfrecord": (24, tfrecord_case),
-    "image_folder": (24, image_folder_case),
-    "npz": (16, arrays_case("npz")),
-    "npy": (14, arrays_case("npy")),
-    "h5": (16, arrays_case("h5")),
-    "checkpoint": (26, checkpoint_case),
-    "flagfile": (20, flagfile_case),
+    "idx": (14, idx_case),
+    "cifar10_pickle": (12, cifar10_case),
+    "cifar10_archive": (10, cifar10_archive_case),
+    "tfrecord": (14, tfrecord_case),
+    "image_folder": (14, image_folder_case),
+    "npz": (10, arrays_case("npz")),
+    "npy": (8, arrays_case("npy")),
+    "h5": (10, arrays_case("h5")),
+    "checkpoint": (16, checkpoint_case),
+    "flagfile": (12, flagfile_case),
 }
 
 
