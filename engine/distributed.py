@@ -190,6 +190,13 @@ def agree(action: Callable[[], Any], name: str,
 
 
 def is_peer_failure(error: Exception) -> bool:
-  """Whether a collective failed because another process has stopped."""
-  return (isinstance(error, tf.errors.OpError)
-          and "Horovod has been shut down" in error.message)
+  """Whether a collective failed because another process has stopped.
+
+  The collective that was running when the peer went fails with Gloo's own
+  error ("[.../gloo/transport/tcp/pair.cc:589] Read error [...]: Connection
+  reset by peer"); Horovod then shuts down, and every later one fails with
+  "Horovod has been shut down".
+  """
+  return isinstance(error, tf.errors.OpError) and (
+      "Horovod has been shut down" in error.message
+      or "/gloo/transport/" in error.message)

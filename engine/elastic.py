@@ -94,7 +94,8 @@ def run(loop: Callable[[TrainingState], Result]
   """`loop(state)`, restarted by Horovod after each reset.
 
   Horovod restarts on its own errors; a peer that died shows up in our
-  steps as "Horovod has been shut down", which is the same event.
+  steps as Gloo's error or "Horovod has been shut down"
+  (distributed.is_peer_failure), which is the same event.
   """
 
   def restartable(state: TrainingState) -> Result:

@@ -3,6 +3,9 @@
 The frozen case, with horovodrun's key-value store, runs for real in
 tests/test_faults.py.
 """
+import tensorflow as tf
+
+from engine import distributed
 from engine import liveness
 
 
@@ -19,3 +22,21 @@ def test_a_process_that_exited_rather_than_froze_is_named_so(monkeypatch):
   assert liveness.describe_lost_process("runs/x/checkpoints/ckpt-40") == (
       "rank 2 and rank 3 stopped 7 s ago (its error, if any, is above); run "
       "the same command again: it resumes from runs/x/checkpoints/ckpt-40")
+
+
+def test_a_peer_lost_mid_collective_or_after_is_a_peer_failure():
+  def error(message):
+    return tf.errors.UnknownError(None, None, message)
+  # The collective running when the peer went (seen killing a worker in
+  # test_resume), then every later one.
+  assert distributed.is_peer_failure(error(
+      "[/tmp/pip-install-x/horovod/third_party/compatible17_gloo/gloo/"
+      "transport/tcp/pair.cc:589] Read error [127.0.0.1]:33175: Connection "
+      "reset by peer\n\t [[{{node DistributedGradientTape_Allreduce}}]]"))
+  assert distributed.is_peer_failure(error(
+      "Horovod has been shut down. This was caused by an exception on one "
+      "of the ranks or an attempt to allreduce, allgather or broadcast a "
+      "tensor after one of the ranks finished execution."))
+  assert not distributed.is_peer_failure(error("Input is empty."))
+  assert not distributed.is_peer_failure(ValueError("Horovod has been shut "
+                                                    "down"))
