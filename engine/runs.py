@@ -1,0 +1,412 @@
+r"""A table of training runs, to compare them and see how each one ended.
+
+  .venv/bin/python -m engine.runs DIR [DIR...] [--plot=FILE.png]
+
+One line per run under the DIRs (a run is a directory, at any depth, holding
+a metrics.jsonl or, before its first epoch, a flags.txt; a DIR may be a run
+itself): the flags that differ between the runs, epochs done of those
+planned, best and final validation accuracy, seconds to --target_accuracy,
+median images/s, processes, and the run's state (finished, stopped by a
+signal, diverged, an error, running, or ended without a word: killed).
+
+It reads only metrics.jsonl, flags.txt and flags.latest.txt, never
+checkpoints or TensorBoard files, and does not import TensorFlow: it starts
+in a fraction of a second, and works on a copy of a model_dir or while the
+run trains. --plot draws validation accuracy against training time.
+
+`summary` gives a run's figures from its epoch records; engine.report logs
+the same figures to TensorBoard's HParams dashboard.
+"""
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Optional
+
+from absl import app
+from absl import flags
+
+from engine.errors import UserError, WriteFailed
+
+FLAGS = flags.FLAGS
+
+# engine.report.METRICS_FILE and engine.train.FLAGS_FILE; importing them
+# from there would import TensorFlow.
+METRICS_FILE = "metrics.jsonl"
+FLAGS_FILE = "flags.txt"
+LATEST_FLAGS_FILE = "flags.latest.txt"
+
+# A run that has not recorded its end is taken as still running while its
+# last record is younger than this many of its longest epochs, plus
+# RUNNING_GRACE_SECONDS for a resume's start-up or a slow evaluation.
+RUNNING_EPOCHS = 3
+RUNNING_GRACE_SECONDS = 120
+# An error's reason is cut to about this many characters in the table.
+REASON_CHARS = 50
+# Flags every run has a different value of, which only say where it is.
+UNCOMPARED_FLAGS = ("model_dir",)
+
+
+@dataclasses.dataclass
+class Run:
+  """One run, as its metrics.jsonl and flags files describe it."""
+  path: str
+  flags: dict[str, str]  # flags.txt's values, flags.latest.txt's over them
+  records: list[dict]    # epoch records in epoch order (see read_run)
+  events: list[dict]     # event records (rollbacks, an end), as written
+  state: str             # "finished", "running", "stopped by SIGTERM", ...
+
+  def planned_epochs(self) -> Optional[int]:
+    return _planned_epochs(self.records, self.flags)
+
+  def target_set(self) -> bool:
+    """Whether it ran with a --target_accuracy (0, the default, is none)."""
+    try:
+      return float(self.flags.get("target_accuracy", "0")) > 0
+    except ValueError:
+      return False
+
+
+def summary(records: list[dict]) -> dict:
+  """A run's figures from its epoch records (in order), for the table here
+  and for TensorBoard's HParams dashboard (engine.report).
+
+  `images_per_sec` is the median over the epochs, leaving out epoch 1 when
+  there are others: its time includes tracing the step functions. A figure
+  no record gives (no epochs yet, no --target_accuracy, or not reached) is
+  None.
+  """
+  accuracies = [r["val_accuracy"] for r in records
+                if _is_finite(r.get("val_accuracy"))]
+  timed = ([r for r in records if r.get("epoch") != 1]
+           if len(records) >= 2 else records)
+  rates = [r["images_per_sec"] for r in timed
+           if _is_finite(r.get("images_per_sec"))]
+  last = records[-1] if records else {}
+  final = last.get("val_accuracy")
+  seconds_to_target = last.get("target_accuracy_first_seconds")
+  return {
+      "best_val_accuracy": max(accuracies) if accuracies else None,
+      "final_val_accuracy": final if _is_finite(final) else None,
+      "seconds_to_target": (seconds_to_target
+                            if _is_finite(seconds_to_target) else None),
+      "images_per_sec": statistics.median(rates) if rates else None,
+      "epochs": last.get("epoch", 0),
+      "world_size": last.get("world_size"),
+  }
+
+
+def read_run(path: str, now: Optional[float] = None) -> Run:
+  """The run in directory `path`, its state judged at unix time `now`
+  (by default, the present).
+
+  A record of an epoch the run had recorded already (redone after a
+  rollback, or after a resume from an earlier checkpoint) replaces that
+  epoch's record and the ones after it, as the resumed run itself does.
+  """
+  metrics_path = os.path.join(path, METRICS_FILE)
+  flags_path = os.path.join(path, FLAGS_FILE)
+  if not os.path.exists(metrics_path) and not os.path.exists(flags_path):
+    raise UserError(f"{path}: not a run: it holds no {METRICS_FILE} or "
+                    f"{FLAGS_FILE}; pass a model_dir written by engine.train")
+  run_flags = _read_flags(flags_path)
+  run_flags.update(_read_flags(os.path.join(path, LATEST_FLAGS_FILE)))
+  records, events, end = [], [], None
+  for record in _read_metrics(metrics_path):
+    if "event" in record:
+      events.append(record)
+      if record["event"] == "end":
+        end = record
+    elif _is_int(record.get("epoch")):
+      while records and records[-1]["epoch"] >= record["epoch"]:
+        records.pop()
+      records.append(record)
+      # Epochs after an end record: a later start went on (and should have
+      # deleted it).
+      end = None
+  state = _state(records, events, end, _planned_epochs(records, run_flags),
+                 time.time() if now is None else now)
+  return Run(path=path, flags=run_flags, records=records, events=events,
+             state=state)
+
+
+def find_runs(directories: list[str]) -> dict[str, str]:
+  """The runs under `directories`: {label: path}, sorted by label.
+
+  A run's label is its path relative to the DIR it was found in; if that
+  DIR is a run itself, or several DIRs are given, relative to the DIR's
+  parent, so the label starts with the DIR's name and tells apart runs of
+  the same name in different DIRs.
+  """
+  runs, seen = {}, set()
+  for directory in directories:
+    if not os.path.isdir(directory):
+      what = ("not a directory" if os.path.exists(directory) else
+              "no such directory")
+      raise UserError(f"{directory}: {what}; pass model_dirs or directories "
+                      "holding them")
+    found = []
+    for root, subdirectories, files in os.walk(directory):
+      subdirectories.sort()
+      if METRICS_FILE in files or FLAGS_FILE in files:
+        found.append(root)
+    if not found:
+      raise UserError(f"{directory}: holds no run (no directory in it has a "
+                      f"{METRICS_FILE} or {FLAGS_FILE}); pass model_dirs "
+                      "written by engine.train or directories holding them")
+    base = os.path.abspath(directory)
+    if len(directories) > 1 or found[0] == directory:
+      base = os.path.dirname(base)
+    for path in found:
+      if os.path.realpath(path) in seen:  # under two of the DIRs given
+        continue
+      seen.add(os.path.realpath(path))
+      label = os.path.relpath(os.path.abspath(path), base)
+      # DIRs of the same name (a/runs b/runs): the path as given.
+      runs[os.path.normpath(path) if label in runs else label] = path
+  return dict(sorted(runs.items()))
+
+
+def table(runs: dict[str, Run]) -> str:
+  """The runs as aligned text columns under a header line, one row per run
+  in the order given.
+
+  Of the flags, only those whose values differ between the runs get a
+  column (headed --name): they are what the comparison is about. A flag a
+  run does not have (written by an older engine) shows as "-", an empty
+  value as ''.
+  """
+  flag_names = _differing_flags(list(runs.values()))
+  show_target = any(run.target_set() or any(
+      "target_accuracy_first_seconds" in r for r in run.records)
+                    for run in runs.values())
+  header = ["run", *(f"--{name}" for name in flag_names), "epochs", "best",
+            "final"]
+  header += ["s to target"] if show_target else []
+  header += ["img/s", "procs", "state"]
+  rows = []
+  for label, run in runs.items():
+    figures = summary(run.records)
+    planned = run.planned_epochs()
+    row = [label]
+    row += [_shown_flag(run.flags.get(name)) for name in flag_names]
+    row += [f"{figures['epochs']}/{'?' if planned is None else planned}",
+            _number(figures["best_val_accuracy"], ".4f"),
+            _number(figures["final_val_accuracy"], ".4f")]
+    if show_target:
+      row.append(_number(figures["seconds_to_target"], ".1f"))
+    row += [_number(figures["images_per_sec"], ".0f"),
+            _number(figures["world_size"]), run.state]
+    rows.append(row)
+  numeric = {"epochs", "best", "final", "s to target", "img/s", "procs"}
+  widths = [max(len(row[i]) for row in [header, *rows])
+            for i in range(len(header))]
+  lines = []
+  for row in [header, *rows]:
+    cells = [cell.rjust(width) if name in numeric else cell.ljust(width)
+             for name, cell, width in zip(header, row, widths)]
+    lines.append("  ".join(cells).rstrip())
+  return "\n".join(lines)
+
+
+def plot(runs: dict[str, Run], path: str) -> None:
+  """Draws each run's validation accuracy against its training time
+  (cumulative_seconds) into the PNG file `path`: how fast each run gets
+  how far, which the table's figures only sum up."""
+  # Here, not at the top: matplotlib takes longer to import than the rest
+  # of the table takes to make.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  figure = Figure(figsize=(9, 5.5), dpi=100)
+  FigureCanvasAgg(figure)
+  axes = figure.add_subplot()
+  drawn = False
+  for label, run in runs.items():
+    points = [(r["cumulative_seconds"], r["val_accuracy"])
+              for r in run.records if _is_finite(r.get("cumulative_seconds"))
+              and _is_finite(r.get("val_accuracy"))]
+    if points:
+      seconds, accuracies = zip(*points)
+      axes.plot(seconds, accuracies, marker="o", label=label)
+      drawn = True
+  axes.set_title("Validation accuracy against training time")
+  axes.set_xlabel("seconds of training, evaluation and saving "
+                  "(cumulative_seconds)")
+  axes.set_ylabel("validation accuracy")
+  axes.grid(True, alpha=0.4)
+  if drawn:
+    axes.legend()
+  figure.tight_layout()
+  try:
+    figure.savefig(path, format="png")
+  except OSError as e:
+    raise WriteFailed(f"--plot={path}: cannot write it ({e.strerror}); "
+                      "pass a path in a writable directory") from None
+
+
+# Reading a run's files.
+
+
+def _read_metrics(path: str) -> list[dict]:
+  """metrics.jsonl's JSON objects, in order. A line that is not one is
+  skipped: the last line can be half written (by a run writing it now, or
+  one killed while it wrote)."""
+  try:
+    with open(path, "rb") as f:
+      lines = f.readlines()
+  except FileNotFoundError:
+    return []
+  except OSError as e:
+    raise UserError(f"{path}: cannot read it ({e.strerror})") from None
+  records = []
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except ValueError:  # not JSON, or not UTF-8
+      continue
+    if isinstance(record, dict):
+      records.append(record)
+  return records
+
+
+def _read_flags(path: str) -> dict[str, str]:
+  """A flagfile's values by flag name, booleans as "true" or "false".
+
+  A bare `--noname` is taken as name=false: no engine boolean flag's name
+  starts with "no".
+  """
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      lines = f.read().splitlines()
+  except FileNotFoundError:
+    return {}
+  except OSError as e:
+    raise UserError(f"{path}: cannot read it ({e.strerror})") from None
+  values = {}
+  for line in lines:
+    line = line.strip()
+    if not line.startswith("--"):  # a blank line or a comment
+      continue
+    name, has_value, value = line[2:].partition("=")
+    if not has_value:
+      name, value = ((name[2:], "false") if name.startswith("no") else
+                     (name, "true"))
+    values[name] = value
+  return values
+
+
+def _planned_epochs(records: list[dict],
+                    run_flags: dict[str, str]) -> Optional[int]:
+  """The last record's `epochs`; runs written before records had it give
+  their --epochs (flags.latest.txt's, after a resume)."""
+  if records and _is_int(records[-1].get("epochs")):
+    return records[-1]["epochs"]
+  try:
+    return int(run_flags["epochs"])
+  except (KeyError, ValueError):
+    return None
+
+
+def _state(records: list[dict], events: list[dict], end: Optional[dict],
+           planned_epochs: Optional[int], now: float) -> str:
+  """Finished, ended otherwise (`end`: the end record, if it is the run's
+  last word), or not ended: running if its last record is recent, else
+  probably killed, since a run stopped any other way records its end."""
+  if end is not None:
+    state = end.get("state")
+    if state == "stopped":
+      return f"stopped by {end['signal']}" if end.get("signal") else "stopped"
+    if state == "error":
+      return f"error: {_shortened(str(end.get('reason', '')))}"
+    return str(state or "ended")
+  if not records:
+    return "starting"
+  last = records[-1]
+  if last.get("stopped_early") is True or (
+      planned_epochs is not None and last["epoch"] >= planned_epochs):
+    return "finished"
+  times = [r["time"] for r in records + events if _is_finite(r.get("time"))]
+  if not times:
+    return "running?"  # an engine that did not record times
+  longest_epoch = max((r["epoch_seconds"] for r in records
+                       if _is_finite(r.get("epoch_seconds"))), default=0)
+  if max(times) > now - (RUNNING_EPOCHS * longest_epoch +
+                         RUNNING_GRACE_SECONDS):
+    return "running"
+  return "no end recorded (killed?)"
+
+
+# The table's cells.
+
+
+def _differing_flags(runs: list[Run]) -> list[str]:
+  """The flags whose values differ between `runs`, in the order the flags
+  files list them (none for a single run)."""
+  names = {}  # a dict for its order
+  for run in runs:
+    names.update(dict.fromkeys(run.flags))
+  return [name for name in names if name not in UNCOMPARED_FLAGS and
+          len({run.flags.get(name) for run in runs}) > 1]
+
+
+def _shown_flag(value: Optional[str]) -> str:
+  if value is None:
+    return "-"
+  return value if value else "''"
+
+
+def _number(value, format_spec: str = "") -> str:
+  return "-" if value is None else format(value, format_spec)
+
+
+def _shortened(reason: str) -> str:
+  """One line of at most about REASON_CHARS characters."""
+  line = " ".join("".join(c if c.isprintable() else " "
+                          for c in reason).split())
+  if len(line) <= REASON_CHARS:
+    return line
+  return line[:REASON_CHARS - 3].rstrip() + "..."
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value) -> bool:
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+# The command line.
+
+
+def main(argv):
+  directories = argv[1:]
+  try:
+    if not directories:
+      raise UserError("no DIR given; usage: python -m engine.runs DIR "
+                      "[DIR...] [--plot=FILE.png]")
+    if FLAGS.plot and not FLAGS.plot.lower().endswith(".png"):
+      raise UserError(f"--plot={FLAGS.plot}: the plot is a PNG file; give "
+                      "a path ending in .png")
+    runs = {label: read_run(path)
+            for label, path in find_runs(directories).items()}
+    print(table(runs))
+    if FLAGS.plot:
+      plot(runs, FLAGS.plot)
+      print(f"wrote {FLAGS.plot}")
+  except UserError as e:
+    print(f"engine.runs: error: {e}", file=sys.stderr)
+    sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+  # Defined here, not at import: engine.report imports this module for
+  # `summary`, and engine.train would otherwise take a --plot flag too.
+  flags.DEFINE_string("plot", None, "A PNG file to draw the runs' validation "
+                      "accuracy against training time into.")
+  app.run(main)
