@@ -42,11 +42,14 @@ RESUME_MODES = ("auto", "never")
 
 @dataclasses.dataclass(frozen=True)
 class Position:
-  """Where training stands: `step` steps of epoch `epoch` (0-based) are done."""
+  """Where training stands: `step` steps of epoch `epoch` (0-based) are done,
+  after `seconds` of the run's time (training, evaluation and saving, over
+  every start), which a resumed run's clock continues from."""
   epoch: int
   step: int
   global_batch: int
   world_size: int
+  seconds: float = 0.0
 
 
 def identity(model: tf.keras.Model, info) -> str:
@@ -77,6 +80,7 @@ class Checkpoints:
     self._global_batch = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._world_size = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._best_accuracy = tf.Variable(-1.0, dtype=tf.float64, trainable=False)
+    self._seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
     self._identity_variable = tf.Variable(identity, dtype=tf.string,
                                           trainable=False)
     objects = dict(model=model, epoch=self._epoch, step=self._step,
@@ -86,11 +90,14 @@ class Checkpoints:
                    identity=self._identity_variable)
     if optimizer is not None:
       objects["optimizer"] = optimizer
-    self._lr_factor = lr_factor
     self._objects = objects
+    # Saved since a later version, with the value an older checkpoint
+    # implies: the learning rate at its full value, the clock unknown.
+    self._added_later = dict(seconds=(self._seconds, 0.0))
     if lr_factor is not None:
-      objects = dict(objects, lr_factor=lr_factor)
-    self._checkpoint = tf.train.Checkpoint(**objects)
+      self._added_later["lr_factor"] = (lr_factor, 1.0)
+    self._checkpoint = tf.train.Checkpoint(**objects, **{
+        name: variable for name, (variable, _) in self._added_later.items()})
     self.size = storage.size_of(model.variables + (
         optimizers.state(optimizer) if optimizer is not None else []))
     self.restored_path = None  # the last checkpoint restored
@@ -163,10 +170,14 @@ class Checkpoints:
                       "--mixed_precision=float16; resume it with "
                       "--mixed_precision=none or bfloat16")
     checkpoint = self._checkpoint
-    if self._lr_factor is not None and not reader.has_tensor(_LR_FACTOR_KEY):
-      # Written before rollbacks existed, with the rate at its full value.
-      checkpoint = tf.train.Checkpoint(**self._objects)
-      self._lr_factor.assign(1.0)
+    present = {}
+    for name, (variable, default) in self._added_later.items():
+      if reader.has_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE"):
+        present[name] = variable
+      else:
+        variable.assign(default)
+    if len(present) < len(self._added_later):
+      checkpoint = tf.train.Checkpoint(**self._objects, **present)
     try:
       # expect_partial: evaluation restores a model without its optimizer.
       checkpoint.restore(path).expect_partial() \
@@ -179,7 +190,8 @@ class Checkpoints:
     self.restored_path = path
     return Position(int(self._epoch.numpy()), int(self._step.numpy()),
                     int(self._global_batch.numpy()),
-                    int(self._world_size.numpy()))
+                    int(self._world_size.numpy()),
+                    float(self._seconds.numpy()))
 
   @property
   def best_accuracy(self) -> float:
@@ -241,6 +253,7 @@ class Checkpoints:
     self._step.assign(position.step)
     self._global_batch.assign(position.global_batch)
     self._world_size.assign(position.world_size)
+    self._seconds.assign(position.seconds)
 
 
 def _manager(checkpoint: tf.train.Checkpoint, directory: str, keep: int,
@@ -273,7 +286,6 @@ def resolve(path: str) -> str:
 
 
 _IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
-_LR_FACTOR_KEY = "lr_factor/.ATTRIBUTES/VARIABLE_VALUE"
 _BEST_ACCURACY_KEY = "best_accuracy/.ATTRIBUTES/VARIABLE_VALUE"
 _LOSS_SCALE_KEY = "optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/" \
     "VARIABLE_VALUE"

@@ -50,6 +50,10 @@ class Totals:
   def reset(self) -> None:
     self._sums.assign(tf.zeros([3], tf.float64))
 
+  def local_sums(self) -> np.ndarray:
+    """(loss sum, correct, examples) of this rank; no collective."""
+    return self._sums.numpy()
+
   def sums(self) -> np.ndarray:
     """(loss sum, correct, examples) over every rank. A collective: call on
     all ranks."""
@@ -58,6 +62,31 @@ class Totals:
   def result(self) -> Result:
     """The figure over every rank's examples. A collective, as `sums`."""
     return Result.of(self.sums())
+
+
+class StepWindow:
+  """One rank's figures over the steps since it was last read, within an
+  epoch: differences of the epoch's running sums (Totals) and step seconds
+  (profiling.EpochTimes). For summaries within an epoch at no cost to the
+  step: no collective, and the sums are read after a step whose result
+  the host has read already."""
+
+  def __init__(self):
+    self.start_epoch(0)
+
+  def start_epoch(self, first_step: int) -> None:
+    self._sums, self._step_seconds, self._step = np.zeros(3), 0.0, first_step
+
+  def read(self, step: int, sums: np.ndarray, step_seconds: float) -> dict:
+    """Loss, accuracy and seconds per step over steps after the last read
+    up to `step` (of the epoch), given the running figures at `step`."""
+    (loss_sum, correct, examples), steps = sums - self._sums, step - self._step
+    figures = dict(loss=loss_sum / max(examples, 1.0),
+                   accuracy=correct / max(examples, 1.0),
+                   step_seconds=(step_seconds - self._step_seconds)
+                   / max(steps, 1))
+    self._sums, self._step_seconds, self._step = sums, step_seconds, step
+    return figures
 
 
 class Confusion:

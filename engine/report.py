@@ -4,27 +4,43 @@ Only rank 0 narrates and writes; the others log warnings and errors only, so
 N processes produce one story rather than N interleaved copies, and one set
 of files. A write that fails is one line (errors.WriteFailed, via storage).
 """
+import contextlib
+import glob
 import json
 import os
 from typing import Optional
 
 from absl import logging
 import numpy as np
+from tensorboard.compat.proto import event_pb2
+from tensorboard.plugins.hparams import api as hparams_api
 import tensorflow as tf
 
+from engine import runs
 from engine import storage
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-# metrics.jsonl key -> TensorBoard tag.
-SCALARS = {
-    "train_loss": "train/loss",
-    "train_accuracy": "train/accuracy",
-    "val_loss": "val/loss",
-    "val_accuracy": "val/accuracy",
-    "learning_rate": "learning_rate",
-    "images_per_sec": "images_per_sec",
+# The Keras TensorBoard callback's layout, which users know: a run for
+# training and one for validation under model_dir/tensorboard, with the
+# same tags, so each pair of curves overlays on one card. Epoch scalars are
+# indexed by the epoch (1-based), within-epoch ones by the global step.
+TRAIN, VALIDATION = "train", "validation"
+# metrics.jsonl key -> (TensorBoard run, tag).
+EPOCH_SCALARS = {
+    "train_loss": (TRAIN, "epoch_loss"),
+    "train_accuracy": (TRAIN, "epoch_accuracy"),
+    "learning_rate": (TRAIN, "epoch_learning_rate"),
+    "images_per_sec": (TRAIN, "epoch_images_per_sec"),
+    "val_loss": (VALIDATION, "epoch_loss"),
+    "val_accuracy": (VALIDATION, "epoch_accuracy"),
 }
+# Within an epoch, every --summary_every_steps steps, in the train run.
+STEP_TAG_PREFIX = "batch_"
+# The run's figures for the HParams dashboard (runs.summary), written each
+# epoch into model_dir/tensorboard itself, beside the run's hparams.
+HPARAMS_METRICS = ("best_val_accuracy", "final_val_accuracy",
+                   "seconds_to_target", "images_per_sec")
 
 
 def configure_logging(chief: bool) -> None:
@@ -36,9 +52,13 @@ class Reporter:
 
   metrics.jsonl gets one JSON object per line, flushed as written: a reader
   (or a crash) never sees a half-written epoch, and `tail -f` follows a run.
-  Besides epochs it records events (a rollback), whose records carry an
-  "event" key.
-  TensorBoard scalars go to model_dir/tensorboard, indexed by global step.
+  Besides epochs it records events (a rollback, a run that ended without
+  finishing), whose records carry an "event" key.
+  TensorBoard gets the epoch scalars (EPOCH_SCALARS), scalars within
+  epochs (`steps`), and the run's hparams with its summary figures, so
+  `tensorboard --logdir runs/` compares runs in its HParams dashboard.
+  A resumed or rolled-back run continues one curve: `keep_epochs_up_to`
+  drops what was written after the point it continues from, from both.
   On ranks other than 0 every method does nothing.
   """
 
@@ -47,45 +67,60 @@ class Reporter:
     self._chief = chief
     self._epochs = epochs
     self._tensorboard_dir = os.path.join(model_dir, TENSORBOARD_DIR)
-    self._summaries = None
-    if chief:
-      with storage.writing("TensorBoard events", self._tensorboard_dir):
-        self._summaries = tf.summary.create_file_writer(
-            self._tensorboard_dir)
+    self._writers = {}  # TensorBoard run ("" for the run's own) -> writer
+    self._records = []  # the run's epoch records, for its summary figures
+    self._damaged = False  # metrics.jsonl holds a line that is not a record
 
-  def keep_epochs_up_to(self, epoch: int) -> None:
+  def keep_epochs_up_to(self, epoch: int,
+                        global_step: Optional[int] = None) -> None:
     """On resume: drops records of epochs after the checkpoint, which the
-    resumed run is about to redo (written before a crash, say). Events
-    stay: they happened."""
-    if not self._chief or not os.path.exists(self.metrics_path):
+    resumed run is about to redo (written before a crash, say), and the
+    end record of the start before. Rollbacks stay: they happened. With
+    `global_step`, TensorBoard's events after it go too (batch scalars
+    after it, epoch ones after `epoch`), so each curve stays one line."""
+    if not self._chief:
       return
-    with open(self.metrics_path, "rb") as f:
-      lines = [l for l in f if l.strip()]
-    kept = []
-    for number, line in enumerate(lines, start=1):
-      record = _parsed(line)
-      if record is None:
-        # Half a line, from a write that failed (a full disk), say.
-        logging.warning("%s: dropped line %d, not a record: %r",
-                        self.metrics_path, number, line[:80])
-      elif "event" in record or record["epoch"] <= epoch:
-        kept.append(line.decode().rstrip("\n") + "\n")
-    if len(kept) < len(lines):
+    records = self._read_metrics()
+    kept = [(line, record) for line, record in records
+            if _kept_on_resume(record, epoch)]
+    self._records = [record for _, record in kept if "event" not in record]
+    if len(kept) < len(records) or self._damaged:
       temporary = self.metrics_path + ".tmp"
+      lines = [line for line, _ in kept]
       try:
-        with storage.writing("metrics", temporary, sum(map(len, kept))):
+        with storage.writing("metrics", temporary, sum(map(len, lines))):
           with open(temporary, "w") as f:
-            f.writelines(kept)
+            f.writelines(lines)
       except storage.WriteFailed:
         storage.remove(temporary)
         raise
       os.replace(temporary, self.metrics_path)
+    if global_step is not None:
+      self.close()  # events files are rewritten, not appended to
+      _drop_events_after(self._tensorboard_dir, epoch, global_step)
+
+  def hparams(self, values: dict) -> None:
+    """The run's hparams, for TensorBoard's HParams dashboard; runs with
+    the same values form one group there (repeats of a recipe)."""
+    if self._chief:
+      with self._tensorboard("") as writer, writer.as_default(step=0):
+        hparams_api.hparams(values)
 
   def event(self, record: dict) -> None:
     """Something that happened besides an epoch, already logged: its
     record, with its "event" key, in metrics.jsonl."""
     if self._chief:
       self._append(record)
+
+  def steps(self, global_step: int, scalars: dict) -> None:
+    """Figures within an epoch (loss, accuracy, rate, step time), as
+    TensorBoard scalars `batch_<name>` in the train run."""
+    if not self._chief:
+      return
+    with self._tensorboard(TRAIN) as writer:
+      with writer.as_default(step=global_step):
+        for name, value in scalars.items():
+          tf.summary.scalar(STEP_TAG_PREFIX + name, value)
 
   def epoch(self, record: dict,
             confusion: Optional[np.ndarray] = None) -> None:
@@ -107,17 +142,69 @@ class Reporter:
                    "steps (gradients not finite at its scale)",
                    record["epoch"], record["skipped_steps"])
     self._append(record)
-    with storage.writing("TensorBoard events", self._tensorboard_dir):
-      with self._summaries.as_default(step=record["global_step"]):
-        for key, tag in SCALARS.items():
+    self._records.append(record)
+    step = record["epoch"]
+    for key, (run, tag) in EPOCH_SCALARS.items():
+      with self._tensorboard(run) as writer:
+        with writer.as_default(step=step):
           tf.summary.scalar(tag, record[key])
-        if confusion is not None:
-          tf.summary.image("val/confusion_matrix",
-                           confusion_image(confusion),
-                           description="Rows: true class, columns: predicted "
-                           "class, in label order (classes.txt); each row "
-                           "normalized, white 0 to dark blue 1.")
-      self._summaries.flush()
+    if confusion is not None:
+      with self._tensorboard(VALIDATION) as writer:
+        with writer.as_default(step=step):
+          tf.summary.image("confusion_matrix", confusion_image(confusion),
+                           description="Rows: true class, columns: "
+                           "predicted class, in label order (classes.txt); "
+                           "each row normalized, white 0 to dark blue 1.")
+    with self._tensorboard("") as writer:
+      with writer.as_default(step=step):
+        for name, value in runs.summary(self._records).items():
+          if name in HPARAMS_METRICS and value is not None:
+            tf.summary.scalar(name, value)
+    self.flush()
+
+  def flush(self) -> None:
+    for run, writer in self._writers.items():
+      with storage.writing("TensorBoard events", self._run_dir(run)):
+        writer.flush()
+
+  def close(self) -> None:
+    """Closes the event files; the next write opens new ones."""
+    for run, writer in self._writers.items():
+      with storage.writing("TensorBoard events", self._run_dir(run)):
+        writer.close()
+    self._writers = {}
+
+  @contextlib.contextmanager
+  def _tensorboard(self, run: str):
+    """The writer of TensorBoard run `run` (opened on first use), inside
+    storage.writing: a failed write is one line."""
+    with storage.writing("TensorBoard events", self._run_dir(run)):
+      if run not in self._writers:
+        self._writers[run] = tf.summary.create_file_writer(self._run_dir(run))
+      yield self._writers[run]
+
+  def _run_dir(self, run: str) -> str:
+    return os.path.join(self._tensorboard_dir, run)
+
+  def _read_metrics(self) -> list[tuple[str, dict]]:
+    """metrics.jsonl's lines with their records; a line that is not one
+    (half a line, from a write that failed: a full disk) is dropped with a
+    warning and marks the file for rewriting."""
+    self._damaged = False
+    if not os.path.exists(self.metrics_path):
+      return []
+    with open(self.metrics_path, "rb") as f:
+      lines = [l for l in f if l.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+      record = _parsed(line)
+      if record is None:
+        logging.warning("%s: dropped line %d, not a record: %r",
+                        self.metrics_path, number, line[:80])
+        self._damaged = True
+      else:
+        records.append((line.decode().rstrip("\n") + "\n", record))
+    return records
 
   def _append(self, record: dict) -> None:
     """One line. Half of one, left by a write that failed, is dropped when
@@ -126,6 +213,51 @@ class Reporter:
     with storage.writing("metrics", self.metrics_path, len(line)):
       with open(self.metrics_path, "a") as f:
         f.write(line)
+
+
+def _kept_on_resume(record: dict, epoch: int) -> bool:
+  if "event" in record:
+    return record["event"] != "end"
+  return record["epoch"] <= epoch
+
+
+def _drop_events_after(directory: str, epoch: int, global_step: int) -> None:
+  """Rewrites the event files under `directory` without the summaries of
+  steps a resumed run redoes: batch scalars after `global_step`, epoch
+  ones after `epoch`. Left in, TensorBoard would draw each redone stretch
+  as a second line doubling back over the first."""
+  for path in sorted(glob.glob(os.path.join(directory, "**", "events.*"),
+                               recursive=True)):
+    kept, dropped = [], 0
+    for raw in _event_records(path):
+      event = event_pb2.Event.FromString(raw)
+      values = event.summary.value
+      if values and event.step > (global_step if values[0].tag.startswith(
+          STEP_TAG_PREFIX) else epoch):
+        dropped += 1
+      else:
+        kept.append(raw)
+    if dropped:
+      temporary = path + ".tmp"
+      with storage.writing("TensorBoard events", path,
+                           sum(map(len, kept))):
+        with tf.io.TFRecordWriter(temporary) as writer:
+          for raw in kept:
+            writer.write(raw)
+      os.replace(temporary, path)
+
+
+def _event_records(path: str) -> list[bytes]:
+  """An event file's records, up to a damaged one (a killed writer's last
+  record can be cut short)."""
+  records = []
+  try:
+    for raw in tf.data.TFRecordDataset(path):
+      records.append(raw.numpy())
+  except tf.errors.DataLossError:
+    logging.warning("%s: dropped its damaged end (after %d events)", path,
+                    len(records))
+  return records
 
 
 def _parsed(line: bytes) -> Optional[dict]:

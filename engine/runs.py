@@ -29,7 +29,8 @@ from typing import Optional
 from absl import app
 from absl import flags
 
-from engine.errors import UserError, WriteFailed
+from engine.errors import UserError
+from engine.errors import WriteFailed
 
 FLAGS = flags.FLAGS
 

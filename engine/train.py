@@ -88,6 +88,7 @@ class TrainConfig:
   seed: int
   model_dir: str
   progress: str
+  summary_every_steps: int
   # Checkpoints
   resume: str
   resume_from: str
@@ -207,11 +208,15 @@ def train(config: TrainConfig) -> TrainResult:
       loop.variables, position=None, epoch_sums=_NO_EXAMPLES,
       cumulative_seconds=0.0, history=[],
       stop=stopping.TargetAccuracy(config.target_accuracy, config.patience))
-  history = elastic.run(loop)(state) if config.elastic else loop(state)
-
-  # Whoever is rank 0 at the end exports; every rank learns if it failed.
-  distributed.on_chief(loop.run.export if distributed.is_chief() else None,
-                       name="export")
+  try:
+    history = elastic.run(loop)(state) if config.elastic else loop(state)
+    # Whoever is rank 0 at the end exports; every rank learns if it failed.
+    distributed.on_chief(loop.run.export if distributed.is_chief() else None,
+                         name="export")
+  except BaseException as e:
+    if loop.run:  # rank 0's (Horovod may be shut down: no hvd.rank())
+      loop.run.record_end(e)  # for engine.runs: how the run stopped
+    raise
   return TrainResult(model=model, history=history, train_step=train_step,
                      eval_step=eval_step)
 
@@ -295,20 +300,26 @@ class _TrainLoop:
                                               global_batch, world.size)
     self._set_learning_rate(world, steps_per_epoch,
                             first_epoch * steps_per_epoch + first_step)
+    # The run's clock: a restart's commit, or the checkpoint resumed from.
+    seconds = (state.cumulative_seconds if state.position is not None
+               else position.seconds if position else 0.0)
     if config.elastic and state.position is None:
       # What a worker lost before the first commit would go back to.
       state.commit(position=checkpoint.Position(
-          first_epoch, first_step, global_batch, world.size))
+          first_epoch, first_step, global_batch, world.size, seconds),
+                   cumulative_seconds=seconds)
     start = _Start(
         config=config, model_dir=self._model_dir, world=world,
         run=self.run if chief else None, steps_per_epoch=steps_per_epoch,
         global_batch=global_batch, first_epoch=first_epoch,
-        first_step=first_step, state=state)
+        first_step=first_step, state=state, seconds=seconds,
+        hparams=_hparams(config, world, global_batch))
     self._read_from(start, first_epoch, first_step)
     if position is None and config.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.
       start.on_chief(lambda run: run.save(checkpoint.Position(
-          0, 0, global_batch, world.size), 0), name="initial_checkpoint")
+          0, 0, global_batch, world.size, start.seconds()), 0),
+                     name="initial_checkpoint")
     return start
 
   def _read_from(self, start: "_Start", epoch: int, step: int) -> None:
@@ -372,10 +383,12 @@ class _TrainLoop:
     config, train_step = self._config, self._train_step
     every = config.checkpoint_every_steps
     commit_every = config.commit_every_steps if config.elastic else 0
+    summary_every = config.summary_every_steps if start.run else 0
     start.epoch_began = time.perf_counter()
     train_step.totals.reset()
     train_step.skipped_steps = 0
     start.times.reset()
+    start.window.start_epoch(start.first_step)
     start.progress.start_epoch(epoch, start.first_step)
     for done in range(start.first_step + 1, start.steps_per_epoch + 1):
       global_step = epoch * start.steps_per_epoch + done
@@ -393,7 +406,7 @@ class _TrainLoop:
         distributed.broadcast_from_chief(self.variables())
         start.optimizer_state_broadcast = True
       position = checkpoint.Position(epoch, done, start.global_batch,
-                                     start.world.size)
+                                     start.world.size, start.seconds())
       if stop_agreed:
         _preempted(start.run, position, global_step,
                    start.stop_requests.signum)
@@ -406,6 +419,13 @@ class _TrainLoop:
         start.epoch_sums = start.epoch_sums + train_step.totals.sums()
         train_step.totals.reset()
         state.commit(position=position, epoch_sums=start.epoch_sums)
+      if summary_every and global_step % summary_every == 0:
+        # Rank 0's figures since the last summary: its running sums and
+        # times, read on the host after a step whose status was read.
+        start.reporter.steps(global_step, dict(
+            start.window.read(done, train_step.totals.local_sums(),
+                              start.times.step_seconds),
+            learning_rate=float(self._learning_rate(global_step - 1))))
       start.progress.step(done)
     start.steps_run = start.steps_per_epoch - start.first_step
     start.first_step = 0
@@ -430,7 +450,8 @@ class _TrainLoop:
                  train_seconds: float) -> bool:
     """Records, saves and commits the epoch; returns whether to stop."""
     config = self._config
-    epoch_seconds = time.perf_counter() - start.epoch_began
+    # Since the last epoch ended (or the start): its saves count too.
+    epoch_seconds = start.seconds() - start.cumulative_seconds
     start.cumulative_seconds += epoch_seconds
     global_step = (epoch + 1) * start.steps_per_epoch
     stop_now = start.stop.update(epoch=epoch + 1, val_accuracy=val.accuracy,
@@ -454,7 +475,11 @@ class _TrainLoop:
         "cumulative_seconds": start.cumulative_seconds,
         "world_size": start.world.size,
         "skipped_steps": self._train_step.skipped_steps,
+        "epochs": config.epochs,
+        "time": round(time.time(), 3),
     }
+    if stop_now:
+      record["stopped_early"] = True
     if config.target_accuracy:
       record["target_accuracy_first_epoch"] = start.stop.first_reached_epoch
       record["target_accuracy_first_seconds"] = \
@@ -463,7 +488,7 @@ class _TrainLoop:
     # An allreduce, on every rank; rank 0 draws it.
     confusion = self._eval_step.confusion.counts()
     position = checkpoint.Position(epoch + 1, 0, start.global_batch,
-                                   start.world.size)
+                                   start.world.size, start.cumulative_seconds)
     start.on_chief(lambda run: run.end_epoch(
         start.reporter, record, confusion, position, global_step,
         val.accuracy), name="end_epoch")
@@ -519,7 +544,6 @@ class _TrainLoop:
     distributed.broadcast_from_chief(self.variables())
     self._learning_rate.factor.assign(factor)
     self._rollbacks += 1
-    start.cumulative_seconds += time.perf_counter() - start.epoch_began
     first_epoch, first_step = _starting_point(
         position, start.steps_per_epoch, start.global_batch, start.world.size)
     first_global_step = first_epoch * start.steps_per_epoch + first_step
@@ -563,7 +587,8 @@ class _Start:
   def __init__(self, *, config: TrainConfig, model_dir: str,
                world: distributed.World, run: Optional["_Run"],
                steps_per_epoch: int, global_batch: int, first_epoch: int,
-               first_step: int, state: elastic.TrainingState):
+               first_step: int, state: elastic.TrainingState, seconds: float,
+               hparams: dict):
     self.world = world
     self.run = run  # rank 0's model_dir; None on the other ranks
     self.steps_per_epoch = steps_per_epoch
@@ -575,20 +600,26 @@ class _Start:
     self.steps_run = 0
     self.optimizer_state_broadcast = False
     self.history = list(state.history)
-    self.cumulative_seconds = state.cumulative_seconds
+    self._began = time.perf_counter()
+    self._seconds_before = seconds  # the run's time before this start
+    self.cumulative_seconds = seconds  # at the last epoch's end
     self.epoch_sums = state.epoch_sums  # of steps committed before a restart
     self.val = None
     self.stop = copy.copy(state.stop)
     chief = distributed.is_chief()
     self.reporter = report.Reporter(model_dir, chief=chief,
                                     epochs=config.epochs)
-    self.reporter.keep_epochs_up_to(first_epoch)  # undone epochs' records go
+    # What was written past this point (before a crash, say) goes.
+    self.reporter.keep_epochs_up_to(
+        first_epoch, first_epoch * steps_per_epoch + first_step)
+    self.reporter.hparams(hparams)
     self.progress = progress_lib.Progress(
         mode=config.progress, chief=chief, steps_per_epoch=steps_per_epoch,
         epochs=config.epochs, global_batch=global_batch)
     self.stop_requests = preemption.StopRequests()
     self.stop_requests.install()
     self.times = profiling.EpochTimes()
+    self.window = metrics.StepWindow()
     self.profiler = profiling.StepProfiler(
         model_dir, steps=config.profile_steps, rank=world.rank,
         all_ranks=config.profile_all_ranks,
@@ -602,9 +633,14 @@ class _Start:
     return distributed.on_chief(run and functools.partial(action, run),
                                 name=name)
 
+  def seconds(self) -> float:
+    """The run's time so far: before this start, and since."""
+    return self._seconds_before + time.perf_counter() - self._began
+
   def close(self) -> None:
     self.profiler.close()
     self.stop_requests.uninstall()
+    self.reporter.close()
 
 
 class _Run:
@@ -624,6 +660,7 @@ class _Run:
     self._lr_factor = lr_factor
     self._identity = checkpoint.identity(model, info)
     self.checkpoints = None
+    self.opened = False  # model_dir passed the checks and is written to
 
   def open(self) -> Optional[checkpoint.Position]:
     """Checks model_dir against the resume flags; restores; records flags.
@@ -660,6 +697,7 @@ class _Run:
         "flags.txt, classes.txt and normalization.json in", self.model_dir):
       _record_flags(self.model_dir, self._config.command_line)
       datasets.record(self.model_dir, self._info)
+    self.opened = True
     return position
 
   def take_over(self) -> None:
@@ -667,6 +705,7 @@ class _Run:
     checkpoints, to write, without restoring any."""
     _make_model_dir(self.model_dir)
     self._open_checkpoints()
+    self.opened = True
 
   def _open_checkpoints(self) -> None:
     self.checkpoints = checkpoint.Checkpoints(
@@ -688,6 +727,17 @@ class _Run:
                                             val_accuracy):
         logging.info("best validation accuracy so far: %.4f", val_accuracy)
 
+  def record_end(self, error: BaseException) -> None:
+    """How the run stopped, when it stopped before finishing: the end
+    record engine.runs reads. Best effort: a full disk may refuse it."""
+    if not self.opened:
+      return
+    try:
+      report.Reporter(self.model_dir, chief=True,
+                      epochs=self._config.epochs).event(_end_record(error))
+    except WriteFailed as e:
+      logging.warning("not recorded in metrics.jsonl: %s", e)
+
   def roll_back(self) -> tuple[checkpoint.Position, str]:
     """Restores the latest readable checkpoint: its position and path."""
     position = self.checkpoints.restore_latest_readable()
@@ -696,7 +746,7 @@ class _Run:
   def record_rollback(self, reporter: report.Reporter, record: dict) -> None:
     """The rollback's event, after the records of epochs it undid go."""
     with self._writes():
-      reporter.keep_epochs_up_to(record["epoch"])
+      reporter.keep_epochs_up_to(record["epoch"], record["global_step"])
       reporter.event(record)
 
   def export(self) -> None:
@@ -759,6 +809,40 @@ def _preempted(run, position: checkpoint.Position, global_step: int,
         signum, f"stopped by {name} at {where}; saved {path}; run the same "
         "command again to continue")
   raise preemption.Preempted(signum, f"stopped by {name} at {where}")
+
+
+def _hparams(config: TrainConfig, world: distributed.World,
+             global_batch: int) -> dict:
+  """What TensorBoard's HParams dashboard compares runs by: the flags that
+  shape the result, and the processes and global batch they ran with."""
+  return dict(
+      dataset=config.dataset, model=config.model, **config.model_params,
+      optimizer=config.optimizer, base_lr=config.base_lr,
+      lr_scaling=config.lr_scaling, warmup_epochs=config.warmup_epochs,
+      lr_schedule=config.lr_schedule, momentum=config.momentum,
+      batch_size=config.batch_size, global_batch=global_batch,
+      processes=world.size, epochs=config.epochs,
+      mixed_precision=config.mixed_precision,
+      grad_accum_steps=config.grad_accum_steps,
+      random_flip=config.random_flip, random_shift=config.random_shift,
+      seed=config.seed)
+
+
+def _end_record(error: BaseException) -> dict:
+  """metrics.jsonl's record of a run that stopped before finishing."""
+  if isinstance(error, (preemption.Preempted, KeyboardInterrupt)):
+    signum = getattr(error, "signum", signal.SIGINT)  # 0: another rank's
+    how = dict(state="stopped",
+               signal=signal.Signals(signum).name if signum else None)
+  elif isinstance(error, Diverged):
+    how = dict(state="diverged")
+  else:
+    how = dict(state="error")
+  if distributed.is_peer_failure(error):
+    reason = "another process stopped"
+  else:
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return dict(event="end", **how, reason=reason, time=round(time.time(), 3))
 
 
 def _record_flags(model_dir: str, command_line: str) -> None:
@@ -832,7 +916,7 @@ def config_from_flags() -> TrainConfig:
       batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
       steps_per_epoch=FLAGS.steps_per_epoch,
       target_accuracy=FLAGS.target_accuracy, patience=FLAGS.patience,
-      progress=FLAGS.progress,
+      progress=FLAGS.progress, summary_every_steps=FLAGS.summary_every_steps,
       seed=FLAGS.seed,
       model_dir=FLAGS.model_dir or default_model_dir(FLAGS.dataset,
                                                      FLAGS.model),

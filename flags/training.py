@@ -22,6 +22,12 @@ flags.DEFINE_string("model_dir", "",
                     "Directory for the run's outputs: metrics.jsonl and "
                     "TensorBoard summaries (tensorboard/). Empty: "
                     "runs/<dataset>_<model>.")
+flags.DEFINE_integer("summary_every_steps", 50,
+                     "Every this many global steps, rank 0 writes its loss, "
+                     "accuracy and step time over those steps, and the "
+                     "learning rate, to TensorBoard (batch_* in "
+                     "tensorboard/train). 0: once an epoch only.",
+                     lower_bound=0)
 flags.DEFINE_integer("seed", 0,
                      "Seed of the initial weights, the data order and the "
                      "augmentation.", lower_bound=0)

@@ -167,3 +167,31 @@ def test_a_checkpoint_from_before_rollbacks_restores_with_the_full_rate(
   assert float(factor.numpy()) == 1.0
   for a, b in zip(model.weights, other.weights):
     assert (a.numpy() == b.numpy()).all()
+
+
+def test_the_runs_clock_is_saved_with_the_position(tmp_path):
+  model, optimizer = build()
+  manager(tmp_path, model, optimizer).save(
+      checkpoint.Position(1, 3, 8, 1, seconds=42.5), 11)
+  assert manager(tmp_path, model, optimizer).restore_latest_readable() == \
+      checkpoint.Position(1, 3, 8, 1, seconds=42.5)
+
+
+def test_a_checkpoint_from_before_the_clock_restores_with_none_counted(
+    tmp_path):
+  model, optimizer = build(seed=1)
+  # What Checkpoints saved before it kept the run's seconds.
+  def number(value):
+    return tf.Variable(value, dtype=tf.int64)
+  old = tf.train.Checkpoint(
+      model=model, optimizer=optimizer, epoch=number(2), step=number(0),
+      global_batch=number(8), world_size=number(1),
+      best_accuracy=tf.Variable(0.5, dtype=tf.float64),
+      identity=tf.Variable(IDENTITY))
+  tf.train.CheckpointManager(old, str(tmp_path / "checkpoints"), 3,
+                             checkpoint_name="ckpt").save(checkpoint_number=4)
+  other, other_optimizer = build(seed=2)
+  assert manager(tmp_path, other, other_optimizer).restore_latest_readable() \
+      == checkpoint.Position(2, 0, 8, 1, seconds=0.0)
+  for a, b in zip(model.weights, other.weights):
+    assert (a.numpy() == b.numpy()).all()

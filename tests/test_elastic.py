@@ -44,7 +44,8 @@ def launch(tmp, name, *, hosts, processes, epochs, **events):
              f"--data_dir={tmp / 'data'}", f"--model_dir={tmp / 'run'}",
              "--filters=8", f"--batch_size={BATCH}", f"--epochs={epochs}",
              f"--base_lr={BASE_LR}", "--lr_scaling=linear",
-             "--warmup_epochs=0", "--progress=none"]
+             "--warmup_epochs=0", "--progress=none",
+             "--summary_every_steps=2"]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO,
              RECORD_OUT=str(out), ELASTIC_HOSTS=str(hosts_file),
              **{f"ELASTIC_{k.upper()}": str(v) for k, v in events.items()})
@@ -54,7 +55,7 @@ def launch(tmp, name, *, hosts, processes, epochs, **events):
   with open(tmp / "run" / "metrics.jsonl") as f:
     records = [json.loads(line) for line in f]
   return dict(result=result, output=result.stdout + result.stderr,
-              processes=processes, records=records)
+              processes=processes, records=records, model_dir=tmp / "run")
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,24 @@ def jumps(steps: list[dict]) -> list[tuple[int, int]]:
   ends = [examples_before(s) + BATCH * s["size"] for s in steps]
   starts = [examples_before(s) for s in steps]
   return [(end, start) for end, start in zip(ends, starts[1:]) if end != start]
+
+
+def test_restarts_and_the_resume_continue_one_curve_and_one_clock(jobs):
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  tensorboard = jobs["grow"]["model_dir"] / "tensorboard"
+
+  def steps(run, tag):
+    return sorted(event.step for path in (tensorboard / run).glob("events.*")
+                  for event in tf.compat.v1.train.summary_iterator(str(path))
+                  for value in event.summary.value if value.tag == tag)
+
+  # Each point once, though the shrink redid the steps after its commit.
+  assert steps("validation", "epoch_accuracy") == [1, 2, 3, 4, 5]
+  batch_steps = steps("train", "batch_loss")
+  assert batch_steps == sorted(set(batch_steps))
+  assert batch_steps[-1] == jobs["grow"]["records"][-1]["global_step"]
+  seconds = [r["cumulative_seconds"] for r in jobs["grow"]["records"]]
+  assert seconds == sorted(seconds) and seconds[0] > 0
 
 
 def test_a_job_that_loses_a_worker_finishes_on_the_other(jobs):

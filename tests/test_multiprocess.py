@@ -152,18 +152,19 @@ def test_reported_learning_rate_is_the_one_applied_last_in_the_epoch(
 
 def test_only_rank_zero_writes_tensorboard_summaries(command_line):
   model_dir, _ = command_line
-  assert len(list((model_dir / "tensorboard").glob("events.*"))) == 1
+  for run in ("", "train", "validation"):  # report.Reporter's layout
+    assert len(list((model_dir / "tensorboard" / run).glob("events.*"))) == 1
 
 
 def test_tensorboard_gets_the_confusion_matrix_each_epoch_and_classes_txt(
     command_line):
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   model_dir, _ = command_line
-  [events] = (model_dir / "tensorboard").glob("events.*")
-  steps = [event.step for event in tf.compat.v1.train.summary_iterator(
+  [events] = (model_dir / "tensorboard" / "validation").glob("events.*")
+  epochs = [event.step for event in tf.compat.v1.train.summary_iterator(
       str(events)) for value in event.summary.value
-           if value.tag == "val/confusion_matrix"]
-  assert steps == [12, 24]
+            if value.tag == "confusion_matrix"]
+  assert epochs == [1, 2]
   assert (model_dir / "classes.txt").read_text().splitlines()[-1] == \
       "Ankle boot"
 

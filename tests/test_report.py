@@ -15,15 +15,22 @@ RECORD = {"epoch": 1, "global_step": 30, "train_loss": 1.5,
           "cumulative_seconds": 3.0, "world_size": 2}
 
 
-def scalars(model_dir):
-  values = {}
-  files = glob.glob(os.path.join(model_dir, "tensorboard", "events.*"))
-  for path in files:
+def events(model_dir, run):
+  """(tag, step, value) of TensorBoard run `run` ("train", "validation",
+  "" for the run's own) in the order written."""
+  found = []
+  for path in sorted(glob.glob(os.path.join(model_dir, "tensorboard", run,
+                                            "events.*"))):
     for event in tf.compat.v1.train.summary_iterator(path):
       for value in event.summary.value:
-        values[(value.tag, event.step)] = float(
-            tf.make_ndarray(value.tensor))
-  return values
+        found.append((value.tag, event.step, value))
+  return found
+
+
+def scalars(model_dir, run):
+  return {(tag, step): float(tf.make_ndarray(value.tensor))
+          for tag, step, value in events(model_dir, run)
+          if value.metadata.plugin_data.plugin_name == "scalars"}
 
 
 def test_chief_writes_metrics_jsonl_and_tensorboard_scalars(tmp_path):
@@ -32,12 +39,19 @@ def test_chief_writes_metrics_jsonl_and_tensorboard_scalars(tmp_path):
   reporter.epoch({**RECORD, "epoch": 2, "global_step": 60, "val_loss": 1.0})
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
   assert [json.loads(l) for l in lines][0] == RECORD
-  values = scalars(str(tmp_path))  # stored as float32
-  assert values[("val/loss", 30)] == 1.25 and values[("val/loss", 60)] == 1.0
-  assert values[("train/accuracy", 30)] == 0.5
-  assert values[("learning_rate", 60)] == pytest.approx(0.01)
-  assert values[("images_per_sec", 30)] == 1000.0
-  assert {tag for tag, _ in values} == set(report.SCALARS.values())
+  # The Keras callback's layout: train and validation runs with the same
+  # tags, indexed by the epoch. Stored as float32.
+  train, val = scalars(str(tmp_path), "train"), scalars(str(tmp_path),
+                                                       "validation")
+  assert val[("epoch_loss", 1)] == 1.25 and val[("epoch_loss", 2)] == 1.0
+  assert train[("epoch_accuracy", 1)] == 0.5
+  assert train[("epoch_learning_rate", 2)] == pytest.approx(0.01)
+  assert train[("epoch_images_per_sec", 1)] == 1000.0
+  assert {tag for tag, _ in val} == {"epoch_loss", "epoch_accuracy"}
+  assert {tag for tag, _ in val} < {tag for tag, _ in train}
+  assert {(run, tag) for run, tag in report.EPOCH_SCALARS.values()} == \
+      {("train", tag) for tag, _ in train} | {("validation", tag)
+                                              for tag, _ in val}
 
 
 def test_other_ranks_write_nothing(tmp_path):
@@ -59,10 +73,8 @@ def test_the_confusion_matrix_is_drawn_row_by_row():
 def test_the_chief_writes_the_confusion_image_each_epoch(tmp_path):
   reporter = report.Reporter(str(tmp_path), chief=True, epochs=2)
   reporter.epoch(RECORD, np.eye(4))
-  [path] = glob.glob(os.path.join(tmp_path, "tensorboard", "events.*"))
-  images = [value for event in tf.compat.v1.train.summary_iterator(path)
-            for value in event.summary.value
-            if value.tag == "val/confusion_matrix"]
+  images = [value for tag, step, value in events(str(tmp_path), "validation")
+            if tag == "confusion_matrix" and step == 1]
   assert len(images) == 1
   assert images[0].metadata.plugin_data.plugin_name == "images"
 
@@ -77,3 +89,67 @@ def test_a_resume_drops_damaged_lines_and_keeps_events(tmp_path):
   report.Reporter(str(tmp_path), chief=True, epochs=3).keep_epochs_up_to(1)
   assert metrics.read_text() == ('{"epoch": 1, "val_accuracy": 0.5}\n'
                                  '{"event": "rollback", "epoch": 1}\n')
+
+
+def test_within_epoch_scalars_go_to_the_train_run_by_global_step(tmp_path):
+  reporter = report.Reporter(str(tmp_path), chief=True, epochs=2)
+  reporter.steps(10, dict(loss=2.0, accuracy=0.25, learning_rate=0.1,
+                          step_seconds=0.5))
+  reporter.steps(20, dict(loss=1.5, accuracy=0.5, learning_rate=0.2,
+                          step_seconds=0.25))
+  reporter.flush()
+  assert scalars(str(tmp_path), "train") == {
+      ("batch_loss", 10): 2.0, ("batch_accuracy", 10): 0.25,
+      ("batch_learning_rate", 10): pytest.approx(0.1),
+      ("batch_step_seconds", 10): 0.5, ("batch_loss", 20): 1.5,
+      ("batch_accuracy", 20): 0.5,
+      ("batch_learning_rate", 20): pytest.approx(0.2),
+      ("batch_step_seconds", 20): 0.25}
+
+
+def test_the_run_records_its_hparams_and_figures_for_the_dashboard(tmp_path):
+  reporter = report.Reporter(str(tmp_path), chief=True, epochs=3)
+  reporter.hparams(dict(model="cnn", base_lr=0.01, processes=2))
+  targets = dict(target_accuracy_first_epoch=None,
+                 target_accuracy_first_seconds=None)
+  reporter.epoch({**RECORD, **targets})
+  reporter.epoch({**RECORD, **targets, "epoch": 2, "val_accuracy": 0.75,
+                  "images_per_sec": 1200.0, "target_accuracy_first_epoch": 2,
+                  "target_accuracy_first_seconds": 6.0})
+  reporter.epoch({**RECORD, **targets, "epoch": 3, "val_accuracy": 0.7,
+                  "images_per_sec": 1100.0, "target_accuracy_first_epoch": 2,
+                  "target_accuracy_first_seconds": 6.0})
+  own = events(str(tmp_path), "")
+  [hparams] = [value for tag, _, value in own
+               if value.metadata.plugin_data.plugin_name == "hparams"]
+  assert b"cnn" in hparams.metadata.plugin_data.content
+  figures = scalars(str(tmp_path), "")
+  assert figures[("best_val_accuracy", 3)] == 0.75
+  assert figures[("final_val_accuracy", 3)] == pytest.approx(0.7)
+  assert figures[("seconds_to_target", 3)] == 6.0
+  assert figures[("images_per_sec", 3)] == 1150.0  # median, epoch 1 aside
+  assert ("seconds_to_target", 1) not in figures  # not reached yet
+
+
+def test_a_resume_drops_what_was_written_after_its_point(tmp_path):
+  first = report.Reporter(str(tmp_path), chief=True, epochs=3)
+  for epoch in (1, 2, 3):
+    for step in (10, 20, 30):
+      first.steps(30 * (epoch - 1) + step, dict(loss=1.0))
+    first.epoch({**RECORD, "epoch": epoch, "global_step": 30 * epoch})
+  first.event({"event": "rollback", "epoch": 1})
+  first.event({"event": "end", "state": "stopped", "signal": "SIGTERM"})
+  first.close()
+  # Resumed from a checkpoint at epoch 2, step 15 (global step 75).
+  report.Reporter(str(tmp_path), chief=True, epochs=3).keep_epochs_up_to(
+      2, 75)
+  records = [json.loads(line) for line in
+             (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r.get("epoch") for r in records] == [1, 2, 1]
+  assert records[-1]["event"] == "rollback"  # the end record went
+  assert sorted(step for tag, step in scalars(str(tmp_path), "train")
+                if tag == "batch_loss") == [10, 20, 30, 40, 50, 60, 70]
+  assert sorted(step for tag, step in scalars(str(tmp_path), "validation")
+                if tag == "epoch_accuracy") == [1, 2]
+  assert sorted(step for tag, step in scalars(str(tmp_path), "")
+                if tag == "final_val_accuracy") == [1, 2]

@@ -39,7 +39,7 @@ def command(data_dir, model_dir, *extra, epochs=4):
           f"--model_dir={model_dir}", f"--epochs={epochs}",
           f"--steps_per_epoch={STEPS}", "--batch_size=16", "--filters=4",
           "--optimizer=sgd", "--base_lr=0.02", "--progress=none",
-          "--deterministic", *extra]
+          "--deterministic", "--summary_every_steps=5", *extra]
 
 
 def train(data_dir, model_dir, *extra, epochs=4, processes=1, ok=True):
@@ -70,6 +70,13 @@ def assert_same_weights(a, b):
 def records(model_dir):
   with open(os.path.join(model_dir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f]
+
+
+def tensorboard_steps(model_dir, run, tag):
+  """The steps of `tag` in TensorBoard run `run`, over all its files."""
+  return sorted(event.step for path in (model_dir / "tensorboard" / run).glob(
+      "events.*") for event in tf.compat.v1.train.summary_iterator(str(path))
+                for value in event.summary.value if value.tag == tag)
 
 
 def digest(directory):
@@ -117,6 +124,9 @@ def test_resumed_metrics_continue_the_run(two_then_two, processes):
   assert [r["epoch"] for r in history] == [1, 2, 3, 4]
   steps = [r["global_step"] for r in history]
   assert steps == [STEPS, 2 * STEPS, 3 * STEPS, 4 * STEPS]
+  # The run's clock continues from the checkpoint's.
+  seconds = [r["cumulative_seconds"] for r in history]
+  assert seconds[2] - seconds[1] == pytest.approx(history[2]["epoch_seconds"])
 
 
 def test_model_dir_records_the_flags_and_keeps_the_first(two_then_two):
@@ -203,6 +213,11 @@ def test_sigkill_of_a_worker_ends_the_job_and_a_rerun_resumes(data_dir,
   rerun = train(data_dir, model_dir, epochs=6, processes=2)
   assert "resuming" in rerun.stderr
   assert [r["epoch"] for r in records(model_dir)] == [1, 2, 3, 4, 5, 6]
+  # One curve, whatever the killed start wrote past its checkpoint.
+  assert tensorboard_steps(model_dir, "train", "batch_loss") == list(
+      range(5, 6 * STEPS + 1, 5))
+  assert tensorboard_steps(model_dir, "validation", "epoch_accuracy") == [
+      1, 2, 3, 4, 5, 6]
   assert output
 
 

@@ -938,8 +938,9 @@ def run_engine(args: list[str], directory: str) -> EngineRun:
 
 
 def snapshot(directory: str):
-  """Every file and folder under `directory` with a hash of its bytes;
-  None if it does not exist."""
+  """Every file and folder under `directory` with a hash of its bytes
+  (metrics.jsonl with its records, to tell what was added); None if it
+  does not exist."""
   if not os.path.exists(directory):
     return None
   entries = {}
@@ -948,8 +949,10 @@ def snapshot(directory: str):
       entries[relative(os.path.join(root, name), directory) + "/"] = ""
     for name in files:
       path = os.path.join(root, name)
-      entries[relative(path, directory)] = hashlib.sha256(
-          read(path)).hexdigest()
+      entries[relative(path, directory)] = (
+          read(path).decode(errors="replace").splitlines()
+          if name == "metrics.jsonl" else hashlib.sha256(
+              read(path)).hexdigest())
   return entries
 
 
@@ -999,11 +1002,20 @@ def problems_of(run: EngineRun, before, after) -> list[str]:
 
 
 def only_start_records_changed(before, after) -> bool:
+  """Whether a run stopped while training changed only what every start
+  writes, and recorded in metrics.jsonl how it ended, after the epochs it
+  found there."""
   before = before or {}
   changed = set(before) ^ set(after) | {
       k for k in set(before) & set(after) if before[k] != after[k]}
+  metrics = changed & {"metrics.jsonl"}
+  if metrics:
+    *kept, end = after["metrics.jsonl"]
+    if (kept != before.get("metrics.jsonl", [])
+        or json.loads(end).get("event") != "end"):
+      return False
   return set(before) <= set(after) and all(
-      name.startswith(START_RECORDS) for name in changed)
+      name.startswith(START_RECORDS) for name in changed - metrics)
 
 
 def run_case(index: int, kind: str, generator, seed: int, good: Good,
