@@ -23,29 +23,18 @@ epoch 1 (tracing, warm-up) left out.
 
   .venv/bin/python -m bench.elastic_overhead --base=654f66f
 """
-import json
 import os
 import shutil
-import statistics
-import subprocess
-import sys
 
 from absl import app
 from absl import flags
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTHON = sys.executable
-HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
+from bench import interleaved
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("base", None, "Git revision of the engine before "
-                    "elastic training.", required=True)
-flags.DEFINE_integer("repeats", 3, "Rounds of the three configurations.")
-flags.DEFINE_integer("epochs", 3, "Epochs per run (the first is left out).")
-flags.DEFINE_integer("steps_per_epoch", 100, "Steps per epoch.")
+interleaved.define_flags(before="elastic training", out_name="elastic",
+                         repeats=3)
 flags.DEFINE_integer("commit_every_steps", 50, "The elastic runs' commits.")
-flags.DEFINE_string("out_dir", os.path.join(REPO, "bench", "out", "elastic"),
-                    "Run directories, and the base revision's worktree.")
 
 CONFIGS = ("base", "static", "two_names", "elastic")
 HOSTS = ("localhost", "127.0.0.1")
@@ -55,11 +44,11 @@ def run(config: str, round_: int, base_dir: str) -> list[float]:
   """One run; its images/s for each epoch after the first."""
   model_dir = os.path.join(FLAGS.out_dir, f"{config}_{round_}")
   shutil.rmtree(model_dir, ignore_errors=True)
-  engine = [PYTHON, "-m", "engine.train", f"--model_dir={model_dir}",
-            f"--epochs={FLAGS.epochs}",
+  engine = [interleaved.PYTHON, "-m", "engine.train",
+            f"--model_dir={model_dir}", f"--epochs={FLAGS.epochs}",
             f"--steps_per_epoch={FLAGS.steps_per_epoch}", "--progress=none"]
-  launcher = [HOROVODRUN, "-np", "2"]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  launcher = [interleaved.HOROVODRUN, "-np", "2"]
+  env = dict(os.environ)
   if config == "two_names":
     launcher += ["-H", ",".join(f"{host}:1" for host in HOSTS)]
   if config == "elastic":
@@ -67,42 +56,20 @@ def run(config: str, round_: int, base_dir: str) -> list[float]:
     with open(hosts, "w") as f:
       f.writelines(f"{host}:1\n" for host in HOSTS)
     launcher += ["--min-np", "1", "--max-np", "2", "--host-discovery-script",
-                 os.path.join(REPO, "scripts", "discover_hosts.sh"),
+                 os.path.join(interleaved.REPO, "scripts",
+                              "discover_hosts.sh"),
                  "--network-interface", "lo"]
     engine += ["--elastic",
                f"--commit_every_steps={FLAGS.commit_every_steps}"]
     env["ELASTIC_HOSTS"] = hosts
-  cwd = base_dir if config == "base" else REPO
-  env["PYTHONPATH"] = cwd
-  subprocess.run(launcher + engine, cwd=cwd, env=env, check=True,
-                 capture_output=True)
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    return [json.loads(line)["images_per_sec"] for line in f][1:]
+  return interleaved.images_per_sec(
+      launcher + engine, cwd=base_dir if config == "base" else
+      interleaved.REPO, model_dir=model_dir, env=env)
 
 
 def main(argv):
   del argv
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  base_dir = os.path.join(FLAGS.out_dir, "base_worktree")
-  subprocess.run(["git", "worktree", "add", "--force", "--detach", base_dir,
-                  FLAGS.base], cwd=REPO, check=True, capture_output=True)
-  rates = {config: [] for config in CONFIGS}
-  try:
-    for round_ in range(FLAGS.repeats):
-      for config in CONFIGS:
-        rates[config] += run(config, round_, base_dir)
-        print(f"round {round_ + 1} {config}: "
-              f"{statistics.median(rates[config]):.0f} img/s so far",
-              flush=True)
-  finally:
-    subprocess.run(["git", "worktree", "remove", "--force", base_dir],
-                   cwd=REPO, check=False, capture_output=True)
-  medians = {c: statistics.median(r) for c, r in rates.items()}
-  print(f"\n{'configuration':<10} {'median img/s':>13} {'min':>7} "
-        f"{'max':>7} {'epochs':>7}")
-  for config in CONFIGS:
-    print(f"{config:<10} {medians[config]:>13.0f} {min(rates[config]):>7.0f} "
-          f"{max(rates[config]):>7.0f} {len(rates[config]):>7}")
+  medians = interleaved.compare(CONFIGS, run)
   print(f"\nstatic / base:         {medians['static'] / medians['base']:.3f}")
   print(f"two_names / static:    "
         f"{medians['two_names'] / medians['static']:.3f}")
