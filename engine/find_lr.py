@@ -31,8 +31,6 @@ import tensorflow as tf
 from engine import data
 from engine import distributed
 from engine import metrics
-from engine import optimizers
-from engine import precision
 from engine import schedules
 from engine import step as steps
 from engine import train as engine_train
@@ -96,14 +94,7 @@ def range_test(config: engine_train.TrainConfig, *, min_lr: float,
                     "range needs 0 < --min_lr < --max_lr")
   world, splits, model = engine_train.prepare(config)
   rate = ExponentialRange(min_lr, max_lr, range_steps)
-  optimizer = precision.with_loss_scaling(
-      optimizers.build(config.optimizer, learning_rate=rate,
-                       momentum=config.momentum, nesterov=config.nesterov,
-                       xla=config.xla), config.mixed_precision)
-  train_step = steps.TrainStep(
-      model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
-      compression=config.gradient_compression,
-      accumulation_steps=config.grad_accum_steps, xla=config.xla)
+  _, train_step = engine_train.optimizer_and_step(config, model, rate)
   step_batch = config.batch_size * config.grad_accum_steps
   steps_per_epoch = data.steps_per_epoch(
       num_train=splits.info.num_train, batch_size=step_batch,

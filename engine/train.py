@@ -79,6 +79,7 @@ class TrainConfig:
   lr_decay_factor: float
   momentum: float
   nesterov: bool
+  label_smoothing: float
   # Training
   batch_size: int
   epochs: int
@@ -179,14 +180,7 @@ def train(config: TrainConfig) -> TrainResult:
       warmup_epochs=config.warmup_epochs, decay=config.lr_schedule,
       epochs=config.epochs, decay_epochs=config.lr_decay_epochs,
       decay_factor=config.lr_decay_factor)
-  optimizer = precision.with_loss_scaling(
-      optimizers.build(config.optimizer, learning_rate=learning_rate,
-                       momentum=config.momentum, nesterov=config.nesterov,
-                       xla=config.xla), config.mixed_precision)
-  train_step = steps.TrainStep(
-      model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
-      compression=config.gradient_compression,
-      accumulation_steps=config.grad_accum_steps, xla=config.xla)
+  optimizer, train_step = optimizer_and_step(config, model, learning_rate)
   eval_step = steps.EvalStep(model=model, xla=config.xla,
                              image_shape=info.image_shape,
                              num_classes=info.num_classes)
@@ -219,6 +213,21 @@ def train(config: TrainConfig) -> TrainResult:
     raise
   return TrainResult(model=model, history=history, train_step=train_step,
                      eval_step=eval_step)
+
+
+def optimizer_and_step(config: TrainConfig, model: tf.keras.Model,
+                       learning_rate) -> tuple[Any, steps.TrainStep]:
+  """The optimizer the flags ask for, at `learning_rate` (a schedule of the
+  step), and the train step that applies it to `model`."""
+  optimizer = precision.with_loss_scaling(
+      optimizers.build(config.optimizer, learning_rate=learning_rate,
+                       momentum=config.momentum, nesterov=config.nesterov,
+                       xla=config.xla), config.mixed_precision)
+  return optimizer, steps.TrainStep(
+      model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
+      compression=config.gradient_compression,
+      accumulation_steps=config.grad_accum_steps,
+      label_smoothing=config.label_smoothing, xla=config.xla)
 
 
 # Loss sum, correct predictions, examples: an epoch before its first step.
@@ -820,7 +829,7 @@ def _hparams(config: TrainConfig, world: distributed.World,
       optimizer=config.optimizer, base_lr=config.base_lr,
       lr_scaling=config.lr_scaling, warmup_epochs=config.warmup_epochs,
       lr_schedule=config.lr_schedule, momentum=config.momentum,
-      batch_size=config.batch_size, global_batch=global_batch,
+      label_smoothing=config.label_smoothing, batch_size=config.batch_size, global_batch=global_batch,
       processes=world.size, epochs=config.epochs,
       mixed_precision=config.mixed_precision,
       grad_accum_steps=config.grad_accum_steps,
@@ -912,7 +921,7 @@ def config_from_flags() -> TrainConfig:
       lr_schedule=FLAGS.lr_schedule,
       lr_decay_epochs=tuple(int(e) for e in FLAGS.lr_decay_epochs),
       lr_decay_factor=FLAGS.lr_decay_factor, momentum=FLAGS.momentum,
-      nesterov=FLAGS.nesterov,
+      nesterov=FLAGS.nesterov, label_smoothing=FLAGS.label_smoothing,
       batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
       steps_per_epoch=FLAGS.steps_per_epoch,
       target_accuracy=FLAGS.target_accuracy, patience=FLAGS.patience,

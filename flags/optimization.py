@@ -29,6 +29,11 @@ flags.DEFINE_list("lr_decay_epochs", ["15", "25", "35"],
                   "the rate is multiplied by --lr_decay_factor.")
 flags.DEFINE_float("lr_decay_factor", 0.1, "step schedule: the multiplier.",
                    lower_bound=0.0)
+flags.DEFINE_float("label_smoothing", 0.0,
+                   "Train against targets with this share of the "
+                   "probability spread over all classes (0.1 is common); "
+                   "reported losses stay plain cross-entropy.",
+                   lower_bound=0.0, upper_bound=0.5)
 flags.DEFINE_float("momentum", 0.9, "sgd: momentum.", lower_bound=0.0)
 flags.DEFINE_bool("nesterov", False, "sgd: use Nesterov momentum.")
 

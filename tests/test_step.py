@@ -210,3 +210,35 @@ def test_accumulated_micro_batches_are_checked_for_a_nonfinite_loss():
                      "of 1 processes"):
     step(poisoned, labels)  # the second micro-batch's
   assert step.traces == 1
+
+
+def test_label_smoothing_changes_the_objective_not_the_reported_loss():
+  logits = tf.constant([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]])
+  labels = tf.constant([0, 1], tf.int64)
+  plain = steps.cross_entropy(labels, logits).numpy()
+  log_p = tf.nn.log_softmax(logits).numpy()
+  # Targets 0.9 on the label plus 0.1 / 3 on every class.
+  targets = 0.9 * np.eye(3)[[0, 1]] + 0.1 / 3
+  np.testing.assert_allclose(
+      steps.smoothed_cross_entropy(labels, logits, 0.1).numpy(),
+      -(targets * log_p).sum(axis=1), rtol=1e-6)
+  # In a step: the gradient is the smoothed objective's, the figures
+  # reported are plain cross-entropy.
+  images, labels = batch(8, 3)
+  model = tiny_model()
+  before = [w.numpy() for w in model.trainable_weights]
+  with tf.GradientTape() as tape:
+    outputs = model(images)
+    objective = tf.reduce_mean(steps.smoothed_cross_entropy(
+        labels, outputs, 0.2)) + tf.add_n(model.losses)
+  expected = tape.gradient(objective, model.trainable_weights)
+  reported = tf.reduce_mean(steps.cross_entropy(labels, outputs)).numpy()
+  step = steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(1.0),
+                         label_smoothing=0.2)
+  step(images, labels)
+  for old, new, gradient in zip(before, model.trainable_weights, expected):
+    np.testing.assert_allclose(old - new.numpy(), gradient.numpy(),
+                               rtol=1e-4, atol=1e-6)
+  assert step.totals.result().loss == pytest.approx(reported, rel=1e-5)
+  assert not np.allclose(plain, steps.smoothed_cross_entropy(
+      tf.constant([0, 1], tf.int64), logits, 0.1).numpy())
