@@ -12,7 +12,7 @@ import tensorflow as tf
 from engine.errors import UserError
 
 SCALINGS = ("linear", "sqrt", "none")
-DECAYS = ("constant", "step", "cosine")
+DECAYS = ("constant", "step", "cosine", "linear")
 
 
 def scaled_rate(base_lr: float, world_size: int, scaling: str) -> float:
@@ -42,8 +42,9 @@ class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
   rate after `warmup_epochs`, so a large global batch does not start with a
   large step from random weights. Step decay multiplies the rate by
   `decay_factor` at each epoch listed in `decay_epochs` (counted from the
-  start of training, as the lab's 15, 25, 35); cosine decay falls from the
-  peak after warmup to 0 at the end of `epochs`.
+  start of training, as the lab's 15, 25, 35); cosine and linear decay fall
+  from the peak after warmup to 0 at the end of `epochs`, per step
+  (warmup then linear decay is the one-cycle schedule's shape).
 
   The peak rate and the length of an epoch in steps depend on the number of
   processes, which an elastic run changes between two steps: `set_world`
@@ -62,8 +63,8 @@ class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
     if decay not in DECAYS:
       raise UserError(f"--lr_schedule={decay} is unknown; choose one of "
                       f"{', '.join(DECAYS)}")
-    if decay == "cosine" and epochs <= warmup_epochs:
-      raise UserError("--lr_schedule=cosine needs more epochs than "
+    if decay in ("cosine", "linear") and epochs <= warmup_epochs:
+      raise UserError(f"--lr_schedule={decay} needs more epochs than "
                       "--warmup_epochs")
     self.base_lr = base_lr
     self.scaling = scaling
@@ -110,10 +111,12 @@ class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
       passed = tf.add_n([tf.cast(epoch >= e, tf.float32)
                          for e in self.decay_epochs] or [tf.zeros([])])
       return self._peak_lr * tf.pow(self.decay_factor, passed)
-    if self.decay == "cosine":
+    if self.decay in ("cosine", "linear"):
       fraction = ((step - self._warmup_steps)
                   / (self._total_steps - self._warmup_steps))
       fraction = tf.clip_by_value(fraction, 0.0, 1.0)
+      if self.decay == "linear":
+        return self._peak_lr * (1.0 - fraction)
       return self._peak_lr * 0.5 * (1.0 + tf.cos(math.pi * fraction))
     return tf.identity(self._peak_lr)
 

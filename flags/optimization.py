@@ -23,7 +23,8 @@ flags.DEFINE_float("warmup_epochs", 0.0,
                    lower_bound=0.0)
 flags.DEFINE_enum("lr_schedule", "constant", schedules.DECAYS,
                   "After warmup: constant; step (x --lr_decay_factor at each "
-                  "of --lr_decay_epochs); cosine (to 0 at the last epoch).")
+                  "of --lr_decay_epochs); cosine or linear (to 0 at the "
+                  "last step; after warmup, linear is one-cycle's shape).")
 flags.DEFINE_list("lr_decay_epochs", ["15", "25", "35"],
                   "step schedule: epochs (counted from the start) at which "
                   "the rate is multiplied by --lr_decay_factor.")

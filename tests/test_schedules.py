@@ -67,6 +67,17 @@ def test_cosine_falls_from_the_peak_after_warmup_to_zero_at_the_end():
   assert rate(500, **kwargs) == pytest.approx(0.0, abs=1e-7)
 
 
+def test_linear_falls_from_the_peak_after_warmup_to_zero_at_the_end():
+  kwargs = dict(warmup_epochs=1, decay="linear", epochs=11)
+  assert rate(10, **kwargs) == pytest.approx(0.4)
+  assert rate(35, **kwargs) == pytest.approx(0.3)
+  assert rate(85, **kwargs) == pytest.approx(0.1)
+  assert rate(110, **kwargs) == pytest.approx(0.0, abs=1e-7)
+  assert rate(500, **kwargs) == pytest.approx(0.0, abs=1e-7)
+  with pytest.raises(UserError, match="linear needs more epochs"):
+    rate(0, decay="linear", warmup_epochs=5, epochs=5)
+
+
 def test_constant_without_warmup():
   assert rate(0) == rate(12345) == pytest.approx(0.4)
 
