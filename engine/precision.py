@@ -6,12 +6,55 @@ computed in float32. float16's narrow exponent underflows small gradients,
 so the loss is multiplied by a dynamic scale before the backward pass and the
 gradients divided by it after the allreduce (step.py); bfloat16 has float32's
 exponent and needs no scaling.
+
+`auto` picks what the hardware computes natively: bfloat16 on GPUs of
+compute capability 8 and later (Ampere) and on CPUs with AVX512_BF16 or
+AMX; float16 on GPUs with Tensor Cores before Ampere (Volta, Turing);
+float32 elsewhere, where 16-bit types are emulated and slower
+(bench/step_options.py: float16 on CPU was 66-74x slower).
 """
+from typing import Optional
+
 import tensorflow as tf
 
-MODES = ("none", "float16", "bfloat16")
+MODES = ("none", "float16", "bfloat16", "auto")
+CPU_BFLOAT16_FEATURES = ("avx512_bf16", "amx_bf16")
 _POLICIES = {"none": "float32", "float16": "mixed_float16",
              "bfloat16": "mixed_bfloat16"}
+
+
+def resolve(mode: str, cpu_flags: Optional[set] = None) -> tuple[str, str]:
+  """The mode to run: `mode` itself, or for `auto` the hardware's native
+  one, with why it was chosen ("" when `mode` was explicit). `cpu_flags`:
+  the CPU's feature flags, read from /proc/cpuinfo by default."""
+  if mode != "auto":
+    return mode, ""
+  gpus = tf.config.list_physical_devices("GPU")
+  if gpus:
+    major, minor = tf.config.experimental.get_device_details(gpus[0]).get(
+        "compute_capability", (0, 0))
+    gpu = f"GPU of compute capability {major}.{minor}"
+    if major >= 8:
+      return "bfloat16", f"{gpu} (Ampere or later)"
+    if major >= 7:
+      return "float16", f"{gpu} (Tensor Cores, before Ampere)"
+    return "none", f"{gpu} (no Tensor Cores)"
+  features = _cpu_flags() if cpu_flags is None else cpu_flags
+  native = [f.upper() for f in CPU_BFLOAT16_FEATURES if f in features]
+  if native:
+    return "bfloat16", f"CPU with {' and '.join(native)}"
+  return "none", "CPU without AVX512_BF16 or AMX: 16 bits would be emulated"
+
+
+def _cpu_flags() -> set:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("flags"):
+          return set(line.split(":", 1)[1].split())
+  except OSError:
+    pass
+  return set()
 
 
 def set_policy(mode: str) -> None:

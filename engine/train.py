@@ -109,7 +109,8 @@ class TrainConfig:
   bind_cpus: bool
   deterministic: bool
   # Performance
-  mixed_precision: str
+  mixed_precision: str  # none, float16 or bfloat16 (--mixed_precision=auto
+  mixed_precision_why: str  # resolved by precision.resolve, and why)
   xla: bool
   gradient_compression: str
   allreduce_op: str
@@ -184,9 +185,11 @@ def train(config: TrainConfig) -> TrainResult:
   eval_step = steps.EvalStep(model=model, xla=config.xla,
                              image_shape=info.image_shape,
                              num_classes=info.num_classes)
-  logging.info("%s; precision %s%s; allreduce %s, compression %s",
+  logging.info("%s; precision %s%s%s; allreduce %s, compression %s",
                config.optimizer, config.mixed_precision
                if config.mixed_precision != "none" else "float32",
+               f" (auto: {config.mixed_precision_why})"
+               if config.mixed_precision_why else "",
                ", XLA" if config.xla else "", config.allreduce_op,
                config.gradient_compression)
   if world.device == "CPU":
@@ -896,6 +899,7 @@ def _describe(world: distributed.World) -> str:
 
 
 def config_from_flags() -> TrainConfig:
+  mixed_precision, why = precision.resolve(FLAGS.mixed_precision)
   return TrainConfig(
       dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
       data_params=dict(
@@ -932,7 +936,7 @@ def config_from_flags() -> TrainConfig:
       intra_op_threads=FLAGS.intra_op_threads,
       inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
       deterministic=FLAGS.deterministic,
-      mixed_precision=FLAGS.mixed_precision, xla=FLAGS.xla,
+      mixed_precision=mixed_precision, mixed_precision_why=why, xla=FLAGS.xla,
       gradient_compression=FLAGS.gradient_compression,
       allreduce_op=FLAGS.allreduce_op,
       grad_accum_steps=FLAGS.grad_accum_steps,

@@ -16,7 +16,10 @@ flags.DEFINE_enum("mixed_precision", "none", precision.MODES,
                   "precision policy). float16: with dynamic loss scaling, "
                   "for GPUs with Tensor Cores (Volta and later). bfloat16: "
                   "no loss scaling needed; TPUs, Ampere+ GPUs and CPUs with "
-                  "AVX512-BF16 or AMX. Logits and loss stay float32.")
+                  "AVX512-BF16 or AMX. auto: bfloat16 where the hardware "
+                  "computes it (those GPUs and CPUs), float16 on Tensor "
+                  "Core GPUs before Ampere, float32 elsewhere; the choice "
+                  "is logged at start-up. Logits and loss stay float32.")
 flags.DEFINE_bool("xla", False,
                   "Compile the forward and backward pass (and a Keras "
                   "optimizer's update) with XLA. Horovod's allreduce stays "
