@@ -52,7 +52,8 @@ def evaluate(config: engine_train.TrainConfig, which: str):
                               name="evaluate_restore")
   distributed.broadcast_from_chief(model.variables)
   eval_step = steps.EvalStep(model=model, image_shape=splits.info.image_shape,
-                             num_classes=splits.info.num_classes)
+                             num_classes=splits.info.num_classes,
+                             flip=config.eval_flip)
   result = steps.evaluate(eval_step, data.eval_batches(
       splits.test, splits.info, rank=world.rank, world_size=world.size,
       batch_size=config.batch_size))

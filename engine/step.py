@@ -237,13 +237,18 @@ class EvalStep:
 
   Besides loss and accuracy it counts the confusion matrix, for per-class
   accuracy (engine.evaluate) and TensorBoard's image of it.
+
+  With `flip`, each image is also seen mirrored (test-time augmentation),
+  and the prediction is the mean of the two views' probabilities: for data
+  whose classes look alike mirrored, as --random_flip assumes.
   """
 
   def __init__(self, *, model: tf.keras.Model, xla: bool = False,
-               image_shape=None, num_classes: int = 0):
+               image_shape=None, num_classes: int = 0, flip: bool = False):
     """`image_shape` and `num_classes` default to the model's own, which
     only a functional model knows before it is called."""
     self.model = model
+    self._flip = flip
     image_shape = image_shape or model.input_shape[1:]
     self.totals = metrics.Totals("eval_totals")
     self.confusion = metrics.Confusion(
@@ -262,6 +267,11 @@ class EvalStep:
   def _eval_step(self, images, labels):
     self.traces += 1
     logits = self.model(images, training=False)
+    if self._flip:
+      mirrored = self.model(tf.image.flip_left_right(images), training=False)
+      # Logits whose softmax is the mean of the two views' probabilities.
+      logits = tf.math.log((tf.nn.softmax(logits) + tf.nn.softmax(mirrored))
+                           / 2)
     self.totals.update(cross_entropy(labels, logits), logits, labels)
     self.confusion.update(logits, labels)
 

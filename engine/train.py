@@ -65,6 +65,7 @@ class TrainConfig:
   data_params: dict  # what a data set's loader declares it takes
   normalization: Optional[tuple]  # (mean, std) per channel, or None
   random_flip: bool
+  eval_flip: bool
   random_shift: float
   # Model
   model: str
@@ -184,7 +185,8 @@ def train(config: TrainConfig) -> TrainResult:
   optimizer, train_step = optimizer_and_step(config, model, learning_rate)
   eval_step = steps.EvalStep(model=model, xla=config.xla,
                              image_shape=info.image_shape,
-                             num_classes=info.num_classes)
+                             num_classes=info.num_classes,
+                             flip=config.eval_flip)
   logging.info("%s; precision %s%s%s; allreduce %s, compression %s",
                config.optimizer, config.mixed_precision
                if config.mixed_precision != "none" else "float32",
@@ -837,7 +839,7 @@ def _hparams(config: TrainConfig, world: distributed.World,
       mixed_precision=config.mixed_precision,
       grad_accum_steps=config.grad_accum_steps,
       random_flip=config.random_flip, random_shift=config.random_shift,
-      seed=config.seed)
+      eval_flip=config.eval_flip, seed=config.seed)
 
 
 def _end_record(error: BaseException) -> dict:
@@ -916,6 +918,7 @@ def config_from_flags() -> TrainConfig:
           array_keys=tuple(FLAGS.array_keys)),
       normalization=_normalization_from_flags(),
       random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
+      eval_flip=FLAGS.eval_flip,
       model=FLAGS.model,
       model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
                         filters=FLAGS.filters, dropout=FLAGS.dropout,

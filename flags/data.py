@@ -24,6 +24,12 @@ flags.DEFINE_string("data_dir", "",
                     "dataset-fashion-mnist).")
 flags.DEFINE_bool("random_flip", True,
                   "Augment training images with random horizontal flips.")
+flags.DEFINE_bool("eval_flip", False,
+                  "Evaluate each test image and its mirror image, and "
+                  "predict the mean of their probabilities (test-time "
+                  "augmentation, twice the evaluation's cost), as "
+                  "engine.evaluate does for the run. The export is the "
+                  "model alone.")
 flags.DEFINE_float("random_shift", 0.1,
                    "In-memory data sets: augment training images with random "
                    "shifts of up to this fraction of height and width (the "

@@ -242,3 +242,28 @@ def test_label_smoothing_changes_the_objective_not_the_reported_loss():
   assert step.totals.result().loss == pytest.approx(reported, rel=1e-5)
   assert not np.allclose(plain, steps.smoothed_cross_entropy(
       tf.constant([0, 1], tf.int64), logits, 0.1).numpy())
+
+
+def test_eval_flip_predicts_the_mean_of_an_image_and_its_mirror():
+  model = tiny_model()
+  images, labels = batch(6, 4)
+  step = steps.EvalStep(model=model, flip=True)
+  step(images, labels)
+  probabilities = (tf.nn.softmax(model(images)) + tf.nn.softmax(
+      model(tf.image.flip_left_right(images)))) / 2
+  loss = -np.log(np.take_along_axis(probabilities.numpy(),
+                                    labels.numpy()[:, None], axis=1))
+  assert step.totals.result().loss == pytest.approx(loss.mean(), rel=1e-5)
+  correct = (np.argmax(probabilities, axis=1) == labels.numpy()).sum()
+  assert step.totals.result().accuracy == pytest.approx(correct / 6)
+  plain = steps.EvalStep(model=model)
+  plain(images, labels)
+  assert plain.totals.result().loss != pytest.approx(loss.mean(), rel=1e-5)
+  # Mirror-symmetric images: the two views agree.
+  symmetric = (images + tf.image.flip_left_right(images)) / 2
+  both, one = steps.EvalStep(model=model, flip=True), steps.EvalStep(
+      model=model)
+  both(symmetric, labels)
+  one(symmetric, labels)
+  assert both.totals.result().loss == pytest.approx(
+      one.totals.result().loss, rel=1e-5)
