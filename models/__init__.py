@@ -14,11 +14,12 @@ import tensorflow as tf
 from engine import user_code
 from engine.errors import UserError
 from engine.registry import Registry
-from models import cnn, resnet, wrn
+from models import cnn, resnet, resnet9, wrn
 
 _MODELS = Registry("model", {
     "cnn": cnn.build,
     "resnet50": resnet.resnet50,
+    "resnet9": resnet9.build,
     "resnet_small": resnet.resnet_small,
     "wrn": wrn.build,
 })

@@ -10,6 +10,8 @@ from engine.errors import UserError
     ("cnn", dict(filters=8), (32, 32, 3)),
     ("wrn", dict(depth=10, width=1), (28, 28, 1)),
     ("wrn", dict(depth=10, width=1), (32, 32, 3)),
+    ("resnet9", dict(filters=8), (28, 28, 1)),
+    ("resnet9", dict(filters=8), (32, 32, 3)),
 ])
 def test_output_is_float32_logits_per_class(name, params, input_shape):
   model = models.build(name, input_shape=input_shape, num_classes=7, **params)
@@ -58,3 +60,13 @@ def test_params_a_model_does_not_take_are_ignored():
 def test_bad_model_choices_are_named(name, params, message):
   with pytest.raises(UserError, match=message):
     models.build(name, input_shape=(28, 28, 1), num_classes=10, **params)
+
+
+def test_resnet9_has_pages_layout():
+  # Page's ResNet-9 at its width of 64 on CIFAR-10: 6.57M parameters.
+  model = models.build("resnet9", input_shape=(32, 32, 3), num_classes=10,
+                       filters=64)
+  assert model.count_params() / 1e6 == pytest.approx(6.57, abs=0.01)
+  convs = [l for l in model.layers if isinstance(l, tf.keras.layers.Conv2D)]
+  assert [c.filters for c in convs] == [64, 128, 128, 128, 256, 512, 512, 512]
+  assert sum(isinstance(l, tf.keras.layers.Add) for l in model.layers) == 2
