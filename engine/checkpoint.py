@@ -66,12 +66,14 @@ class Checkpoints:
   `identity` describes what the variables mean (model, data set); a
   checkpoint whose identity differs is refused rather than half-restored.
   `lr_factor` is the learning rate's factor (schedules), which rollbacks
-  lower and checkpoints keep.
+  lower and checkpoints keep; `weight_average` the ema.WeightAverage of a
+  run with --ema_decay.
   """
 
   def __init__(self, model_dir: str, *, model: tf.keras.Model, optimizer,
                keep: int, identity: str,
-               lr_factor: Optional[tf.Variable] = None):
+               lr_factor: Optional[tf.Variable] = None,
+               weight_average: Optional[tf.Module] = None):
     self.directory = os.path.join(model_dir, CHECKPOINT_DIR)
     self._identity = identity
     self._scales_loss = precision.scales_loss(optimizer)
@@ -91,13 +93,19 @@ class Checkpoints:
     if optimizer is not None:
       objects["optimizer"] = optimizer
     self._objects = objects
-    # Saved since a later version, with the value an older checkpoint
-    # implies: the learning rate at its full value, the clock unknown.
-    self._added_later = dict(seconds=(self._seconds, 0.0))
+    # Saved since a later version (or a later flag), with what restoring a
+    # checkpoint without them sets: the learning rate at its full value,
+    # the clock unknown, the weights' average the weights restored.
+    self._added_later = dict(seconds=(self._seconds,
+                                      lambda: self._seconds.assign(0.0)))
     if lr_factor is not None:
-      self._added_later["lr_factor"] = (lr_factor, 1.0)
+      self._added_later["lr_factor"] = (lr_factor,
+                                        lambda: lr_factor.assign(1.0))
+    if weight_average is not None:
+      self._added_later["weight_average"] = (weight_average,
+                                             weight_average.reset)
     self._checkpoint = tf.train.Checkpoint(**objects, **{
-        name: variable for name, (variable, _) in self._added_later.items()})
+        name: saved for name, (saved, _) in self._added_later.items()})
     self.size = storage.size_of(model.variables + (
         optimizers.state(optimizer) if optimizer is not None else []))
     self.restored_path = None  # the last checkpoint restored
@@ -170,12 +178,9 @@ class Checkpoints:
                       "--mixed_precision=float16; resume it with "
                       "--mixed_precision=none or bfloat16")
     checkpoint = self._checkpoint
-    present = {}
-    for name, (variable, default) in self._added_later.items():
-      if reader.has_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE"):
-        present[name] = variable
-      else:
-        variable.assign(default)
+    keys = reader.get_variable_to_shape_map()
+    present = {name: saved for name, (saved, _) in self._added_later.items()
+               if any(key.startswith(f"{name}/") for key in keys)}
     if len(present) < len(self._added_later):
       checkpoint = tf.train.Checkpoint(**self._objects, **present)
     try:
@@ -187,6 +192,9 @@ class Checkpoints:
     except (AssertionError, ValueError) as e:
       raise UserError(f"checkpoint {path} does not match this model: "
                       f"{_first_line(e)}") from None
+    for name, (_, reset) in self._added_later.items():
+      if name not in present:
+        reset()
     self.restored_path = path
     return Position(int(self._epoch.numpy()), int(self._step.numpy()),
                     int(self._global_batch.numpy()),

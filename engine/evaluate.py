@@ -20,6 +20,7 @@ import numpy as np
 from engine import checkpoint
 from engine import data
 from engine import distributed
+from engine import ema
 from engine import metrics
 from engine import step as steps
 from engine import train as engine_train
@@ -35,11 +36,15 @@ def evaluate(config: engine_train.TrainConfig, which: str):
   """Returns (checkpoint path, metrics.Result, per-class accuracy, class
   names) on every rank."""
   world, splits, model = engine_train.prepare(config)
+  # The run evaluated with its weights' average: so does this.
+  weight_average = (ema.WeightAverage(model, config.ema_decay)
+                    if config.ema_decay else None)
 
   def restore():
     checkpoints = checkpoint.Checkpoints(
         config.model_dir, model=model, optimizer=None, keep=1,
-        identity=checkpoint.identity(model, splits.info))
+        identity=checkpoint.identity(model, splits.info),
+        weight_average=weight_average)
     path = {"latest": (checkpoints.existing() or [None])[-1],
             "best": checkpoints.best_path}.get(which, which)
     if not path:
@@ -50,13 +55,15 @@ def evaluate(config: engine_train.TrainConfig, which: str):
 
   path = distributed.on_chief(restore if distributed.is_chief() else None,
                               name="evaluate_restore")
-  distributed.broadcast_from_chief(model.variables)
+  distributed.broadcast_from_chief(model.variables
+                                   + ema.variables(weight_average))
   eval_step = steps.EvalStep(model=model, image_shape=splits.info.image_shape,
                              num_classes=splits.info.num_classes,
                              flip=config.eval_flip)
-  result = steps.evaluate(eval_step, data.eval_batches(
-      splits.test, splits.info, rank=world.rank, world_size=world.size,
-      batch_size=config.batch_size))
+  with ema.averaged(weight_average):
+    result = steps.evaluate(eval_step, data.eval_batches(
+        splits.test, splits.info, rank=world.rank, world_size=world.size,
+        batch_size=config.batch_size))
   per_class = metrics.per_class_accuracy(eval_step.confusion.counts())
   return path, result, per_class, splits.info.classes()
 

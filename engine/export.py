@@ -18,6 +18,7 @@ from absl import logging
 import tensorflow as tf
 
 from engine import data
+from engine import ema
 from engine import storage
 from engine.datasets import DatasetInfo
 
@@ -64,23 +65,28 @@ def save(model: tf.keras.Model, info: DatasetInfo, path: str) -> None:
 
 
 def save_checkpoint(model: tf.keras.Model, checkpoint_path: str,
-                    info: DatasetInfo, path: str) -> None:
+                    info: DatasetInfo, path: str,
+                    weight_average=None) -> None:
   """Exports the weights of `checkpoint_path` through `model`, whose own
-  weights are put back afterwards.
+  weights are put back afterwards; with `weight_average` (an
+  ema.WeightAverage), the checkpoint's average of the weights.
 
   Restoring into the model itself rather than a clone works for every
   model, also subclassed ones and custom layers that Keras cannot clone.
   Raises UnreadableCheckpoint if the checkpoint is damaged.
   """
-  with _weights_restored_after(model):
+  average = {"weight_average": weight_average} if weight_average else {}
+  with _values_restored_after(model.variables
+                              + ema.variables(weight_average)):
     try:
-      tf.train.Checkpoint(model=model).restore(
+      tf.train.Checkpoint(model=model, **average).restore(
           checkpoint_path).expect_partial()
     except (tf.errors.OpError, ValueError, IndexError) as e:
       raise UnreadableCheckpoint(f"{checkpoint_path} is unreadable "
                                  f"({str(e).strip().splitlines()[0]})"
                                  ) from None
-    save(model, info, path)
+    with ema.averaged(weight_average):
+      save(model, info, path)
 
 
 class UnreadableCheckpoint(Exception):
@@ -88,10 +94,10 @@ class UnreadableCheckpoint(Exception):
 
 
 @contextlib.contextmanager
-def _weights_restored_after(model: tf.keras.Model):
-  weights = [v.numpy() for v in model.variables]
+def _values_restored_after(variables: list):
+  values = [v.numpy() for v in variables]
   try:
     yield
   finally:
-    for variable, value in zip(model.variables, weights):
+    for variable, value in zip(variables, values):
       variable.assign(value)

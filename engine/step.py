@@ -55,8 +55,10 @@ class TrainStep:
                optimizer: tf.keras.optimizers.Optimizer,
                allreduce_op: str = "average", compression: str = "none",
                accumulation_steps: int = 1, label_smoothing: float = 0.0,
-               xla: bool = False):
+               weight_average=None, xla: bool = False):
+    """`weight_average`: an ema.WeightAverage, updated after each update."""
     self.model = model
+    self._weight_average = weight_average
     self._label_smoothing = label_smoothing
     self.optimizer = optimizer
     optimizers.build_state(optimizer, model.trainable_variables)
@@ -132,17 +134,22 @@ class TrainStep:
     """The update, unless something was not finite. Under float16 the loss
     scaler decides (it skips the update and lowers its scale)."""
     if self._scales_loss:
-      self.optimizer.apply_gradients(zip(gradients, variables))
+      self._update(gradients, variables)
       return
 
     def apply():
-      self.optimizer.apply_gradients(zip(gradients, variables))
+      self._update(gradients, variables)
 
     def skip():
       # As the loss scaler does: the step counter still counts the step.
       self.optimizer.iterations.assign_add(1, read_value=False)
 
     tf.cond(finite, apply, skip)
+
+  def _update(self, gradients, variables) -> None:
+    self.optimizer.apply_gradients(zip(gradients, variables))
+    if self._weight_average:
+      self._weight_average.update()
 
   def _shares_of_ranks(self, stop_requested, loss_is_finite):
     """The shares of ranks that asked to stop and whose loss was not finite.

@@ -31,6 +31,7 @@ from engine import data
 from engine import datasets
 from engine import distributed
 from engine import elastic
+from engine import ema
 from engine import export
 from engine import liveness
 from engine import metrics
@@ -81,6 +82,7 @@ class TrainConfig:
   momentum: float
   nesterov: bool
   label_smoothing: float
+  ema_decay: float
   # Training
   batch_size: int
   epochs: int
@@ -182,7 +184,11 @@ def train(config: TrainConfig) -> TrainResult:
       warmup_epochs=config.warmup_epochs, decay=config.lr_schedule,
       epochs=config.epochs, decay_epochs=config.lr_decay_epochs,
       decay_factor=config.lr_decay_factor)
-  optimizer, train_step = optimizer_and_step(config, model, learning_rate)
+  # The weights' moving average, which evaluation and exports use.
+  weight_average = (ema.WeightAverage(model, config.ema_decay)
+                    if config.ema_decay else None)
+  optimizer, train_step = optimizer_and_step(config, model, learning_rate,
+                                             weight_average)
   eval_step = steps.EvalStep(model=model, xla=config.xla,
                              image_shape=info.image_shape,
                              num_classes=info.num_classes,
@@ -202,7 +208,8 @@ def train(config: TrainConfig) -> TrainResult:
   # state last committed.
   loop = _TrainLoop(config=config, world=world, splits=splits, model=model,
                     optimizer=optimizer, learning_rate=learning_rate,
-                    train_step=train_step, eval_step=eval_step)
+                    train_step=train_step, eval_step=eval_step,
+                    weight_average=weight_average)
   state = elastic.TrainingState(
       loop.variables, position=None, epoch_sums=_NO_EXAMPLES,
       cumulative_seconds=0.0, history=[],
@@ -221,9 +228,11 @@ def train(config: TrainConfig) -> TrainResult:
 
 
 def optimizer_and_step(config: TrainConfig, model: tf.keras.Model,
-                       learning_rate) -> tuple[Any, steps.TrainStep]:
+                       learning_rate, weight_average=None
+                       ) -> tuple[Any, steps.TrainStep]:
   """The optimizer the flags ask for, at `learning_rate` (a schedule of the
-  step), and the train step that applies it to `model`."""
+  step), and the train step that applies it to `model` (and updates
+  `weight_average`, an ema.WeightAverage)."""
   optimizer = precision.with_loss_scaling(
       optimizers.build(config.optimizer, learning_rate=learning_rate,
                        momentum=config.momentum, nesterov=config.nesterov,
@@ -232,7 +241,8 @@ def optimizer_and_step(config: TrainConfig, model: tf.keras.Model,
       model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
       compression=config.gradient_compression,
       accumulation_steps=config.grad_accum_steps,
-      label_smoothing=config.label_smoothing, xla=config.xla)
+      label_smoothing=config.label_smoothing, weight_average=weight_average,
+      xla=config.xla)
 
 
 # Loss sum, correct predictions, examples: an epoch before its first step.
@@ -251,7 +261,8 @@ class _TrainLoop:
   def __init__(self, *, config: TrainConfig, world: distributed.World,
                splits, model: tf.keras.Model, optimizer,
                learning_rate: schedules.WarmupThenDecay,
-               train_step: steps.TrainStep, eval_step: steps.EvalStep):
+               train_step: steps.TrainStep, eval_step: steps.EvalStep,
+               weight_average: Optional[ema.WeightAverage]):
     self._config = config
     self._world = world
     self._splits = splits
@@ -260,15 +271,17 @@ class _TrainLoop:
     self._learning_rate = learning_rate
     self._train_step = train_step
     self._eval_step = eval_step
+    self._weight_average = weight_average
     self._model_dir = config.model_dir
     self._rollbacks = 0  # in this process's life (see --max_rollbacks)
     self.run = None  # rank 0's model_dir: checkpoints, flags, exports
 
   def variables(self) -> list[tf.Variable]:
-    """What every rank must hold alike: weights, optimizer state, and the
-    learning rate's factor."""
+    """What every rank must hold alike: weights, optimizer state, the
+    learning rate's factor, and the weights' average."""
     return (self._model.variables + optimizers.state(self._optimizer)
-            + [self._learning_rate.factor])
+            + [self._learning_rate.factor]
+            + ema.variables(self._weight_average))
 
   def __call__(self, state: elastic.TrainingState) -> list[dict]:
     start = self._start(state)
@@ -361,7 +374,8 @@ class _TrainLoop:
     if chief and self.run is None:
       self.run = _Run(self._model_dir, self._config, model=self._model,
                       optimizer=self._optimizer, info=self._splits.info,
-                      lr_factor=self._learning_rate.factor)
+                      lr_factor=self._learning_rate.factor,
+                      weight_average=self._weight_average)
     run = self.run if chief else None
     if state.position is not None:
       position = state.position
@@ -454,9 +468,10 @@ class _TrainLoop:
     # batches and drift apart; average them so every rank evaluates (and
     # ends with) one model.
     distributed.average_across_ranks(self._model.non_trainable_variables)
-    start.val = steps.evaluate(self._eval_step, data.eval_batches(
-        self._splits.test, self._splits.info, rank=start.world.rank,
-        world_size=start.world.size, batch_size=self._config.batch_size))
+    with ema.averaged(self._weight_average):
+      start.val = steps.evaluate(self._eval_step, data.eval_batches(
+          self._splits.test, self._splits.info, rank=start.world.rank,
+          world_size=start.world.size, batch_size=self._config.batch_size))
     return start.val
 
   def _end_epoch(self, start: "_Start", state: elastic.TrainingState,
@@ -665,13 +680,15 @@ class _Run:
   """
 
   def __init__(self, model_dir: str, config: TrainConfig, *, model,
-               optimizer, info: datasets.DatasetInfo, lr_factor: tf.Variable):
+               optimizer, info: datasets.DatasetInfo, lr_factor: tf.Variable,
+               weight_average: Optional[ema.WeightAverage]):
     self.model_dir = model_dir
     self._config = config
     self._model = model
     self._optimizer = optimizer
     self._info = info
     self._lr_factor = lr_factor
+    self._weight_average = weight_average
     self._identity = checkpoint.identity(model, info)
     self.checkpoints = None
     self.opened = False  # model_dir passed the checks and is written to
@@ -725,7 +742,7 @@ class _Run:
     self.checkpoints = checkpoint.Checkpoints(
         self.model_dir, model=self._model, optimizer=self._optimizer,
         keep=self._config.keep_checkpoints, identity=self._identity,
-        lr_factor=self._lr_factor)
+        lr_factor=self._lr_factor, weight_average=self._weight_average)
 
   def save(self, position: checkpoint.Position, global_step: int) -> str:
     with self._writes():
@@ -767,11 +784,13 @@ class _Run:
     """The final model and the best checkpoint, as SavedModels."""
     directory = os.path.join(self.model_dir, export.EXPORT_DIR)
     with self._writes():
-      export.save(self._model, self._info, os.path.join(directory, "final"))
+      with ema.averaged(self._weight_average):
+        export.save(self._model, self._info, os.path.join(directory, "final"))
       if self.checkpoints.best_path:
         try:
           export.save_checkpoint(self._model, self.checkpoints.best_path,
-                                 self._info, os.path.join(directory, "best"))
+                                 self._info, os.path.join(directory, "best"),
+                                 self._weight_average)
         except export.UnreadableCheckpoint as e:
           logging.warning("the best checkpoint %s: exported the final model "
                           "only", e)
@@ -834,7 +853,8 @@ def _hparams(config: TrainConfig, world: distributed.World,
       optimizer=config.optimizer, base_lr=config.base_lr,
       lr_scaling=config.lr_scaling, warmup_epochs=config.warmup_epochs,
       lr_schedule=config.lr_schedule, momentum=config.momentum,
-      label_smoothing=config.label_smoothing, batch_size=config.batch_size, global_batch=global_batch,
+      label_smoothing=config.label_smoothing, ema_decay=config.ema_decay,
+      batch_size=config.batch_size, global_batch=global_batch,
       processes=world.size, epochs=config.epochs,
       mixed_precision=config.mixed_precision,
       grad_accum_steps=config.grad_accum_steps,
@@ -929,6 +949,7 @@ def config_from_flags() -> TrainConfig:
       lr_decay_epochs=tuple(int(e) for e in FLAGS.lr_decay_epochs),
       lr_decay_factor=FLAGS.lr_decay_factor, momentum=FLAGS.momentum,
       nesterov=FLAGS.nesterov, label_smoothing=FLAGS.label_smoothing,
+      ema_decay=FLAGS.ema_decay,
       batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
       steps_per_epoch=FLAGS.steps_per_epoch,
       target_accuracy=FLAGS.target_accuracy, patience=FLAGS.patience,

@@ -35,6 +35,11 @@ flags.DEFINE_float("label_smoothing", 0.0,
                    "probability spread over all classes (0.1 is common); "
                    "reported losses stay plain cross-entropy.",
                    lower_bound=0.0, upper_bound=0.5)
+flags.DEFINE_float("ema_decay", 0.0,
+                   "Keep an exponential moving average of the weights with "
+                   "this decay per step (0.999 is common), and evaluate, "
+                   "choose the best checkpoint and export with it. 0: none.",
+                   lower_bound=0.0, upper_bound=0.99999)
 flags.DEFINE_float("momentum", 0.9, "sgd: momentum.", lower_bound=0.0)
 flags.DEFINE_bool("nesterov", False, "sgd: use Nesterov momentum.")
 
