@@ -128,13 +128,14 @@ class Reporter:
     drawn as a TensorBoard image."""
     if not self._chief:
       return
+    val = ("not evaluated" if record["val_loss"] is None else
+           f"val loss {record['val_loss']:.4f} acc {record['val_accuracy']:.4f}")
     logging.info(
-        "epoch %d/%d  train loss %.4f acc %.4f | val loss %.4f acc %.4f | "
+        "epoch %d/%d  train loss %.4f acc %.4f | %s | "
         "lr %.3g | %.0f img/s, %.1fs input wait + %.1fs in steps | %.1fs "
         "(total %.1fs)",
         record["epoch"], self._epochs, record["train_loss"],
-        record["train_accuracy"], record["val_loss"], record["val_accuracy"],
-        record["learning_rate"], record["images_per_sec"],
+        record["train_accuracy"], val, record["learning_rate"], record["images_per_sec"],
         record["input_seconds"], record["step_seconds"],
         record["epoch_seconds"], record["cumulative_seconds"])
     if record.get("skipped_steps"):
@@ -145,6 +146,8 @@ class Reporter:
     self._records.append(record)
     step = record["epoch"]
     for key, (run, tag) in EPOCH_SCALARS.items():
+      if record[key] is None:  # an epoch not evaluated
+        continue
       with self._tensorboard(run) as writer:
         with writer.as_default(step=step):
           tf.summary.scalar(tag, record[key])

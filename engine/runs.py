@@ -87,7 +87,8 @@ def summary(records: list[dict]) -> dict:
   rates = [r["images_per_sec"] for r in timed
            if _is_finite(r.get("images_per_sec"))]
   last = records[-1] if records else {}
-  final = last.get("val_accuracy")
+  # The last evaluated epoch's (--eval_every_epochs skips some).
+  final = accuracies[-1] if accuracies else None
   seconds_to_target = last.get("target_accuracy_first_seconds")
   return {
       "best_val_accuracy": max(accuracies) if accuracies else None,

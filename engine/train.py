@@ -93,6 +93,7 @@ class TrainConfig:
   model_dir: str
   progress: str
   summary_every_steps: int
+  eval_every_epochs: int
   # Checkpoints
   resume: str
   resume_from: str
@@ -293,7 +294,7 @@ class _TrainLoop:
         except steps.NonFinite as nonfinite:
           epoch = self._diverged(start, state, nonfinite)
           continue
-        val = self._evaluate(start)
+        val = self._evaluate(start) if self._evaluates(epoch) else None
         if self._end_epoch(start, state, epoch, train, val, train_seconds):
           break
         epoch += 1
@@ -462,6 +463,13 @@ class _TrainLoop:
     start.epoch_sums = _NO_EXAMPLES
     return train, time.perf_counter() - start.epoch_began
 
+  def _evaluates(self, epoch: int) -> bool:
+    """Whether epoch `epoch` (0-based) is evaluated: every
+    --eval_every_epochs, and the last."""
+    config = self._config
+    return ((epoch + 1) % config.eval_every_epochs == 0
+            or epoch + 1 == config.epochs)
+
   def _evaluate(self, start: "_Start") -> metrics.Result:
     """The whole test split, each rank its shard, reduced exactly."""
     # BatchNorm's moving statistics are updated from each rank's own
@@ -475,24 +483,26 @@ class _TrainLoop:
     return start.val
 
   def _end_epoch(self, start: "_Start", state: elastic.TrainingState,
-                 epoch: int, train: metrics.Result, val: metrics.Result,
-                 train_seconds: float) -> bool:
-    """Records, saves and commits the epoch; returns whether to stop."""
+                 epoch: int, train: metrics.Result,
+                 val: Optional[metrics.Result], train_seconds: float) -> bool:
+    """Records, saves and commits the epoch (`val` None: not evaluated);
+    returns whether to stop."""
     config = self._config
     # Since the last epoch ended (or the start): its saves count too.
     epoch_seconds = start.seconds() - start.cumulative_seconds
     start.cumulative_seconds += epoch_seconds
     global_step = (epoch + 1) * start.steps_per_epoch
-    stop_now = start.stop.update(epoch=epoch + 1, val_accuracy=val.accuracy,
-                                 cumulative_seconds=start.cumulative_seconds)
+    stop_now = bool(val) and start.stop.update(
+        epoch=epoch + 1, val_accuracy=val.accuracy,
+        cumulative_seconds=start.cumulative_seconds)
     record = {
         "epoch": epoch + 1,
         "global_step": global_step,
         "train_loss": train.loss,
         "train_accuracy": train.accuracy,
         "train_examples": train.examples,
-        "val_loss": val.loss,
-        "val_accuracy": val.accuracy,
+        "val_loss": val.loss if val else None,
+        "val_accuracy": val.accuracy if val else None,
         # The rate of the epoch's last update, as the optimizer applied it.
         "learning_rate": float(self._learning_rate(global_step - 1)),
         "images_per_sec": start.steps_run * start.global_batch / train_seconds,
@@ -515,12 +525,12 @@ class _TrainLoop:
           start.stop.first_reached_seconds
     start.history.append(record)
     # An allreduce, on every rank; rank 0 draws it.
-    confusion = self._eval_step.confusion.counts()
+    confusion = self._eval_step.confusion.counts() if val else None
     position = checkpoint.Position(epoch + 1, 0, start.global_batch,
                                    start.world.size, start.cumulative_seconds)
     start.on_chief(lambda run: run.end_epoch(
-        start.reporter, record, confusion, position, global_step,
-        val.accuracy), name="end_epoch")
+        start.reporter, record, confusion, position, global_step),
+                   name="end_epoch")
     if config.elastic:
       state.commit(position=position, epoch_sums=_NO_EXAMPLES,
                    cumulative_seconds=start.cumulative_seconds,
@@ -749,14 +759,18 @@ class _Run:
       return self.checkpoints.save(position, global_step)
 
   def end_epoch(self, reporter: report.Reporter, record: dict,
-                confusion: np.ndarray, position: checkpoint.Position,
-                global_step: int, val_accuracy: float) -> None:
-    """The epoch's record and its checkpoints."""
+                confusion: Optional[np.ndarray],
+                position: checkpoint.Position, global_step: int) -> None:
+    """The epoch's record and its checkpoints (the best among those
+    evaluated)."""
+    accuracy = record["val_accuracy"]
     with self._writes():
       reporter.epoch(record, confusion)
-      if self.checkpoints.save_at_epoch_end(position, global_step,
-                                            val_accuracy):
-        logging.info("best validation accuracy so far: %.4f", val_accuracy)
+      if accuracy is None:
+        self.checkpoints.save(position, global_step)
+      elif self.checkpoints.save_at_epoch_end(position, global_step,
+                                              accuracy):
+        logging.info("best validation accuracy so far: %.4f", accuracy)
 
   def record_end(self, error: BaseException) -> None:
     """How the run stopped, when it stopped before finishing: the end
@@ -954,6 +968,7 @@ def config_from_flags() -> TrainConfig:
       steps_per_epoch=FLAGS.steps_per_epoch,
       target_accuracy=FLAGS.target_accuracy, patience=FLAGS.patience,
       progress=FLAGS.progress, summary_every_steps=FLAGS.summary_every_steps,
+      eval_every_epochs=FLAGS.eval_every_epochs,
       seed=FLAGS.seed,
       model_dir=FLAGS.model_dir or default_model_dir(FLAGS.dataset,
                                                      FLAGS.model),

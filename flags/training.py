@@ -22,6 +22,11 @@ flags.DEFINE_string("model_dir", "",
                     "Directory for the run's outputs: metrics.jsonl and "
                     "TensorBoard summaries (tensorboard/). Empty: "
                     "runs/<dataset>_<model>.")
+flags.DEFINE_integer("eval_every_epochs", 1,
+                     "Evaluate on the test split every this many epochs, and "
+                     "after the last one always. Early stopping and the best "
+                     "checkpoint look at evaluated epochs only; the others' "
+                     "records have null validation figures.", lower_bound=1)
 flags.DEFINE_integer("summary_every_steps", 50,
                      "Every this many global steps, rank 0 writes its loss, "
                      "accuracy and step time over those steps, and the "

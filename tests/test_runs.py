@@ -336,3 +336,11 @@ def test_importing_it_imports_neither_tensorflow_nor_matplotlib():
                    "'matplotlib', 'numpy'}))")
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == "[]"
+
+
+def test_the_final_accuracy_is_the_last_evaluated_epochs():
+  records = [epoch_record(1, val_accuracy=0.6), epoch_record(2,
+             val_accuracy=None, val_loss=None)]
+  figures = runs.summary(records)
+  assert figures["final_val_accuracy"] == 0.6
+  assert figures["best_val_accuracy"] == 0.6

@@ -41,3 +41,20 @@ def test_a_cpu_run_is_warned_of_float16_and_xla_and_of_nothing_else(caplog):
   assert len(messages) == 2
   assert messages[0].startswith("--mixed_precision=float16 on CPU")
   assert messages[1].startswith("--xla on CPU")
+
+
+def test_evaluation_every_n_epochs_and_always_after_the_last(data_dir,
+                                                             tmp_path):
+  result = fixtures.launch(
+      ["-m", "engine.train", f"--data_dir={data_dir}", "--epochs=5",
+       "--batch_size=20", "--steps_per_epoch=3", f"--model_dir={tmp_path}",
+       "--eval_every_epochs=2", "--progress=none"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = [json.loads(l) for l in
+             (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  evaluated = [r["epoch"] for r in records if r["val_accuracy"] is not None]
+  assert evaluated == [2, 4, 5]
+  assert [r["val_loss"] is None for r in records] == [
+      True, False, True, False, False]
+  assert "epoch 1/5  train loss" in result.stderr
+  assert result.stderr.count("| not evaluated |") == 2
