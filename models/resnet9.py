@@ -4,7 +4,7 @@ The network behind the fastest DAWNBench CIFAR-10 entries of its day: 94%
 in minutes. A stem convolution, three stages that double the channels and
 halve the resolution (convolution, BatchNorm, ReLU, 2x2 max pooling), the
 first and last with a residual block of two such convolutions, then global
-max pooling and a dense layer of logits. `filters` is the stem's width (64
+max pooling and a dense layer whose outputs are scaled by 1/8 into logits. `filters` is the stem's width (64
 in the paper); on 28x28 Fashion-MNIST the stages run at 28, 14 and 7 pixels.
 Its cost grows with filters squared, so small widths suit CPUs: at 16 it
 takes about 4 times the cnn's multiply-adds at its default width.
@@ -36,6 +36,8 @@ def build(*, input_shape, num_classes, filters=16,
   x = stage(x, 4 * filters, residual=False)
   x = stage(x, 8 * filters, residual=True)
   x = layers.GlobalMaxPooling2D()(x)
-  logits = layers.Dense(num_classes, kernel_regularizer=regularizer,
-                        dtype="float32", name="logits")(x)
+  x = layers.Dense(num_classes, kernel_regularizer=regularizer)(x)
+  # Page's scaling of the logits by 1/8: maxima of ReLUs are large, and
+  # unscaled logits start the loss far above log(classes).
+  logits = layers.Rescaling(0.125, dtype="float32", name="logits")(x)
   return tf.keras.Model(inputs, logits, name=f"resnet9_{filters}")
