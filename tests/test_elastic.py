@@ -24,6 +24,10 @@ from engine import elastic
 from engine.errors import UserError
 from tests import fixtures
 
+# Serial (make test): workers killed and added against Horovod's discovery
+# and its timeouts.
+pytestmark = pytest.mark.serial
+
 NUM_TRAIN, BATCH, COMMIT_EVERY = 1024, 16, 5
 BASE_LR = 0.001
 KILL_AT = 43  # the victim's 43rd step: epoch 2, step 11 of 32; commit at 8

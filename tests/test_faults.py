@@ -18,6 +18,10 @@ import pytest
 
 from tests import fixtures
 
+# Serial (make test): tmpfs mounts, a frozen worker timed against Gloo's
+# timeout.
+pytestmark = pytest.mark.serial
+
 WORKER = os.path.join(fixtures.REPO, "tests", "workers", "fault_runs.py")
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="mounting a tmpfs or a "
@@ -234,7 +238,7 @@ def test_a_frozen_worker_is_named_with_the_wait_and_the_resume_point(
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO,
              HOROVOD_GLOO_TIMEOUT_SECONDS="5")  # 30 s by default
   job = subprocess.Popen(
-      [fixtures.HOROVODRUN, "-np", "2", fixtures.PYTHON, "-m",
+      [*fixtures.horovodrun(2), fixtures.PYTHON, "-m",
        "engine.train", f"--data_dir={data_dir}", f"--model_dir={model_dir}",
        "--epochs=100", "--steps_per_epoch=5", "--batch_size=16",
        "--progress=none"], cwd=fixtures.REPO, env=env, text=True,

@@ -26,14 +26,16 @@ TRAIN_FILES = 4
 WORKER = os.path.join(fixtures.REPO, "tests", "workers", "recorded_run.py")
 
 reason = simulated_hosts.unavailable()
-pytestmark = pytest.mark.skipif(reason is not None, reason=str(reason))
+# Serial: namespaces, bridges and mounts of its own (make test).
+pytestmark = [pytest.mark.serial,
+              pytest.mark.skipif(reason is not None, reason=str(reason))]
 
 
 def run_job(hosts, tmp, name, *, per_host, epochs, model_dir):
   out = tmp / name
   out.mkdir()
   command = [
-      fixtures.HOROVODRUN, "-np", str(per_host * len(hosts.names)), "-H",
+      *fixtures.horovodrun(per_host * len(hosts.names)), "-H",
       ",".join(f"{n}:{per_host}" for n in hosts.names),
       "--ssh-port", str(hosts.ssh_port), "--ssh-identity-file",
       hosts.ssh_key, "--network-interface", hosts.interface,

@@ -20,6 +20,10 @@ import tensorflow as tf
 
 from tests import fixtures
 
+# Serial (make test): SIGTERM and SIGKILL land in horovodrun's 5 s grace and
+# the survivors' 2.5 s watch.
+pytestmark = pytest.mark.serial
+
 STEPS = 40  # per epoch: long enough to signal a run mid-epoch
 
 
@@ -141,7 +145,7 @@ def test_model_dir_records_the_flags_and_keeps_the_first(two_then_two):
 
 def start(data_dir, model_dir, processes=2, epochs=4):
   argv = [fixtures.PYTHON, *command(data_dir, model_dir, epochs=epochs)]
-  argv = [fixtures.HOROVODRUN, "-np", str(processes), *argv]
+  argv = [*fixtures.horovodrun(processes), *argv]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO)
   return subprocess.Popen(argv, cwd=fixtures.REPO, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

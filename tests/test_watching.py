@@ -19,6 +19,10 @@ import pytest
 
 from tests import fixtures
 
+# Serial (make test): a run stopped by SIGTERM after its first checkpoint,
+# and a TensorBoard server on a port.
+pytestmark = pytest.mark.serial
+
 STEPS = 20  # per epoch
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO)
 RUNS = {
