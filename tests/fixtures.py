@@ -23,6 +23,13 @@ PYTHON = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 
 
+def horovodrun(processes: int) -> list[str]:
+  """`horovodrun -np N` with Gloo named: otherwise horovodrun first asks,
+  in a process that imports TensorFlow, whether Horovod was built with MPI
+  (2 s a launch); this build has Gloo only (BUILD.md)."""
+  return [HOROVODRUN, "--gloo", "-np", str(processes)]
+
+
 def learnable_images(num: int, shape, num_classes: int, seed: int):
   """uint8 images whose class is visible in them (a bright class band)."""
   rng = np.random.default_rng(seed)
@@ -106,7 +113,7 @@ def launch(python_args, *, processes: int = 1,
   """
   command = [PYTHON, *python_args]
   if processes > 1:
-    command = [HOROVODRUN, "-np", str(processes), *command]
+    command = [*horovodrun(processes), *command]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
   return subprocess.run(command, cwd=REPO, env=env, text=True,
                         capture_output=True, timeout=timeout)
