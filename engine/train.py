@@ -131,6 +131,8 @@ class TrainResult:
   history: list[dict]    # the epochs' metrics.jsonl records, on every rank
   train_step: steps.TrainStep
   eval_step: steps.EvalStep
+  # --ema_decay's average of the weights, which evaluation used; else None.
+  weight_average: Optional[ema.WeightAverage] = None
 
 
 def prepare(config: TrainConfig):
@@ -225,7 +227,7 @@ def train(config: TrainConfig) -> TrainResult:
       loop.run.record_end(e)  # for engine.runs: how the run stopped
     raise
   return TrainResult(model=model, history=history, train_step=train_step,
-                     eval_step=eval_step)
+                     eval_step=eval_step, weight_average=weight_average)
 
 
 def optimizer_and_step(config: TrainConfig, model: tf.keras.Model,

@@ -231,6 +231,11 @@ def test_each_data_set_trains_on_two_processes(two, dataset):
                                                    rel=1e-5)
     assert r["reported_val_accuracy"] == r["full_test_accuracy"]
     assert (r["train_traces"], r["eval_traces"]) == (1, 1)
+  # synthetic runs with --ema_decay: the average, updated once a step, is
+  # part of what must be identical across ranks (above), and what the
+  # reported figures evaluated.
+  assert [r["weight_average_updates"] for r in runs] == (
+      [6, 6] if dataset == "synthetic" else [None, None])
 
 
 def test_performance_options_train_together_on_two_processes(two):

@@ -24,7 +24,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from engine import data, datasets, distributed, optimizers, precision
+from engine import data, datasets, distributed, ema, optimizers, precision
 from engine import step as steps
 from engine import train as engine_train
 import models
@@ -43,13 +43,16 @@ STEP_VARIANTS = {
 
 
 def engine_run(config) -> dict:
-  """Trains with `config`; what this rank holds and reports afterwards."""
+  """Trains with `config`; what this rank holds and reports afterwards
+  (with --ema_decay, of the weights' average, which the run evaluated)."""
   result = engine_train.train(config)
   model = result.model
-  flat = np.concatenate([v.numpy().ravel() for v in model.variables])
+  flat = np.concatenate([v.numpy().ravel() for v in model.variables
+                         + ema.variables(result.weight_average)])
   everyone = hvd.allgather(tf.constant(flat[None]), name="weights_" +
                            re.sub(r"\W", "_", config.model_dir)).numpy()
-  full_loss, full_accuracy = full_split_figures(model, config)
+  with ema.averaged(result.weight_average):
+    full_loss, full_accuracy = full_split_figures(model, config)
   return {
       "max_weight_difference_across_ranks":
           float(np.abs(everyone - everyone[0]).max()),
@@ -60,6 +63,9 @@ def engine_run(config) -> dict:
       "train_traces": result.train_step.traces,
       "eval_traces": result.eval_step.traces,
       "global_step": result.history[-1]["global_step"],
+      "weight_average_updates": (
+          int(result.weight_average.updates.numpy())
+          if result.weight_average else None),
       "history": result.history,
   }
 
@@ -124,7 +130,8 @@ def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
     data_params = fixtures.train_config().data_params
     each = {
         "cifar10": dict(data_dir=cifar10_dir, random_shift=0.125),
-        "synthetic": dict(data_params={
+        # With the weights' average (--ema_decay), shared across ranks.
+        "synthetic": dict(ema_decay=0.9, data_params={
             **data_params, "train_examples": 40, "test_examples": 9,
             "synthetic_image_shape": (16, 16, 3)}),
         "tfrecord": dict(data_dir=tfrecord_dir, data_params={
