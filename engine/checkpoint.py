@@ -34,6 +34,7 @@ from engine import precision
 from engine import storage
 from engine.errors import UserError
 from engine.errors import WriteFailed
+from engine.errors import first_line
 
 CHECKPOINT_DIR = "checkpoints"
 BEST_DIR = "best"
@@ -121,7 +122,7 @@ class Checkpoints:
       except (*_DAMAGE, ValueError) as e:
         raise UserError(
             f"{self.best_path}, the best checkpoint, is unreadable "
-            f"({_first_line(e)}); move {os.path.dirname(self.best_path)} "
+            f"({first_line(e)}); move {os.path.dirname(self.best_path)} "
             "away to train on without it") from None
 
   # Restoring.
@@ -157,14 +158,14 @@ class Checkpoints:
     except (tf.errors.OpError, ValueError) as e:
       if not _exists(path):
         raise UserError(f"{path}: no such checkpoint") from None
-      raise _Unreadable(_first_line(e)) from None
+      raise _Unreadable(first_line(e)) from None
     if not reader.has_tensor(_IDENTITY_KEY):
       raise UserError(f"{path} was not written by this engine (it records "
                       "no model identity); pass another --resume_from")
     try:
       stored = reader.get_tensor(_IDENTITY_KEY)
     except _DAMAGE as e:
-      raise _Unreadable(_first_line(e)) from None
+      raise _Unreadable(first_line(e)) from None
     stored = stored.decode() if isinstance(stored, bytes) else str(stored)
     if stored != self._identity:
       raise UserError(f"checkpoint {path} holds {stored}, but this run is "
@@ -188,10 +189,10 @@ class Checkpoints:
       checkpoint.restore(path).expect_partial() \
           .assert_existing_objects_matched()
     except _DAMAGE as e:  # a damaged data file
-      raise _Unreadable(_first_line(e)) from None
+      raise _Unreadable(first_line(e)) from None
     except (AssertionError, ValueError) as e:
       raise UserError(f"checkpoint {path} does not match this model: "
-                      f"{_first_line(e)}") from None
+                      f"{first_line(e)}") from None
     for name, (_, reset) in self._added_later.items():
       if name not in present:
         reset()
@@ -273,7 +274,7 @@ def _manager(checkpoint: tf.train.Checkpoint, directory: str, keep: int,
                                       max_to_keep=keep, checkpoint_name=name)
   except (*_DAMAGE, ValueError, UnicodeDecodeError) as e:
     state = os.path.join(directory, "checkpoint")
-    raise UserError(f"{state} is damaged ({_first_line(e)}); it lists the "
+    raise UserError(f"{state} is damaged ({first_line(e)}); it lists the "
                     "checkpoints beside it: restore it from a copy, or move "
                     f"{directory} away") from None
 
@@ -309,6 +310,3 @@ def _exists(prefix: str) -> bool:
   return bool(tf.io.gfile.glob(prefix + ".index"))
 
 
-def _first_line(error: Exception) -> str:
-  message = getattr(error, "message", None) or str(error)
-  return message.strip().splitlines()[0] if message.strip() else repr(error)

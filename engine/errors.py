@@ -32,3 +32,13 @@ class WriteFailed(UserError):
 class WorkerLost(UserError):
   """A process stopped answering: frozen, killed, or its host gone."""
   exit_code = 5
+
+
+def first_line(error: BaseException) -> str:
+  """The first line of `error`'s message, for a one-line report of it.
+
+  TensorFlow's OpErrors keep their bare message in `.message` (str() adds
+  the op's context); a message-less error is named by its repr.
+  """
+  message = (getattr(error, "message", None) or str(error)).strip()
+  return message.splitlines()[0] if message else repr(error)

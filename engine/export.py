@@ -21,6 +21,7 @@ from engine import data
 from engine import ema
 from engine import storage
 from engine.datasets import DatasetInfo
+from engine.errors import first_line
 
 EXPORT_DIR = "export"
 
@@ -83,7 +84,7 @@ def save_checkpoint(model: tf.keras.Model, checkpoint_path: str,
           checkpoint_path).expect_partial()
     except (tf.errors.OpError, ValueError, IndexError) as e:
       raise UnreadableCheckpoint(f"{checkpoint_path} is unreadable "
-                                 f"({str(e).strip().splitlines()[0]})"
+                                 f"({first_line(e)})"
                                  ) from None
     with ema.averaged(weight_average):
       save(model, info, path)

@@ -4,6 +4,7 @@ from typing import Callable
 
 from engine import user_code
 from engine.errors import UserError
+from engine.errors import first_line
 
 
 class Registry:
@@ -52,4 +53,4 @@ class Registry:
         raise
       raise UserError(f"--{self._flag}={name}: {builder.__name__}("
                       f"{', '.join(params)}) raised {type(e).__name__}: "
-                      f"{user_code.first_line(e)}") from None
+                      f"{first_line(e)}") from None

@@ -14,6 +14,7 @@ import sys
 from typing import Callable
 
 from engine.errors import UserError
+from engine.errors import first_line
 
 
 def is_spec(name: str) -> bool:
@@ -89,8 +90,3 @@ def _import_file(path: str):
   finally:
     sys.path.remove(os.path.dirname(path))
   return module
-
-
-def first_line(error: Exception) -> str:
-  lines = str(error).strip().splitlines()
-  return lines[0] if lines else repr(error)

@@ -11,8 +11,8 @@ returns is checked here, at start-up, rather than ten calls into training.
 """
 import tensorflow as tf
 
-from engine import user_code
 from engine.errors import UserError
+from engine.errors import first_line
 from engine.registry import Registry
 from models import cnn, resnet, resnet9, wrn
 
@@ -49,7 +49,7 @@ def _check(model, name: str, input_shape: tuple, num_classes: int) -> None:
   except Exception as e:  # the user's code: one line
     raise UserError(f"--model={name} fails on a batch of "
                     f"{'x'.join(map(str, input_shape))} images: "
-                    f"{type(e).__name__}: {user_code.first_line(e)}"
+                    f"{type(e).__name__}: {first_line(e)}"
                     ) from None
   shape = tuple(getattr(logits, "shape", ()))
   if shape != (2, num_classes):
