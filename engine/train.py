@@ -799,6 +799,7 @@ class _Run:
   def export(self) -> None:
     """The final model and the best checkpoint, as SavedModels."""
     directory = os.path.join(self.model_dir, export.EXPORT_DIR)
+    exported = ["final"]
     with self._writes():
       with ema.averaged(self._weight_average):
         export.save(self._model, self._info, os.path.join(directory, "final"))
@@ -807,10 +808,12 @@ class _Run:
           export.save_checkpoint(self._model, self.checkpoints.best_path,
                                  self._info, os.path.join(directory, "best"),
                                  self._weight_average)
+          exported.append("best")
         except export.UnreadableCheckpoint as e:
           logging.warning("the best checkpoint %s: exported the final model "
                           "only", e)
-    logging.info("exported SavedModels to %s (final, best)", directory)
+    logging.info("exported SavedModels to %s (%s)", directory,
+                 ", ".join(exported))
 
   @contextlib.contextmanager
   def _writes(self):
@@ -1054,16 +1057,18 @@ def main(argv):
   _train_or_exit()
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], program: str = "engine.train") -> list[str]:
   """absl's parsing, its errors (a bad value, an unknown flag, a flagfile
-  that is not text) as one line."""
+  that is not text) as one line, headed by `program`: engine.evaluate and
+  engine.find_lr parse the engine's flags too."""
   try:
     return FLAGS(argv)
   except flags.Error as e:
-    _exit_with_error(str(e))
+    _exit_with_error(str(e), program=program)
   except UnicodeDecodeError as e:
     _exit_with_error(f"a --flagfile is not UTF-8 text ({e.reason} at byte "
-                     f"{e.start}); flagfiles hold one --name=value a line")
+                     f"{e.start}); flagfiles hold one --name=value a line",
+                     program=program)
 
 
 def _train_or_exit() -> TrainResult:
@@ -1129,13 +1134,13 @@ def _op_detail(error: tf.errors.OpError) -> str:
                          error.message, flags=re.DOTALL).split())
 
 
-def _exit_with_error(message: str, exit_code: int = UserError.exit_code
-                     ) -> None:
+def _exit_with_error(message: str, exit_code: int = UserError.exit_code,
+                     program: str = "engine.train") -> None:
   # One line, whatever a file or flag put in it: control characters
   # (newlines among them) as escapes.
   printable = "".join(c if c.isprintable() else repr(c)[1:-1]
                       for c in message)
-  print(f"engine.train: error: {printable}", file=sys.stderr)
+  print(f"{program}: error: {printable}", file=sys.stderr)
   sys.exit(exit_code)
 
 
