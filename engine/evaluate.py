@@ -10,6 +10,7 @@ resume) say which model and data set; flags given here override them (a new
 broadcasts the weights; each rank evaluates its shard of the test set and
 the figures are reduced exactly, as during training.
 """
+import functools
 import os
 import sys
 
@@ -27,6 +28,7 @@ from engine import train as engine_train
 from engine.errors import UserError
 
 FLAGS = flags.FLAGS
+PROGRAM = "engine.evaluate"  # what its error lines start with
 flags.DEFINE_string("checkpoint", "latest",
                     "Which checkpoint: latest, best, or a checkpoint prefix "
                     "(model_dir/checkpoints/ckpt-N).")
@@ -78,21 +80,23 @@ def _run_flags(model_dir: str) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
+    if len(argv) > 1:
+      raise UserError(f"unexpected arguments: {' '.join(argv[1:])} (flags "
+                      "take the form --name=value)")
     if not FLAGS.model_dir:
       raise UserError("--model_dir is required: the run to evaluate")
     # Re-read the flags: the run's own first, then this command line's.
     run_flags = _run_flags(FLAGS.model_dir)
     given = sys.argv[1:]
     FLAGS.unparse_flags()
-    FLAGS([sys.argv[0], f"--flagfile={run_flags}", *given])
+    engine_train.parse_flags([sys.argv[0], f"--flagfile={run_flags}", *given],
+                             program=PROGRAM)
     path, result, per_class, names = evaluate(
         engine_train.config_from_flags(), FLAGS.checkpoint)
   except UserError as e:
-    print(f"engine.evaluate: error: {e}", file=sys.stderr)
-    sys.exit(2)
+    print(f"{PROGRAM}: error: {e}", file=sys.stderr)
+    sys.exit(e.exit_code)
   if distributed.is_chief():
     print(f"{path}: test loss {result.loss:.4f}, test accuracy "
           f"{result.accuracy:.4f} ({result.examples} examples)")
@@ -103,4 +107,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=functools.partial(engine_train.parse_flags,
+                                              program=PROGRAM))

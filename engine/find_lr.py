@@ -19,6 +19,7 @@ Nothing is written to a model_dir. Rank 0 prints the suggestion and writes
 the plot of loss against rate (log scale), and the figures beside it as
 CSV (`lr_range.csv`).
 """
+import functools
 import os
 import sys
 
@@ -191,4 +192,5 @@ def main(argv):
 
 if __name__ == "__main__":
   logging.set_verbosity(logging.WARNING)
-  app.run(main, flags_parser=engine_train.parse_flags)
+  app.run(main, flags_parser=functools.partial(engine_train.parse_flags,
+                                              program="engine.find_lr"))

@@ -14,8 +14,8 @@ def data_dir(tmp_path_factory):
                                       num_train=40, num_test=10)
 
 
-def fails_with(args, message):
-  result = fixtures.launch(["-m", "engine.train", *args], timeout=120)
+def fails_with(args, message, module="engine.train"):
+  result = fixtures.launch(["-m", module, *args], timeout=120)
   assert result.returncode != 0
   assert "Traceback" not in result.stderr, result.stderr
   errors = [l for l in result.stderr.splitlines()
@@ -65,6 +65,13 @@ def test_corrupt_gzip(data_dir, tmp_path):
 ])
 def test_bad_flags(flag, message):
   fails_with(flag.split(), message)
+
+
+@pytest.mark.parametrize("module", ["engine.evaluate", "engine.find_lr"])
+def test_the_other_commands_report_bad_flags_as_train_does(module):
+  fails_with(["--batch_size=0"],
+             f"{module}: error: flag --batch_size=0: 0 is not a positive",
+             module=module)
 
 
 def test_global_batch_larger_than_the_data(data_dir):
