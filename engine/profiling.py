@@ -18,6 +18,8 @@ from absl import logging
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from engine import storage
+
 PROFILE_DIR = "profile"
 TIMELINE_FILE = "timeline.json"
 
@@ -94,9 +96,10 @@ class StepProfiler:
       self._stop()
 
   def _start(self, global_step: int) -> None:
-    self._tracing = True
     if self._traces:
-      tf.profiler.experimental.start(self._logdir)
+      with storage.writing("profile trace", self._logdir):
+        tf.profiler.experimental.start(self._logdir)
+    self._tracing = True  # (not if it failed: nothing to stop then)
     if self._timeline:
       hvd.start_timeline(self._timeline)
     logging.info("profiling steps %d to %d into %s%s", global_step,
@@ -107,7 +110,10 @@ class StepProfiler:
     if not self._tracing:
       return
     self._tracing = False
-    if self._traces:
-      tf.profiler.experimental.stop()
-    if self._timeline:
-      hvd.stop_timeline()
+    try:
+      if self._traces:  # the trace is written now: a full disk fails here
+        with storage.writing("profile trace", self._logdir):
+          tf.profiler.experimental.stop()
+    finally:
+      if self._timeline:
+        hvd.stop_timeline()

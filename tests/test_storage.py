@@ -5,6 +5,7 @@ from absl import logging
 import pytest
 import tensorflow as tf
 
+from engine import profiling
 from engine import storage
 from engine.errors import WriteFailed
 
@@ -62,3 +63,15 @@ def test_remove_takes_files_and_directories_and_ignores_the_missing(tmp_path):
   storage.remove(str(tmp_path / "ckpt-3_temp"), str(tmp_path / "ckpt-3.index"),
                  str(tmp_path / "never"))
   assert os.listdir(tmp_path) == []
+
+
+def test_a_profile_trace_that_cannot_be_written_is_one_line(tmp_path):
+  (tmp_path / profiling.PROFILE_DIR).write_text("a file, not a directory")
+  profiler = profiling.StepProfiler(str(tmp_path), steps=(1, 1), rank=0,
+                                    all_ranks=False, timeline=False)
+  with pytest.raises(WriteFailed, match=r"^could not write profile trace "
+                     rf"{tmp_path}/profile: .* free on its file system"):
+    with profiler.step(1):
+      tf.constant(1.0) + 1.0
+  profiler.close()  # after a failed write: nothing left to stop
+
