@@ -1,0 +1,144 @@
+r"""Keras `fit` trained by an engine recipe: the engine's rival to a target.
+
+bench/time_to_accuracy.py races the engine against what a Keras user with
+Horovod's callbacks writes for the same recipe. Given the engine's flags (a
+flagfile from flags/), this trains with `model.fit` and
+`horovod.tensorflow.keras`, and gives Keras every lever the recipe pulls:
+- the same model, built by the engine's registry, under the same Keras
+  precision policy;
+- the same batches: the engine's own input pipeline (shard by rank,
+  shuffle, augment, normalize), so data is not what differs;
+- the same optimizer and learning-rate schedule object (warmup, decay, rate
+  scaled with the processes), wrapped in `hvd.DistributedOptimizer`;
+- label smoothing through `CategoricalCrossentropy(label_smoothing=...)`;
+- a moving average of the weights through the optimizer's own `use_ema`;
+- Horovod's callbacks: rank 0's weights broadcast, metrics averaged.
+
+After each epoch a callback evaluates the test split as the engine does
+(BatchNorm statistics averaged across ranks, the averaged weights swapped
+in, flipped views if --eval_flip, each rank its shard, summed exactly) and
+rank 0 appends a record to `--model_dir`/metrics.jsonl, in the engine's
+shape, so engine.runs reads both alike:
+`epoch`, `val_accuracy`, `images_per_sec` (training steps only) and
+`cumulative_seconds` (training and evaluation since `fit` began, as the
+engine's clock counts training, evaluation and checkpoints).
+
+  horovodrun -np 2 .venv/bin/python -m bench.keras_recipe \
+    --flagfile=flags/fashion_mnist_fast.cfg --model_dir=/tmp/keras_run
+"""
+import json
+import os
+import time
+
+from absl import app
+import horovod.tensorflow.keras as hvd
+import tensorflow as tf
+
+from engine import data
+from engine import distributed
+from engine import optimizers
+from engine import schedules
+from engine import step as steps
+from engine import train
+
+
+
+def main(argv):
+  del argv
+  config = train.config_from_flags()
+  world, splits, model = train.prepare(config)
+  info = splits.info
+  steps_per_epoch = data.steps_per_epoch(
+      num_train=info.num_train, batch_size=config.batch_size,
+      world_size=world.size, requested=config.steps_per_epoch)
+  one_hot = lambda images, labels: (images,
+                                    tf.one_hot(labels, info.num_classes))
+  batches = data.train_batches(
+      splits.train, info, rank=world.rank, world_size=world.size,
+      batch_size=config.batch_size, steps=steps_per_epoch, seed=config.seed,
+      first_epoch=0, flip=config.random_flip,
+      shift=config.random_shift).map(one_hot)
+
+  learning_rate = schedules.WarmupThenDecay(
+      base_lr=config.base_lr, scaling=config.lr_scaling,
+      warmup_epochs=config.warmup_epochs, decay=config.lr_schedule,
+      epochs=config.epochs, decay_epochs=config.lr_decay_epochs,
+      decay_factor=config.lr_decay_factor)
+  learning_rate.set_world(world_size=world.size,
+                          steps_per_epoch=steps_per_epoch)
+  # hvd.DistributedOptimizer rebuilds the optimizer from its config, which
+  # cannot carry the schedule object: it is set on the rebuilt one.
+  optimizer = optimizers.build(config.optimizer, learning_rate=0.0,
+                               momentum=config.momentum,
+                               nesterov=config.nesterov)
+  if config.ema_decay:  # Keras' own average; the config carries these two
+    optimizer.use_ema = True
+    optimizer.ema_momentum = config.ema_decay
+  optimizer = hvd.DistributedOptimizer(optimizer)
+  optimizer.learning_rate = learning_rate
+  model.compile(
+      optimizer=optimizer,
+      loss=tf.keras.losses.CategoricalCrossentropy(
+          from_logits=True, label_smoothing=config.label_smoothing),
+      metrics=["categorical_accuracy"])
+  model.fit(batches, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
+            verbose=0, callbacks=[
+                hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                hvd.callbacks.MetricAverageCallback(),
+                _EvaluateAndRecord(config, world, splits,
+                                   images_per_epoch=(steps_per_epoch
+                                                     * config.batch_size
+                                                     * world.size))])
+
+
+class _EvaluateAndRecord(tf.keras.callbacks.Callback):
+  """The engine's evaluation after each epoch, and its record, timed."""
+
+  def __init__(self, config, world, splits, *, images_per_epoch: int):
+    super().__init__()
+    self._config = config
+    self._world = world
+    self._splits = splits
+    self._images_per_epoch = images_per_epoch
+    self._records = os.path.join(config.model_dir, "metrics.jsonl")
+    self._started = self._epoch_started = 0.0
+    self._eval_step = None
+
+  def on_train_begin(self, logs=None):
+    self._started = time.perf_counter()
+    self._eval_step = steps.EvalStep(
+        model=self.model, image_shape=self._splits.info.image_shape,
+        num_classes=self._splits.info.num_classes,
+        flip=self._config.eval_flip)
+    if distributed.is_chief():
+      os.makedirs(self._config.model_dir, exist_ok=True)
+      open(self._records, "w").close()  # a rerun starts afresh
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._epoch_started = time.perf_counter()
+
+  def on_epoch_end(self, epoch, logs=None):
+    train_seconds = time.perf_counter() - self._epoch_started
+    distributed.average_across_ranks(self.model.non_trainable_variables)
+    own = self.model.get_weights()
+    if self._config.ema_decay:
+      self.model.optimizer.finalize_variable_values(
+          self.model.trainable_variables)
+    val = steps.evaluate(self._eval_step, data.eval_batches(
+        self._splits.test, self._splits.info, rank=self._world.rank,
+        world_size=self._world.size, batch_size=self._config.batch_size))
+    self.model.set_weights(own)
+    record = {"epoch": epoch + 1, "epochs": self._config.epochs,
+              "train_accuracy": float(logs["categorical_accuracy"]),
+              "val_accuracy": val.accuracy, "val_loss": val.loss,
+              "images_per_sec": self._images_per_epoch / train_seconds,
+              "train_seconds": train_seconds,
+              "cumulative_seconds": time.perf_counter() - self._started,
+              "world_size": self._world.size}
+    if distributed.is_chief():
+      with open(self._records, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=train.parse_flags)
