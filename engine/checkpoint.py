@@ -308,5 +308,3 @@ class _Unreadable(Exception):
 
 def _exists(prefix: str) -> bool:
   return bool(tf.io.gfile.glob(prefix + ".index"))
-
-
