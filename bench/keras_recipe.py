@@ -37,10 +37,8 @@ import tensorflow as tf
 from engine import data
 from engine import distributed
 from engine import optimizers
-from engine import schedules
 from engine import step as steps
 from engine import train
-
 
 
 def main(argv):
@@ -59,11 +57,7 @@ def main(argv):
       first_epoch=0, flip=config.random_flip,
       shift=config.random_shift).map(one_hot)
 
-  learning_rate = schedules.WarmupThenDecay(
-      base_lr=config.base_lr, scaling=config.lr_scaling,
-      warmup_epochs=config.warmup_epochs, decay=config.lr_schedule,
-      epochs=config.epochs, decay_epochs=config.lr_decay_epochs,
-      decay_factor=config.lr_decay_factor)
+  learning_rate = train.learning_rate_schedule(config)
   learning_rate.set_world(world_size=world.size,
                           steps_per_epoch=steps_per_epoch)
   # hvd.DistributedOptimizer rebuilds the optimizer from its config, which

@@ -29,6 +29,7 @@ interrupted invocation too) without running anything.
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def main(argv):
 def _run(config: str, *, seed: int) -> dict:
   """One whole run; its figures."""
   model_dir = os.path.join(FLAGS.out_dir, f"{config}-seed{seed}")
-  subprocess.run(["rm", "-rf", model_dir], check=True)
+  shutil.rmtree(model_dir, ignore_errors=True)  # a fresh run, not a resume
   module, overrides = CONFIGS[config]
   command = [HOROVODRUN, "-np", str(FLAGS.processes), PYTHON, "-m", module,
              f"--flagfile={FLAGS.recipe}", *overrides, *FLAGS.extra,
@@ -121,7 +122,7 @@ def _run(config: str, *, seed: int) -> dict:
                             text=True, env=dict(os.environ,
                                                 TF_CPP_MIN_LOG_LEVEL="2"))
   wall = time.perf_counter() - started
-  with open(os.path.join(model_dir + ".log"), "w") as f:
+  with open(model_dir + ".log", "w") as f:
     f.write(" ".join(command) + "\n" + finished.stdout + finished.stderr)
   if finished.returncode:
     raise SystemExit(f"{config} seed {seed} failed (exit "
@@ -144,7 +145,8 @@ def _run_line(run: dict) -> str:
                       for target in FLAGS.targets)
   return (f"{run['config']} seed {run['seed']}: final "
           f"{run['final_val_accuracy']:.4f}, {reached} s; "
-          f"{run['images_per_sec']:.0f} img/s, wall {run['wall_seconds']:.0f} s")
+          f"{run['images_per_sec']:.0f} img/s, "
+          f"wall {run['wall_seconds']:.0f} s")
 
 
 def _seconds(value) -> str:

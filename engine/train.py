@@ -182,11 +182,7 @@ def train(config: TrainConfig) -> TrainResult:
   # base_lr * world.size, set for each number of processes the loop runs
   # on), warmed up per step, then decayed; a function of the step evaluated
   # inside the train step.
-  learning_rate = schedules.WarmupThenDecay(
-      base_lr=config.base_lr, scaling=config.lr_scaling,
-      warmup_epochs=config.warmup_epochs, decay=config.lr_schedule,
-      epochs=config.epochs, decay_epochs=config.lr_decay_epochs,
-      decay_factor=config.lr_decay_factor)
+  learning_rate = learning_rate_schedule(config)
   # The weights' moving average, which evaluation and exports use.
   weight_average = (ema.WeightAverage(model, config.ema_decay)
                     if config.ema_decay else None)
@@ -228,6 +224,16 @@ def train(config: TrainConfig) -> TrainResult:
     raise
   return TrainResult(model=model, history=history, train_step=train_step,
                      eval_step=eval_step, weight_average=weight_average)
+
+
+def learning_rate_schedule(config: TrainConfig) -> schedules.WarmupThenDecay:
+  """The flags' learning rate, a function of the step; `set_world` gives
+  it the number of processes and the steps per epoch."""
+  return schedules.WarmupThenDecay(
+      base_lr=config.base_lr, scaling=config.lr_scaling,
+      warmup_epochs=config.warmup_epochs, decay=config.lr_schedule,
+      epochs=config.epochs, decay_epochs=config.lr_decay_epochs,
+      decay_factor=config.lr_decay_factor)
 
 
 def optimizer_and_step(config: TrainConfig, model: tf.keras.Model,
