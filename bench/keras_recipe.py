@@ -26,6 +26,7 @@ engine's clock counts training, evaluation and checkpoints).
   horovodrun -np 2 .venv/bin/python -m bench.keras_recipe \
     --flagfile=flags/fashion_mnist_fast.cfg --model_dir=/tmp/keras_run
 """
+import functools
 import json
 import os
 import time
@@ -37,6 +38,7 @@ import tensorflow as tf
 from engine import data
 from engine import distributed
 from engine import optimizers
+from engine import report
 from engine import step as steps
 from engine import train
 
@@ -94,7 +96,7 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
     self._world = world
     self._splits = splits
     self._images_per_epoch = images_per_epoch
-    self._records = os.path.join(config.model_dir, "metrics.jsonl")
+    self._records = os.path.join(config.model_dir, report.METRICS_FILE)
     self._started = self._epoch_started = 0.0
     self._eval_step = None
 
@@ -135,4 +137,5 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=train.parse_flags)
+  app.run(main, flags_parser=functools.partial(train.parse_flags,
+                                              program="bench.keras_recipe"))

@@ -74,4 +74,3 @@ def test_a_profile_trace_that_cannot_be_written_is_one_line(tmp_path):
     with profiler.step(1):
       tf.constant(1.0) + 1.0
   profiler.close()  # after a failed write: nothing left to stop
-
