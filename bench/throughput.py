@@ -251,7 +251,11 @@ def _command(run: Run, settings: dict,
 
 def _run(command: list[str], log, timeout: float) -> int:
   """Runs `command` in its own process group, which is ended whole if it
-  hangs or we are interrupted: horovodrun's workers are its grandchildren."""
+  hangs or we are interrupted: horovodrun's workers are its grandchildren.
+
+  os.environ carries engine/__init__.py's settings (imported with
+  engine.distributed), so every runner gets the engine's oneDNN kernels.
+  """
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
   process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)

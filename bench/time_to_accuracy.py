@@ -118,6 +118,8 @@ def _run(config: str, *, seed: int) -> dict:
              f"--seed={seed}",
              f"--model_dir={model_dir}", "--progress=none"]
   started = time.perf_counter()
+  # os.environ carries engine/__init__.py's settings (imported with
+  # engine.runs), so Keras gets the engine's oneDNN kernels too.
   finished = subprocess.run(command, cwd=REPO, capture_output=True,
                             text=True, env=dict(os.environ,
                                                 TF_CPP_MIN_LOG_LEVEL="2"))

@@ -1,8 +1,9 @@
 """A TensorFlow 2 training engine for data-parallel training with Horovod.
 
-Two settings of TensorFlow's C++ runtime, read once when TensorFlow loads,
-so they must be made before the first `import tensorflow`, which is why they
-live here. Each is a default: a value the user exported wins.
+Two settings of TensorFlow's C++ runtime, which TensorFlow reads once, early
+(the log level as it loads; the kernels the first time it asks which to
+use), so they must be made before TensorFlow is imported or used, which is
+why they live here. Each is a default: a value the user exported wins.
 
 - TF_CPP_MIN_LOG_LEVEL=2: the runtime logs every kernel registration and
   oneDNN notice at start-up, once per process; with N processes under

@@ -110,6 +110,25 @@ def cpu_threads(cores: int, processes_on_host: int) -> tuple[int, int]:
   return max(1, cores // processes_on_host), 1
 
 
+def cpu_kernels() -> tuple[str, str]:
+  """(which CPU kernels TensorFlow runs, advice if they are not oneDNN's).
+
+  engine/__init__.py asks for oneDNN's, but TensorFlow reads the request
+  once, the first time it needs it: a script that used TensorFlow before
+  importing the engine may run Eigen's, 2.5x slower on AVX2 CPUs (BUILD.md,
+  "CPU kernels").
+  """
+  # pylint: disable-next=import-outside-toplevel
+  from tensorflow.python.util import _pywrap_util_port
+  if _pywrap_util_port.IsMklEnabled():
+    return "oneDNN", ""
+  if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0":
+    return "Eigen", ""  # the user's choice
+  return "Eigen", ("TensorFlow was used before the engine was imported, too "
+                   "late for oneDNN's kernels: import engine first, or "
+                   "export TF_ENABLE_ONEDNN_OPTS=1")
+
+
 def current(world: World) -> World:
   """`world` with this process's rank and the number of processes now, which
   change at each reset of an elastic run (its device and threads do not)."""

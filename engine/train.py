@@ -145,6 +145,9 @@ def prepare(config: TrainConfig):
                            timeline=config.horovod_timeline)
   report.configure_logging(distributed.is_chief())
   logging.info("%d processes; %s", world.size, _describe(world))
+  _, kernels_advice = distributed.cpu_kernels()
+  if world.device == "CPU" and kernels_advice:
+    logging.warning("%s", kernels_advice)
 
   def data_and_model():
     splits = datasets.load(config.dataset, data_dir=config.data_dir,
@@ -942,7 +945,8 @@ def _describe(world: distributed.World) -> str:
   if world.device == "GPU":
     return "one GPU per process"
   return (f"CPU, {world.intra_op_threads} intra-op and "
-          f"{world.inter_op_threads} inter-op threads per process")
+          f"{world.inter_op_threads} inter-op threads per process, "
+          f"{distributed.cpu_kernels()[0]} kernels")
 
 
 def config_from_flags() -> TrainConfig:

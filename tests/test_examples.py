@@ -29,6 +29,7 @@ def test_a_keras_applications_model_from_its_own_file(data_dir, tmp_path):
        "--batch_size=8", f"--model_dir={model_dir}"], processes=2)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "model mobilenet_v2:" in result.stderr
+  assert "threads per process, oneDNN kernels" in result.stderr
   assert epochs_of(model_dir) == [1]
   assert (model_dir / "export" / "final" / "saved_model.pb").exists()
 
@@ -43,6 +44,7 @@ def test_a_script_with_its_own_model_and_data_then_evaluate(data_dir,
       processes=2)
   assert result.returncode == 0, result.stderr[-3000:]
   assert epochs_of(model_dir) == [1]
+  assert "threads per process, oneDNN kernels" in result.stderr
   recorded = (model_dir / "flags.txt").read_text().splitlines()
   assert f"--model={EXAMPLES}/train_script.py:conv_net" in recorded
   assert (f"--dataset={EXAMPLES}/train_script.py:load_fashion_mnist"
