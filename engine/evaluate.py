@@ -1,8 +1,8 @@
 r"""Evaluates a run's checkpoint on its test set, on one process or N.
 
-  .venv/bin/python -m engine.evaluate --model_dir=runs/fashion_mnist_cpu
+  .venv/bin/python -m engine.evaluate --model_dir=runs/fashion_mnist_fast
   horovodrun -np 2 .venv/bin/python -m engine.evaluate \
-      --model_dir=runs/fashion_mnist_cpu --checkpoint=best
+      --model_dir=runs/fashion_mnist_fast --checkpoint=best
 
 The run's own flags (model_dir/flags.txt, or flags.latest.txt after a
 resume) say which model and data set; flags given here override them (a new
