@@ -10,9 +10,9 @@ why they live here. Each is a default: a value the user exported wins.
   horovodrun that buries the engine's own output.
 - TF_ENABLE_ONEDNN_OPTS=1: oneDNN's convolution, pooling and normalization
   kernels. TensorFlow turns them on by itself only on CPUs with AVX512_VNNI,
-  AVX512_BF16 or AMX and runs Eigen's elsewhere; on this machine's AVX2 AMD
-  EPYC oneDNN trains the ResNet-9 recipes 2.2-2.8x faster (BUILD.md, "CPU
-  kernels"). They do not touch GPU kernels.
+  AVX512_BF16 or AMX and runs Eigen's elsewhere; on an AVX2 AMD EPYC
+  oneDNN's step of ResNet-9 was 2.5x faster at width 8 and 1.45x at width
+  16 (BUILD.md, "CPU kernels"). GPU kernels are not affected.
 """
 import os
 
