@@ -1,8 +1,8 @@
 r"""Train-step speed under TensorFlow's two sets of CPU kernels.
 
 The measurement behind `TF_ENABLE_ONEDNN_OPTS=1` in engine/__init__.py
-(BUILD.md, "CPU kernels: oneDNN"). TensorFlow reads that variable once, as
-it loads, so each measurement is a fresh process (this module with
+(BUILD.md, "CPU kernels: oneDNN"). TensorFlow reads that variable once per
+process, so each measurement is a fresh process (this module with
 --kernels) that times the engine's `TrainStep` of a ResNet-9 on random
 images with one process's threads for all cores. Runs alternate the kernels
 round by round, so drifting machine speed affects both alike; every run is
@@ -62,8 +62,7 @@ def _run(name: str, setting: str, filters: str) -> float:
 
 
 def _images_per_second(filters: int) -> float:
-  # Imported here: the worker's environment picks the kernels, and
-  # TensorFlow must load after it is set.
+  # Imported here: the parent process has no use for TensorFlow.
   import numpy as np  # pylint: disable=import-outside-toplevel
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.util import _pywrap_util_port
 
 from engine import liveness
 from engine.errors import UserError
@@ -118,8 +119,6 @@ def cpu_kernels() -> tuple[str, str]:
   importing the engine may run Eigen's, 2.5x slower on AVX2 CPUs (BUILD.md,
   "CPU kernels").
   """
-  # pylint: disable-next=import-outside-toplevel
-  from tensorflow.python.util import _pywrap_util_port
   if _pywrap_util_port.IsMklEnabled():
     return "oneDNN", ""
   if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0":

@@ -144,8 +144,8 @@ def prepare(config: TrainConfig):
                            deterministic=config.deterministic,
                            timeline=config.horovod_timeline)
   report.configure_logging(distributed.is_chief())
-  logging.info("%d processes; %s", world.size, _describe(world))
-  _, kernels_advice = distributed.cpu_kernels()
+  kernels, kernels_advice = distributed.cpu_kernels()
+  logging.info("%d processes; %s", world.size, _describe(world, kernels))
   if world.device == "CPU" and kernels_advice:
     logging.warning("%s", kernels_advice)
 
@@ -941,12 +941,12 @@ def _warn_about_slow_options_on_cpu(config: TrainConfig) -> None:
                     "TensorFlow's oneDNN kernels there")
 
 
-def _describe(world: distributed.World) -> str:
+def _describe(world: distributed.World, kernels: str) -> str:
   if world.device == "GPU":
     return "one GPU per process"
   return (f"CPU, {world.intra_op_threads} intra-op and "
           f"{world.inter_op_threads} inter-op threads per process, "
-          f"{distributed.cpu_kernels()[0]} kernels")
+          f"{kernels} kernels")
 
 
 def config_from_flags() -> TrainConfig:
