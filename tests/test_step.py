@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import models
+from engine import ema
 from engine import metrics
 from engine import precision
 from engine import step as steps
@@ -191,6 +192,28 @@ def test_a_nonfinite_gradient_of_a_finite_loss_names_its_variable():
   assert message.startswith("the gradients of 2 of 4 variables were "
                             "non-finite (dense/kernel"), message
   assert "loss" not in message
+
+
+def test_a_nonfinite_step_leaves_momentum_and_the_weight_average_alone():
+  model = tiny_model()
+  optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+  average = ema.WeightAverage(model, 0.9)
+  step = steps.TrainStep(model=model, optimizer=optimizer,
+                         weight_average=average)
+  images, labels = batch(8, 10)
+  step(images, labels)  # momentum and average no longer at their start
+  state = [*model.trainable_weights, *optimizer.variables,
+           *average.variables]
+  before = [v.numpy() for v in state]
+  with pytest.raises(steps.NonFinite, match="the loss was non-finite"):
+    step(images * OVERFLOWING, labels)
+  for old, variable in zip(before, state):
+    if variable is optimizer.iterations:
+      assert int(variable) == int(old) + 1
+    else:
+      np.testing.assert_array_equal(old, variable.numpy(), variable.name)
+  step(images, labels)
+  assert step.traces == 1
 
 
 def test_float16_counts_skipped_steps_and_raises_at_the_minimum_scale():
