@@ -16,9 +16,10 @@ flagfile from flags/), this trains with `model.fit` and
 
 After each epoch a callback evaluates the test split as the engine does
 (BatchNorm statistics averaged across ranks, the averaged weights swapped
-in, flipped views if --eval_flip, each rank its shard, summed exactly) and
-rank 0 appends a record to `--model_dir`/metrics.jsonl, in the engine's
-shape, so engine.runs reads both alike:
+in, the views --eval_flip and --eval_shift_pixels ask for, each rank its
+shard, summed exactly) and rank 0 appends a record to
+`--model_dir`/metrics.jsonl, in the engine's shape, so engine.runs reads
+both alike:
 `epoch`, `val_accuracy`, `images_per_sec` (training steps only) and
 `cumulative_seconds` (training and evaluation since `fit` began, as the
 engine's clock counts training, evaluation and checkpoints).
@@ -105,7 +106,7 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
     self._eval_step = steps.EvalStep(
         model=self.model, image_shape=self._splits.info.image_shape,
         num_classes=self._splits.info.num_classes,
-        flip=self._config.eval_flip)
+        flip=self._config.eval_flip, shift=self._config.eval_shift_pixels)
     if distributed.is_chief():
       os.makedirs(self._config.model_dir, exist_ok=True)
       open(self._records, "w").close()  # a rerun starts afresh

@@ -61,7 +61,8 @@ def evaluate(config: engine_train.TrainConfig, which: str):
                                    + ema.variables(weight_average))
   eval_step = steps.EvalStep(model=model, image_shape=splits.info.image_shape,
                              num_classes=splits.info.num_classes,
-                             flip=config.eval_flip)
+                             flip=config.eval_flip,
+                             shift=config.eval_shift_pixels)
   with ema.averaged(weight_average):
     result = steps.evaluate(eval_step, data.eval_batches(
         splits.test, splits.info, rank=world.rank, world_size=world.size,

@@ -247,16 +247,24 @@ class EvalStep:
 
   With `flip`, each image is also seen mirrored (test-time augmentation),
   and the prediction is the mean of the two views' probabilities: for data
-  whose classes look alike mirrored, as --random_flip assumes.
+  whose classes look alike mirrored, as --random_flip assumes. With
+  `shift`, each view is also seen moved that many pixels left and right
+  (the border repeated, as --random_shift fills it): three times the views,
+  for models trained with shifts.
   """
 
   def __init__(self, *, model: tf.keras.Model, xla: bool = False,
-               image_shape=None, num_classes: int = 0, flip: bool = False):
+               image_shape=None, num_classes: int = 0, flip: bool = False,
+               shift: int = 0):
     """`image_shape` and `num_classes` default to the model's own, which
     only a functional model knows before it is called."""
     self.model = model
     self._flip = flip
+    self._shift = shift
     image_shape = image_shape or model.input_shape[1:]
+    if shift and 2 * shift >= image_shape[1]:
+      raise UserError(f"--eval_shift_pixels={shift}: must be less than half "
+                      f"the images' width ({image_shape[1]})")
     self.totals = metrics.Totals("eval_totals")
     self.confusion = metrics.Confusion(
         "eval_confusion", num_classes or model.output_shape[-1])
@@ -273,14 +281,29 @@ class EvalStep:
 
   def _eval_step(self, images, labels):
     self.traces += 1
-    logits = self.model(images, training=False)
+    views = [images]
     if self._flip:
-      mirrored = self.model(tf.image.flip_left_right(images), training=False)
-      # Logits whose softmax is the mean of the two views' probabilities.
-      logits = tf.math.log((tf.nn.softmax(logits) + tf.nn.softmax(mirrored))
-                           / 2)
+      views.append(tf.image.flip_left_right(images))
+    if self._shift:
+      views += [_shifted(view, pixels) for view in views
+                for pixels in (self._shift, -self._shift)]
+    each_view = [self.model(view, training=False) for view in views]
+    # One view's logits, or logits whose softmax is the views' mean
+    # probabilities.
+    logits = each_view[0] if len(each_view) == 1 else tf.math.log(
+        tf.add_n([tf.nn.softmax(view) for view in each_view]) / len(views))
     self.totals.update(cross_entropy(labels, logits), logits, labels)
     self.confusion.update(logits, labels)
+
+
+def _shifted(images: tf.Tensor, pixels: int) -> tf.Tensor:
+  """A batch moved `pixels` to the right (left if negative), the edge column
+  repeated into the gap."""
+  if pixels > 0:
+    edge = tf.repeat(images[:, :, :1], pixels, axis=2)
+    return tf.concat([edge, images[:, :, :-pixels]], axis=2)
+  edge = tf.repeat(images[:, :, -1:], -pixels, axis=2)
+  return tf.concat([images[:, :, -pixels:], edge], axis=2)
 
 
 def _is_finite(gradient) -> tf.Tensor:

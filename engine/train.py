@@ -67,6 +67,7 @@ class TrainConfig:
   normalization: Optional[tuple]  # (mean, std) per channel, or None
   random_flip: bool
   eval_flip: bool
+  eval_shift_pixels: int
   random_shift: float
   # Model
   model: str
@@ -194,7 +195,8 @@ def train(config: TrainConfig) -> TrainResult:
   eval_step = steps.EvalStep(model=model, xla=config.xla,
                              image_shape=info.image_shape,
                              num_classes=info.num_classes,
-                             flip=config.eval_flip)
+                             flip=config.eval_flip,
+                             shift=config.eval_shift_pixels)
   logging.info("%s; precision %s%s%s; allreduce %s, compression %s",
                config.optimizer, config.mixed_precision
                if config.mixed_precision != "none" else "float32",
@@ -887,7 +889,8 @@ def _hparams(config: TrainConfig, world: distributed.World,
       mixed_precision=config.mixed_precision,
       grad_accum_steps=config.grad_accum_steps,
       random_flip=config.random_flip, random_shift=config.random_shift,
-      eval_flip=config.eval_flip, seed=config.seed)
+      eval_flip=config.eval_flip, eval_shift_pixels=config.eval_shift_pixels,
+      seed=config.seed)
 
 
 def _end_record(error: BaseException) -> dict:
@@ -967,7 +970,7 @@ def config_from_flags() -> TrainConfig:
           array_keys=tuple(FLAGS.array_keys)),
       normalization=_normalization_from_flags(),
       random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
-      eval_flip=FLAGS.eval_flip,
+      eval_flip=FLAGS.eval_flip, eval_shift_pixels=FLAGS.eval_shift_pixels,
       model=FLAGS.model,
       model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
                         filters=FLAGS.filters, dropout=FLAGS.dropout,

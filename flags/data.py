@@ -30,6 +30,12 @@ flags.DEFINE_bool("eval_flip", False,
                   "augmentation, twice the evaluation's cost), as "
                   "engine.evaluate does for the run. The export is the "
                   "model alone.")
+flags.DEFINE_integer("eval_shift_pixels", 0,
+                     "Also evaluate each test image (and its mirror, with "
+                     "--eval_flip) moved this many pixels left and right, and "
+                     "predict the mean probabilities of all the views "
+                     "(three times the evaluation's cost): for models "
+                     "trained with --random_shift.", lower_bound=0)
 flags.DEFINE_float("random_shift", 0.1,
                    "In-memory data sets: augment training images with random "
                    "shifts of up to this fraction of height and width (the "

@@ -297,3 +297,26 @@ def test_eval_flip_predicts_the_mean_of_an_image_and_its_mirror():
   one(symmetric, labels)
   assert both.totals.result().loss == pytest.approx(
       one.totals.result().loss, rel=1e-5)
+
+
+def test_eval_shift_adds_each_view_moved_left_and_right():
+  model = tiny_model()
+  images, labels = batch(6, 5)
+  step = steps.EvalStep(model=model, flip=True, shift=2)
+  step(images, labels)
+  # The six views, made another way: crops of the edge-padded batch.
+  padded = np.pad(images.numpy(), [(0, 0), (0, 0), (2, 2), (0, 0)],
+                  mode="edge")
+  views = [padded[:, :, start:start + 28] for start in (0, 2, 4)]
+  views += [view[:, :, ::-1] for view in views]
+  probabilities = np.mean([tf.nn.softmax(model(view)).numpy()
+                           for view in views], axis=0)
+  loss = -np.log(np.take_along_axis(probabilities, labels.numpy()[:, None],
+                                    axis=1))
+  assert step.totals.result().loss == pytest.approx(loss.mean(), rel=1e-5)
+  flipped = steps.EvalStep(model=model, flip=True)
+  flipped(images, labels)
+  assert flipped.totals.result().loss != pytest.approx(loss.mean(), rel=1e-5)
+  with pytest.raises(UserError, match="--eval_shift_pixels=14: must be less "
+                     "than half the images' width"):
+    steps.EvalStep(model=model, shift=14)
