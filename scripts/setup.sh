@@ -32,16 +32,35 @@ fi
 site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 [ "$(cat "$site/horovod_engine.pth" 2>/dev/null)" = "$root" ] || echo "$root" > "$site/horovod_engine.pth"
 
+# Horovod is compiled once per machine and set of pins: the wheel is kept
+# under ~/.cache, named by requirements.txt's hash and the build's settings,
+# so a fresh clone (CI's) installs it in seconds. pip's own wheel cache
+# cannot be used for it: its key is Horovod's version alone, so it would
+# hand over a wheel built against another TensorFlow.
+horovod_env="HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1"
+wheels=${XDG_CACHE_HOME:-$HOME/.cache}/horovod-engine/$(echo "$want $horovod_env $(uname -m)" | sha256sum | cut -c1-16)
 if [ ! -e "$venv/.horovod-built" ] || ! "$py" -c "import horovod.tensorflow" 2>/dev/null; then
-  say "building horovod==0.28.1 against TensorFlow with Gloo (2-3 minutes)"
-  # cmake<4 and wheel come from requirements.txt; --no-build-isolation makes
-  # the build see the venv's TensorFlow, whose headers and ABI it compiles to.
-  PATH=$venv/bin:$PATH \
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-  MAKEFLAGS="-j$(nproc)" \
-    "$py" -m pip install --quiet --no-cache-dir --no-build-isolation horovod==0.28.1
-  "$py" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built()"
+  if ! ls "$wheels"/horovod-0.28.1-*.whl >/dev/null 2>&1; then
+    say "building horovod==0.28.1 against TensorFlow with Gloo (2-3 minutes)"
+    # cmake<4 and wheel come from requirements.txt; --no-build-isolation
+    # makes the build see the venv's TensorFlow, whose headers and ABI it
+    # compiles to.
+    rm -rf "$wheels.partial"
+    env PATH="$venv/bin:$PATH" $horovod_env MAKEFLAGS="-j$(nproc)" \
+      "$py" -m pip wheel --quiet --no-deps --no-cache-dir --no-build-isolation \
+      --wheel-dir "$wheels.partial" horovod==0.28.1
+    rm -rf "$wheels"
+    mv "$wheels.partial" "$wheels"
+  else
+    say "installing horovod==0.28.1 as built before against these pins ($wheels)"
+  fi
+  # Its requirements are pinned in requirements.txt, installed above.
+  "$py" -m pip install --quiet --no-deps --force-reinstall "$wheels"/horovod-0.28.1-*.whl
+  if ! "$py" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built()"; then
+    rm -rf "$wheels"
+    say "the horovod build does not load (its wheel is removed; run again to rebuild)"
+    exit 1
+  fi
   touch "$venv/.horovod-built"
 fi
 

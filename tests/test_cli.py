@@ -1,6 +1,16 @@
-"""Bad input on the command line: one clear line, a non-zero exit."""
+"""Bad input on the command line: one clear line, a non-zero exit.
+
+`python -m engine.train ARGS` runs in one long-lived process
+(tests/workers/engine_server.py) that runs each command line as a process
+would, since a new process per case spends seconds importing TensorFlow;
+the other commands, and the runs whose ranks matter, are real processes.
+"""
 import gzip
+import json
+import os
+import select
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -14,22 +24,74 @@ def data_dir(tmp_path_factory):
                                       num_train=40, num_test=10)
 
 
-def fails_with(args, message, module="engine.train"):
-  result = fixtures.launch(["-m", module, *args], timeout=120)
-  assert result.returncode != 0
-  assert "Traceback" not in result.stderr, result.stderr
-  errors = [l for l in result.stderr.splitlines()
-            if "error" in l.lower() and "pass --help" not in l.lower()]
-  assert len(errors) == 1, result.stderr
-  assert message in errors[0], errors[0]
+class TrainCommands:
+  """`python -m engine.train ARGS`, answered by tests/workers/engine_server.py
+  as a process would have ended: exit code, stdout, stderr."""
+
+  def __init__(self, log_path):
+    self._log = open(log_path, "w")
+    self._server = None
+
+  def run(self, args, timeout: int) -> subprocess.CompletedProcess:
+    if self._server is None:
+      self._server = subprocess.Popen(
+          [fixtures.PYTHON, "-m", "tests.workers.engine_server"],
+          cwd=fixtures.REPO, text=True, stdin=subprocess.PIPE,
+          stdout=subprocess.PIPE, stderr=self._log,
+          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                   PYTHONPATH=fixtures.REPO))
+    self._server.stdin.write(json.dumps(args) + "\n")
+    self._server.stdin.flush()
+    ready, _, _ = select.select([self._server.stdout], [], [], timeout)
+    answer = self._server.stdout.readline() if ready else ""
+    if not answer:  # hung or died: the next command starts a new server
+      self.close()
+      raise AssertionError(f"engine.train {' '.join(args)}: no answer "
+                           f"within {timeout} s; see {self._log.name}")
+    answer = json.loads(answer)
+    return subprocess.CompletedProcess(args, answer["code"], answer["stdout"],
+                                       answer["stderr"])
+
+  def close(self) -> None:
+    if self._server:
+      self._server.kill()
+      self._server.communicate()
+      self._server = None
 
 
-def test_missing_data_dir(tmp_path):
+@pytest.fixture(scope="module")
+def train_commands(tmp_path_factory):
+  commands = TrainCommands(tmp_path_factory.mktemp("server") / "server.log")
+  yield commands
+  commands.close()
+
+
+@pytest.fixture
+def fails_with(train_commands):
+  """Asserts that a command line fails with one error line holding
+  `message`, and no traceback."""
+
+  def check(args, message, module="engine.train"):
+    if module == "engine.train":
+      result = train_commands.run(args, timeout=120)
+    else:
+      result = fixtures.launch(["-m", module, *args], timeout=120)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [l for l in result.stderr.splitlines()
+              if "error" in l.lower() and "pass --help" not in l.lower()]
+    assert len(errors) == 1, result.stderr
+    assert message in errors[0], errors[0]
+
+  return check
+
+
+def test_missing_data_dir(tmp_path, fails_with):
   fails_with([f"--data_dir={tmp_path}/none"],
              f"--data_dir={tmp_path}/none: no such directory")
 
 
-def test_truncated_idx_file(data_dir, tmp_path):
+def test_truncated_idx_file(data_dir, tmp_path, fails_with):
   copy = shutil.copytree(data_dir, tmp_path / "copy")
   images = copy / "train-images-idx3-ubyte.gz"
   raw = gzip.decompress(images.read_bytes())
@@ -38,7 +100,7 @@ def test_truncated_idx_file(data_dir, tmp_path):
              "train-images-idx3-ubyte.gz: idx header promises")
 
 
-def test_corrupt_gzip(data_dir, tmp_path):
+def test_corrupt_gzip(data_dir, tmp_path, fails_with):
   copy = shutil.copytree(data_dir, tmp_path / "copy")
   (copy / "t10k-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b\x08 garbage")
   fails_with([f"--data_dir={copy}"], "truncated or corrupt gzip")
@@ -63,18 +125,18 @@ def test_corrupt_gzip(data_dir, tmp_path):
     ("--image_mean=1,2 --image_std=1,2", "normalization statistics of 2 and "
      "2 values for images of 1 channels"),
 ])
-def test_bad_flags(flag, message):
+def test_bad_flags(flag, message, fails_with):
   fails_with(flag.split(), message)
 
 
 @pytest.mark.parametrize("module", ["engine.evaluate", "engine.find_lr"])
-def test_the_other_commands_report_bad_flags_as_train_does(module):
+def test_the_other_commands_report_bad_flags_as_train_does(module, fails_with):
   fails_with(["--batch_size=0"],
              f"{module}: error: flag --batch_size=0: 0 is not a positive",
              module=module)
 
 
-def test_global_batch_larger_than_the_data(data_dir):
+def test_global_batch_larger_than_the_data(data_dir, fails_with):
   fails_with([f"--data_dir={data_dir}", "--batch_size=64"],
              "--batch_size=64 on 1 processes is a global batch of 64")
 
@@ -94,7 +156,7 @@ def test_unwritable_model_dir_stops_every_process_with_one_line(tmp_path):
     assert f"--model_dir={blocker}/run: cannot create it" in errors[0]
 
 
-def test_tfrecord_found_corrupt_while_training(tmp_path):
+def test_tfrecord_found_corrupt_while_training(tmp_path, fails_with):
   data_dir = fixtures.write_tfrecords(str(tmp_path / "records"), num_files=2)
   path = tmp_path / "records" / "train-00001-of-00002"
   path.write_bytes(path.read_bytes()[:-10])
@@ -159,7 +221,8 @@ def bad_label_npz(own):
 ], ids=["empty_class", "not_an_image", "label_range", "missing_key",
         "model_import", "model_call", "dataset_type"])
 def test_own_data_and_model_errors_leave_model_dir_as_it_was(own, change,
-                                                             args, message):
+                                                             args, message,
+                                                             fails_with):
   if change:
     change(own)
   args = [bad_label_npz(own) if a == "BAD_LABELS" else a.format(own=own)
@@ -197,7 +260,7 @@ def test_a_model_failing_on_one_rank_stops_every_rank_with_its_line(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_an_image_found_damaged_while_training_is_one_line(own):
+def test_an_image_found_damaged_while_training_is_one_line(own, fails_with):
   """With the statistics given, no sample decodes it before training."""
   bad = own / "images/train/cat/cat_000.png"
   bad.write_bytes(bad.read_bytes()[:60])
