@@ -127,7 +127,8 @@ def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
       seed=3, model_dir=model_dir, progress="none"))
   observed["datasets"] = {}
   if cifar10_dir and tfrecord_dir:
-    data_params = fixtures.train_config().data_params
+    defaults = fixtures.train_config()
+    data_params = defaults.data_params
     each = {
         "cifar10": dict(data_dir=cifar10_dir, random_shift=0.125),
         # With the weights' average (--ema_decay), shared across ranks.
@@ -140,7 +141,6 @@ def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
     # ResNet-9 for its BatchNorm statistics, at width 4: ResNetSmall's 26
     # layers took 3-4 times as long to build, trace and export, and
     # tests/workers/own_data_run.py trains it on two processes already.
-    defaults = fixtures.train_config()
     for name, params in each.items():
       observed["datasets"][name] = engine_run(fixtures.train_config(
           dataset=name, model_dir=os.path.join(out_dir, name), epochs=2,
