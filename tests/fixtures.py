@@ -13,6 +13,7 @@ import pickle
 import subprocess
 import sys
 import tarfile
+from typing import Optional
 
 import numpy as np
 
@@ -104,19 +105,24 @@ def write_cifar10(directory: str, num_per_batch: int = 20, num_test: int = 20,
   return directory
 
 
-def launch(python_args, *, processes: int = 1,
-           timeout: int = 300) -> subprocess.CompletedProcess:
+def launch(python_args, *, processes: int = 1, timeout: int = 300,
+           env: Optional[dict] = None) -> subprocess.CompletedProcess:
   """Runs `python *python_args` directly, or under `horovodrun -np N`.
 
   `python_args` is what follows the interpreter: `["-m", "engine.train",
-  "--epochs=1"]` or `[script_path, ...]`.
+  "--epochs=1"]` or `[script_path, ...]`; `env`, variables to add.
   """
   command = [PYTHON, *python_args]
   if processes > 1:
     command = [*horovodrun(processes), *command]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
-  return subprocess.run(command, cwd=REPO, env=env, text=True,
-                        capture_output=True, timeout=timeout)
+  return subprocess.run(command, cwd=REPO, env=engine_env(**(env or {})),
+                        text=True, capture_output=True, timeout=timeout)
+
+
+def engine_env(**extra: str) -> dict:
+  """The environment a launched engine process gets: this checkout on its
+  path, TensorFlow's start-up chatter off, and `extra` variables."""
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **extra)
 
 
 def train_config(**overrides):

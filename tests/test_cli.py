@@ -7,7 +7,6 @@ the other commands, and the runs whose ranks matter, are real processes.
 """
 import gzip
 import json
-import os
 import select
 import shutil
 import subprocess
@@ -38,8 +37,7 @@ class TrainCommands:
           [fixtures.PYTHON, "-m", "tests.workers.engine_server"],
           cwd=fixtures.REPO, text=True, stdin=subprocess.PIPE,
           stdout=subprocess.PIPE, stderr=self._log,
-          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-                   PYTHONPATH=fixtures.REPO))
+          env=fixtures.engine_env())
     self._server.stdin.write(json.dumps(args) + "\n")
     self._server.stdin.flush()
     ready, _, _ = select.select([self._server.stdout], [], [], timeout)

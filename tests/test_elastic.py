@@ -50,9 +50,9 @@ def launch(tmp, name, *, hosts, processes, epochs, **events):
              f"--base_lr={BASE_LR}", "--lr_scaling=linear",
              "--warmup_epochs=0", "--progress=none",
              "--summary_every_steps=2"]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO,
-             RECORD_OUT=str(out), ELASTIC_HOSTS=str(hosts_file),
-             **{f"ELASTIC_{k.upper()}": str(v) for k, v in events.items()})
+  env = fixtures.engine_env(
+      RECORD_OUT=str(out), ELASTIC_HOSTS=str(hosts_file),
+      **{f"ELASTIC_{k.upper()}": str(v) for k, v in events.items()})
   result = subprocess.run(command, cwd=fixtures.REPO, env=env, text=True,
                           capture_output=True, timeout=600)
   processes = fixtures.recorded_processes(out)

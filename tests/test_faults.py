@@ -235,8 +235,8 @@ def pid_of_rank(rank: int, model_dir) -> int:
 def test_a_frozen_worker_is_named_with_the_wait_and_the_resume_point(
     data_dir, tmp_path):
   model_dir = tmp_path / "run"
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO,
-             HOROVOD_GLOO_TIMEOUT_SECONDS="5")  # 30 s by default
+  env = fixtures.engine_env(
+      HOROVOD_GLOO_TIMEOUT_SECONDS="5")  # 30 s by default
   job = subprocess.Popen(
       [*fixtures.horovodrun(2), fixtures.PYTHON, "-m",
        "engine.train", f"--data_dir={data_dir}", f"--model_dir={model_dir}",

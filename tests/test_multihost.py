@@ -43,8 +43,7 @@ def run_job(hosts, tmp, name, *, per_host, epochs, model_dir):
       f"--data_dir={tmp / 'data'}", "--image_size=16", "--num_classes=10",
       "--model=cnn", "--filters=4", "--batch_size=4", f"--epochs={epochs}",
       f"--model_dir={model_dir}", "--progress=none"]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO,
-             RECORD_OUT=str(out))
+  env = fixtures.engine_env(RECORD_OUT=str(out))
   result = hosts.run(command, env=env)
   processes = fixtures.recorded_processes(out)
   return dict(result=result, output=result.stdout + result.stderr,

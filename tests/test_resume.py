@@ -146,9 +146,9 @@ def test_model_dir_records_the_flags_and_keeps_the_first(two_then_two):
 def start(data_dir, model_dir, processes=2, epochs=4):
   argv = [fixtures.PYTHON, *command(data_dir, model_dir, epochs=epochs)]
   argv = [*fixtures.horovodrun(processes), *argv]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO)
-  return subprocess.Popen(argv, cwd=fixtures.REPO, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  return subprocess.Popen(argv, cwd=fixtures.REPO, env=fixtures.engine_env(),
+                          text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT)
 
 
 def wait_for(path, process, timeout=120):

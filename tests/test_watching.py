@@ -24,7 +24,7 @@ from tests import fixtures
 pytestmark = pytest.mark.serial
 
 STEPS = 20  # per epoch
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=fixtures.REPO)
+ENV = fixtures.engine_env()
 RUNS = {
     "adam": ["--optimizer=adam", "--base_lr=0.003", "--epochs=2"],
     "sgd": ["--optimizer=sgd", "--base_lr=0.05", "--epochs=2"],
