@@ -1,10 +1,10 @@
 """Whole runs of the engine in several configurations, interleaved.
 
 For benchmarks that compare configurations of whole runs (elastic_overhead,
-summary_cost): runs go one at a time, and each round runs every
-configuration once, so a slow spell of the machine does not land on one
-configuration only. A run's figures are images/s over all processes, from
-its metrics.jsonl, epoch 1 (tracing, warm-up) left out.
+summary_cost, horovod_cycle): runs go one at a time, and each round runs
+every configuration once, so a slow spell of the machine does not land on
+one configuration only. A run's figures are images/s over all processes,
+from its metrics.jsonl, epoch 1 (tracing, warm-up) left out.
 """
 import contextlib
 import json
@@ -12,7 +12,7 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 from absl import flags
 
@@ -21,11 +21,14 @@ PYTHON = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 
 
-def define_flags(*, before: str, out_name: str, repeats: int) -> None:
-  """The flags every such benchmark takes: the revision it compares with
-  (the engine `before` something), rounds, run length, where runs go."""
-  flags.DEFINE_string("base", None, "Git revision of the engine before "
-                      f"{before}.", required=True)
+def define_flags(*, out_name: str, repeats: int,
+                 before: Optional[str] = None) -> None:
+  """The flags every such benchmark takes: rounds, run length, where runs
+  go; and, for one that compares with the engine `before` something, the
+  revision that was."""
+  if before:
+    flags.DEFINE_string("base", None, "Git revision of the engine before "
+                        f"{before}.", required=True)
   flags.DEFINE_integer("repeats", repeats, "Rounds over the configurations.")
   flags.DEFINE_integer("epochs", 3, "Epochs per run (the first is left "
                        "out).")
@@ -62,11 +65,14 @@ def images_per_sec(command: list[str], *, cwd: str, model_dir: str,
 def compare(configs, run: Callable[[str, int, str], list[float]]
             ) -> dict[str, float]:
   """`run(config, round, base_checkout)` for each configuration, --repeats
-  rounds over them, with the engine at --base checked out; prints every
-  run's figures as they come, then a table of medians, and returns them."""
+  rounds over them, with the engine at --base checked out (without --base,
+  `base_checkout` is this checkout); prints every run's figures as they
+  come, then a table of medians, and returns them."""
   flag_values = flags.FLAGS
   os.makedirs(flag_values.out_dir, exist_ok=True)
-  with worktree(flag_values.base, flag_values.out_dir) as base_checkout:
+  base = (worktree(flag_values.base, flag_values.out_dir)
+          if "base" in flag_values else contextlib.nullcontext(REPO))
+  with base as base_checkout:
     rates = _rounds(configs, flag_values.repeats,
                     lambda config, round_: run(config, round_, base_checkout))
   return _print_medians(rates)

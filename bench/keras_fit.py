@@ -37,8 +37,9 @@ def main(argv):
   del argv
   # The lab's step 1 (hvd.init(), one device per process) through the
   # engine's own set-up: on CPU it also binds each process to its share of
-  # the cores and sizes the thread pools, exactly as the engine does, so
-  # the comparison is of the training loops, not of thread settings.
+  # the cores, sizes the thread pools and sets Horovod's cycle time,
+  # exactly as the engine does, so the comparison is of the training loops,
+  # not of those settings.
   world = distributed.init()
   splits = workload.load(FLAGS.dataset)
   info = splits.info

@@ -18,6 +18,18 @@ from engine import liveness
 from engine.errors import UserError
 
 
+# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (1 by
+# default) to look for tensors to reduce, and at every wake the processes
+# agree on what is ready in a small collective, busy or not: 8-9% of a
+# core and about 3,000 context switches a second per process, idle, on 2
+# processes here. On CPU those wakes come out of the step's kernels, on
+# the same cores. Every 3 ms: a third of that, and 6% more images/s on 2
+# processes (2 cores); every 10 ms gained nothing, a ready gradient waiting
+# longer for the next cycle (BUILD.md, bench/horovod_cycle.py). On GPU the
+# kernels run elsewhere, and Horovod's default stays.
+CPU_CYCLE_TIME_MS = 3
+
+
 @dataclasses.dataclass(frozen=True)
 class World:
   """Where this process stands among the others."""
@@ -41,6 +53,10 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
   if timeline:
     # Read by hvd.init: a timeline that hvd.start_timeline can switch on.
     os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
+  gpus = tf.config.list_physical_devices("GPU")
+  if not gpus:
+    # Read by hvd.init; a user's (horovodrun --cycle-time-ms) wins.
+    os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
   hvd.init()
   # So a survivor of a failed collective can name the rank that stopped.
   liveness.start_heartbeat(hvd.rank(), hvd.size())
@@ -48,7 +64,6 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
     # Same inputs, same results, op by op (slower on GPUs); what makes a
     # resumed run land on exactly the weights of an uninterrupted one.
     tf.config.experimental.enable_op_determinism()
-  gpus = tf.config.list_physical_devices("GPU")
   if gpus:
     # One GPU per process, chosen by local rank; memory growth so a process
     # takes what it uses rather than the whole card at start-up.

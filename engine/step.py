@@ -1,11 +1,13 @@
 """The compiled train and eval steps.
 
-The train step is where Horovod enters the math: the tape that computes the
-gradient is wrapped in `hvd.DistributedGradientTape`, whose `gradient()`
-returns each gradient averaged over all ranks. With every rank holding the
-same weights, that is the gradient of the mean loss over the global batch, so
-N processes with batch B take the step one process with batch N*B would.
+The train step is where Horovod enters the math: each rank's gradients are
+averaged over all ranks (on GPU by `hvd.DistributedGradientTape`, on CPU in
+one grouped allreduce; see `TrainStep`). With every rank holding the same
+weights, that is the gradient of the mean loss over the global batch, so N
+processes with batch B take the step one process with batch N*B would.
 """
+from typing import Optional
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
@@ -40,6 +42,16 @@ class TrainStep:
   `accumulation_steps` K > 1 the batch is split into K micro-batches whose
   local gradients are averaged before the one allreduce.
 
+  How the gradients are reduced (`overlap_allreduce`): on GPU, each as soon
+  as the backward pass has it (hvd.DistributedGradientTape), so the
+  transfers overlap the rest of the backward pass. On CPU the transfers
+  and the backward pass share the same cores and nothing overlaps, so the
+  gradients and the step's flags go in one grouped allreduce after the
+  backward pass: one negotiation and one collective a step instead of one
+  per Horovod cycle that finds something ready (bench/RESULTS.md, "Horovod
+  on CPU"). With accumulation the gradients exist only after the last
+  micro-batch, so they are reduced that way on GPU too.
+
   A step whose loss (on any rank) or averaged gradients are not finite is
   not applied, and raises NonFinite on every rank. Under float16 that is the
   loss scaler's business first: it skips the step and halves its scale, and
@@ -55,8 +67,10 @@ class TrainStep:
                optimizer: tf.keras.optimizers.Optimizer,
                allreduce_op: str = "average", compression: str = "none",
                accumulation_steps: int = 1, label_smoothing: float = 0.0,
-               weight_average=None, xla: bool = False):
-    """`weight_average`: an ema.WeightAverage, updated after each update."""
+               weight_average=None, xla: bool = False,
+               overlap_allreduce: Optional[bool] = None):
+    """`weight_average`: an ema.WeightAverage, updated after each update.
+    `overlap_allreduce`: None, as suits the device (above)."""
     self.model = model
     self._weight_average = weight_average
     self._label_smoothing = label_smoothing
@@ -73,6 +87,12 @@ class TrainStep:
     self._allreduce = dict(op=_HOROVOD_OPS[allreduce_op],
                            compression=_HOROVOD_COMPRESSIONS[compression])
     self._accumulation_steps = accumulation_steps
+    if overlap_allreduce is None:
+      overlap_allreduce = bool(tf.config.list_logical_devices("GPU"))
+    # The flags must be averaged, and Adasum is not an average: under it
+    # they take an allreduce of their own.
+    self._reduce_together = (allreduce_op == "average" and
+                             (accumulation_steps > 1 or not overlap_allreduce))
     self._scales_loss = precision.scales_loss(optimizer)
     # XLA compiles the forward pass, and TensorFlow compiles its gradient
     # with it; Horovod's allreduce has no XLA kernel on CPU, so it and the
@@ -100,20 +120,23 @@ class TrainStep:
   def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
     variables = self.model.trainable_variables
-    if self._accumulation_steps == 1:
+    if self._accumulation_steps == 1 and not self._reduce_together:
       with tf.GradientTape() as tape:
         loss = self._loss(images, labels)
-      loss_is_finite = tf.math.is_finite(loss)
+      flags = _step_flags(stop_requested, loss)
       tape = hvd.DistributedGradientTape(tape, **self._allreduce)
       gradients = tape.gradient(loss, variables)
+      shares = self._averaged_alone(flags)
     else:
-      # DistributedGradientTape reduces every backward pass; accumulating
-      # needs the local gradients first, then one reduction of their mean.
-      local, loss = self._accumulated_gradients(images, labels, variables)
-      loss_is_finite = tf.math.is_finite(loss)
-      gradients = hvd.grouped_allreduce(local, **self._allreduce)
-    stop_share, nonfinite_loss_share = self._shares_of_ranks(
-        stop_requested, loss_is_finite)
+      local, loss = self._local_gradients(images, labels, variables)
+      flags = _step_flags(stop_requested, loss)
+      if self._reduce_together:
+        gradients, shares = self._reduced_together(local, flags)
+      else:
+        gradients = hvd.grouped_allreduce(local, **self._allreduce)
+        shares = self._averaged_alone(flags)
+    # The shares of ranks that asked to stop and whose loss was not finite.
+    stop_share, nonfinite_loss_share = shares[0], shares[1]
     if self._scales_loss:  # after the allreduce: it sums scaled gradients
       gradients = self.optimizer.get_unscaled_gradients(gradients)
     # The same on every rank: every rank holds the same averaged gradients.
@@ -151,23 +174,34 @@ class TrainStep:
     if self._weight_average:
       self._weight_average.update()
 
-  def _shares_of_ranks(self, stop_requested, loss_is_finite):
-    """The shares of ranks that asked to stop and whose loss was not finite.
+  def _averaged_alone(self, flags):
+    """The step's flags averaged over ranks, beside gradients reduced one by
+    one: submitted when the gradients start to be (they depend on the loss
+    only), as an average like theirs, so Horovod fuses them into one of
+    their allreduces instead of running a collective of their own.
 
-    One allreduce of two numbers, submitted when the gradients start to be
-    (it depends on the loss only), as an average like theirs, so Horovod
-    fuses it into one of their allreduces instead of running a collective
-    of its own; and every rank takes the decisions after the same step.
     Alone, a process skips Horovod's queue (as DistributedGradientTape
     does), which would add a cycle of its background thread to every step.
     """
-    flags = tf.stack([stop_requested,
-                      1.0 - tf.cast(loss_is_finite, tf.float32)])
-    shares = tf.cond(
+    return tf.cond(
         hvd.size_op() > 1,
         lambda: hvd.allreduce(flags, op=hvd.Average, name="step_flags"),
         lambda: flags)
-    return shares[0], shares[1]
+
+  def _reduced_together(self, local, flags):
+    """The local gradients and the step's flags, averaged over ranks in one
+    grouped allreduce; a process alone skips Horovod's queue."""
+    present = [i for i, gradient in enumerate(local) if gradient is not None]
+    # Dense: a grouped allreduce takes tensors, not IndexedSlices.
+    tensors = [tf.convert_to_tensor(local[i]) for i in present] + [flags]
+    reduced = tf.cond(
+        hvd.size_op() > 1,
+        lambda: hvd.grouped_allreduce(tensors, **self._allreduce),
+        lambda: tensors)
+    gradients = list(local)  # a variable the loss does not use keeps None
+    for i, gradient in zip(present, reduced[:-1]):
+      gradients[i] = gradient
+    return gradients, reduced[-1]
 
   def _nonfinite(self, outcome) -> None:
     """Counts a step the loss scaler skipped, or raises NonFinite."""
@@ -218,6 +252,14 @@ class TrainStep:
     if self.model.losses:  # weight decay, as the layers' regularizers say
       loss += tf.add_n(self.model.losses)
     return per_example_loss, logits, loss
+
+  def _local_gradients(self, images, labels, variables):
+    """This rank's gradients of its batch's loss, and the loss."""
+    if self._accumulation_steps > 1:
+      return self._accumulated_gradients(images, labels, variables)
+    with tf.GradientTape() as tape:
+      loss = self._loss(images, labels)
+    return tape.gradient(loss, variables), loss
 
   def _accumulated_gradients(self, images, labels, variables):
     """The mean of the micro-batches' local gradients (the gradient of the
@@ -304,6 +346,14 @@ def _shifted(images: tf.Tensor, pixels: int) -> tf.Tensor:
     return tf.concat([edge, images[:, :, :-pixels]], axis=2)
   edge = tf.repeat(images[:, :, -1:], -pixels, axis=2)
   return tf.concat([images[:, :, -pixels:], edge], axis=2)
+
+
+def _step_flags(stop_requested, loss) -> tf.Tensor:
+  """What every rank must learn of the others' step, so that all take the
+  same decisions after the same step: [asked to stop, loss not finite], as
+  0.0 or 1.0; their average over ranks is the share of ranks."""
+  return tf.stack([stop_requested,
+                   1.0 - tf.cast(tf.math.is_finite(loss), tf.float32)])
 
 
 def _is_finite(gradient) -> tf.Tensor:

@@ -949,7 +949,8 @@ def _describe(world: distributed.World, kernels: str) -> str:
     return "one GPU per process"
   return (f"CPU, {world.intra_op_threads} intra-op and "
           f"{world.inter_op_threads} inter-op threads per process, "
-          f"{kernels} kernels")
+          f"{kernels} kernels, Horovod cycle "
+          f"{os.environ['HOROVOD_CYCLE_TIME']} ms")
 
 
 def config_from_flags() -> TrainConfig:

@@ -6,6 +6,7 @@ reference), and the command line at 2 processes.
 """
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from tests import fixtures
 WORKER = os.path.join(fixtures.REPO, "tests", "workers",
                       "multiprocess_checks.py")
 NUM_TRAIN, NUM_TEST = 601, 101  # odd: shards of unequal size
+# What `horovodrun --cycle-time-ms=2` sets; not the engine's default on CPU.
+USERS_CYCLE_TIME_MS = "2"
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +92,11 @@ def test_two_processes_with_batch_b_step_like_one_with_batch_2b(one, two):
                              rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("variant", ["accumulated", "xla"])
-def test_accumulation_and_xla_take_the_same_step(one, two, variant):
-  """Two micro-batches of B/2 per rank, or an XLA-compiled pass: the step
-  of one process on the whole batch, to float32 rounding."""
+@pytest.mark.parametrize("variant", ["accumulated", "xla", "overlapped"])
+def test_accumulation_xla_and_overlap_take_the_same_step(one, two, variant):
+  """Two micro-batches of B/2 per rank, an XLA-compiled pass, or each
+  gradient reduced on its own as on GPU (CPU reduces them in one group):
+  the step of one process on the whole batch, to float32 rounding."""
   np.testing.assert_allclose(step_weights(two[0], variant),
                              step_weights(one[0], "plain"),
                              rtol=1e-5, atol=1e-6)
@@ -117,7 +121,7 @@ def command_line(data_dir, tmp_path_factory):
        "--batch_size=32", "--steps_per_epoch=12", f"--model_dir={model_dir}",
        "--warmup_epochs=1", "--lr_schedule=step", "--lr_decay_epochs=1",
        "--profile_steps=3,5", "--horovod_timeline"],
-      processes=2)
+      processes=2, env={"HOROVOD_CYCLE_TIME": USERS_CYCLE_TIME_MS})
   assert result.returncode == 0, result.stderr[-3000:]
   return model_dir, result
 
@@ -210,6 +214,15 @@ def test_horovod_timeline_records_the_profiled_steps_allreduces(
   # Steps 3 to 5 only: a few dozen allreduces, not the run's 24 steps' worth.
   allreduces = [e for e in events if e.get("name") == "ALLREDUCE"]
   assert 3 <= len(allreduces) < 24 * 3
+
+
+def test_horovod_cycles_every_3_ms_on_cpu_unless_the_user_says(two,
+                                                              command_line):
+  _, ranks = two
+  assert [r["horovod_cycle_time"] for r in ranks] == ["3", "3"]
+  _, result = command_line
+  assert re.search(r"^\[0\]<stderr>:I.*Horovod cycle 2 ms$",
+                   result.stderr, re.MULTILINE)
 
 
 def test_only_rank_zero_narrates(command_line):

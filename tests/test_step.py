@@ -65,6 +65,25 @@ def test_train_loss_includes_weight_decay_in_the_gradient():
                                rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("overlap_allreduce", [False, True])
+def test_a_weight_the_loss_does_not_use_is_left_alone(overlap_allreduce):
+  """Its gradient is None, which the grouped allreduce (CPU) keeps out of
+  the group, as the per-gradient one (GPU) does."""
+  inputs = tf.keras.Input((28, 28, 1))
+  used = tf.keras.layers.Dense(10)
+  model = tf.keras.Model(inputs, used(tf.keras.layers.Flatten()(inputs)))
+  model.unused = tf.keras.layers.Dense(3)  # tracked, never on the path
+  model.unused.build((None, 5))
+  assert len(model.trainable_weights) == 4
+  before = {id(w): w.numpy() for w in model.trainable_weights}
+  steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(0.1),
+                  overlap_allreduce=overlap_allreduce)(*batch(8, 3))
+  for w in model.unused.weights:
+    np.testing.assert_array_equal(w.numpy(), before[id(w)])
+  for w in used.weights:
+    assert not np.array_equal(w.numpy(), before[id(w)])
+
+
 def test_eval_is_exact_over_uneven_batches_and_traced_once():
   model = tiny_model()
   images, labels = batch(50, 3)

@@ -35,6 +35,8 @@ GLOBAL_BATCH, STEPS = 16, 3
 # step of one process.
 STEP_VARIANTS = {
     "accumulated": dict(accumulation_steps=2),
+    # Each gradient reduced as the backward pass has it: the GPU default.
+    "overlapped": dict(overlap_allreduce=True),
     "fp16_compressed": dict(compression="fp16"),
     "xla": dict(xla=True),
     "float16": dict(mixed_precision="float16"),
@@ -67,6 +69,7 @@ def engine_run(config) -> dict:
           int(result.weight_average.updates.numpy())
           if result.weight_average else None),
       "history": result.history,
+      "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
   }
 
 
