@@ -16,6 +16,11 @@ figures as JSON and a bar chart as PNG.
   bash bench/throughput.sh              # the full benchmark (README.md)
   bash bench/throughput.sh --quick      # 2 short epochs per run: does it work?
   bash bench/throughput.sh --report=bench/throughput.json   # re-report
+  bash bench/throughput.sh --only=np2-synthetic --repeats=10  # one pairing
+
+Each round runs every configuration once; the report gives engine /
+keras_fit for each round as well as for the pooled medians, so a
+difference is told from the machine's drift by how many rounds agree.
 """
 import dataclasses
 import json
@@ -58,6 +63,9 @@ flags.DEFINE_bool("quick", False, "A check that everything runs: 2 epochs "
                   "into --out_dir, not over a full run's files.")
 flags.DEFINE_string("report", "", "Measure nothing: print the report and "
                     "draw the chart from this JSON of an earlier run.")
+flags.DEFINE_list("only", [], "Configurations to run, as npN-DATA (np2-"
+                  "synthetic, np1-real, ...); empty: all. Ratios need both "
+                  "runners of a configuration.")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
@@ -118,6 +126,7 @@ def _settings() -> dict:
       "repeats": 1 if quick else FLAGS.repeats,
       "batch_size": FLAGS.batch_size,
       "quick": quick,
+      "only": FLAGS.only,
       "out_dir": os.path.abspath(FLAGS.out_dir),
       "command": " ".join(sys.argv),
   }
@@ -146,7 +155,9 @@ def measure(settings: dict) -> dict:
           for data in workload.DATASETS
           for processes in PROCESSES
           for runner in RUNNERS
-          if not (runner == "plain_loop" and processes > 1)]
+          if not (runner == "plain_loop" and processes > 1)
+          and (not settings["only"]
+               or f"np{processes}-{data}" in settings["only"])]
   # The peak is taken before and after the runs, in this process (every
   # core, then idle), and the higher kept: a measurement that something
   # else on the machine slowed shows as the lower one.
@@ -319,17 +330,25 @@ def summarize(results: dict) -> dict:
                  "fraction_of_peak": median * per_image / peak})
   rate = {(r["runner"], r["processes"], r["data"]): r["images_per_sec"]
           for r in rows}
+
+  def measured(*keys):
+    return all(key in rate for key in keys)
+
   ratios = {
       "engine_vs_keras_fit": {
           f"np{n} {data}": rate["engine", n, data] / rate["keras_fit", n, data]
-          for n in PROCESSES for data in workload.DATASETS},
+          for n in PROCESSES for data in workload.DATASETS
+          if measured(("engine", n, data), ("keras_fit", n, data))},
       # Throughput the engine loses at 1 process against the plain loop.
       "overhead_at_1": {
           data: 1 - rate["engine", 1, data] / rate["plain_loop", 1, data]
-          for data in workload.DATASETS},
+          for data in workload.DATASETS
+          if measured(("engine", 1, data), ("plain_loop", 1, data))},
       "real_vs_synthetic": {
           f"np{n}": rate["engine", n, "real"] / rate["engine", n, "synthetic"]
-          for n in PROCESSES},
+          for n in PROCESSES
+          if measured(("engine", n, "real"), ("engine", n, "synthetic"))},
+      "engine_vs_keras_fit_by_round": _by_round(results["runs"]),
   }
   targets = {
       "engine_vs_keras_fit": all(
@@ -342,6 +361,18 @@ def summarize(results: dict) -> dict:
           for v in ratios["real_vs_synthetic"].values()),
   }
   return {"rows": rows, "ratios": ratios, "targets": targets}
+
+
+def _by_round(runs: list[dict]) -> dict[str, list[float]]:
+  """engine / keras_fit in each round, of the two runs' medians."""
+  median = {(r["runner"], r["processes"], r["data"], r["repeat"]):
+            statistics.median(epochs.measured(r["records"])) for r in runs}
+  pairs = {}
+  for (runner, n, data, repeat), engine in sorted(median.items()):
+    keras = median.get(("keras_fit", n, data, repeat))
+    if runner == "engine" and keras:
+      pairs.setdefault(f"np{n} {data}", []).append(engine / keras)
+  return pairs
 
 
 def print_report(results: dict, summary: dict) -> None:
@@ -378,19 +409,26 @@ def print_report(results: dict, summary: dict) -> None:
   if any(r["other_load"] > DISTURBED_LOAD for r in summary["rows"]):
     print(f"Runs with other load above {DISTURBED_LOAD} cores were slowed "
           "by something else on the machine: rerun when it is quiet.")
-  print("\nRatios of medians:\n")
+  print("\nRatios of medians (n/a: a runner not run):\n")
   print(f"| ratio | {' | '.join(workload.DATASETS)} |\n|---|---|---|")
   for n in PROCESSES:
-    cells = [f"{ratios['engine_vs_keras_fit'][f'np{n} {data}']:.3f}"
+    cells = [_figure(ratios["engine_vs_keras_fit"].get(f"np{n} {data}"))
              for data in workload.DATASETS]
     print(f"| engine / keras_fit, {_processes(n)} | {' | '.join(cells)} |")
-  cells = [f"{1 - ratios['overhead_at_1'][data]:.3f} (overhead "
-           f"{ratios['overhead_at_1'][data]:.1%})"
+  cells = [_figure(1 - ratios["overhead_at_1"][data]) +
+           f" (overhead {ratios['overhead_at_1'][data]:.1%})"
+           if data in ratios["overhead_at_1"] else "n/a"
            for data in workload.DATASETS]
   print(f"| engine@1 / plain_loop | {' | '.join(cells)} |")
-  print("\nengine real / synthetic: " + ", ".join(
-      f"{_processes(n)} {ratios['real_vs_synthetic'][f'np{n}']:.3f}"
-      for n in PROCESSES) + "\n")
+  print("\nengine real / synthetic: " + (", ".join(
+      f"{_processes(int(key[2:]))} {value:.3f}"
+      for key, value in ratios["real_vs_synthetic"].items()) or "n/a"))
+  print("\nengine / keras_fit by round (each run's median):\n")
+  for key, by_round in ratios["engine_vs_keras_fit_by_round"].items():
+    ahead = sum(ratio >= 1 for ratio in by_round)
+    print(f"- {key}: {', '.join(f'{r:.3f}' for r in by_round)}; engine at "
+          f"or ahead in {ahead} of {len(by_round)} rounds")
+  print()
   targets = summary["targets"]
   lines = {
       "engine_vs_keras_fit": (
@@ -407,7 +445,9 @@ def print_report(results: dict, summary: dict) -> None:
                     for k, v in ratios["real_vs_synthetic"].items())),
   }
   for key, (target, detail) in lines.items():
-    print(f"{'PASS' if targets[key] else 'FAIL'}  {target}  ({detail})")
+    verdict = ("n/a " if not ratios[key] else
+               "PASS" if targets[key] else "FAIL")
+    print(f"{verdict}  {target}  ({detail})")
 
 
 def draw_chart(results: dict, summary: dict, path: str) -> None:
@@ -421,9 +461,11 @@ def draw_chart(results: dict, summary: dict, path: str) -> None:
   figure, axes = plt.subplots(figsize=(9, 4.8))
   width = 0.38
   for i, data in enumerate(workload.DATASETS):
-    rows = [next(row for row in summary["rows"] if row["runner"] == r and
-                 row["processes"] == n and row["data"] == data)
-            for r, n in groups]
+    rows = [row for r, n in groups for row in summary["rows"]
+            if row["runner"] == r and row["processes"] == n
+            and row["data"] == data]
+    if len(rows) < len(groups):  # --only: not every runner saw this data
+      continue
     medians = [row["images_per_sec"] for row in rows]
     spread = [[m - row["min"] for m, row in zip(medians, rows)],
               [row["max"] - m for m, row in zip(medians, rows)]]
@@ -441,6 +483,10 @@ def draw_chart(results: dict, summary: dict, path: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   figure.savefig(path, dpi=120)
   plt.close(figure)
+
+
+def _figure(value) -> str:
+  return "n/a" if value is None else f"{value:.3f}"
 
 
 def _processes(n: int) -> str:
