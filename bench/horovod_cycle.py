@@ -65,8 +65,7 @@ def _idle_launch(ms: str) -> list[dict]:
        "bench.horovod_cycle", "--idle_worker",
        f"--idle_seconds={FLAGS.idle_seconds}"],
       cwd=interleaved.REPO, capture_output=True, text=True, check=True,
-      env=dict(os.environ, HOROVOD_CYCLE_TIME=ms, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=interleaved.REPO))
+      env=interleaved.engine_env(HOROVOD_CYCLE_TIME=ms))
   reports = [json.loads(line.split(":", 1)[1]) for line in
              result.stdout.splitlines() if "<stdout>:{" in line]
   return sorted(reports, key=lambda report: report["rank"])

@@ -32,6 +32,7 @@ from absl import flags
 import numpy as np
 
 from bench import generated_images
+from bench import interleaved
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
@@ -86,8 +87,8 @@ def run(data_flags: list, data_path: str, run_dir: str,
              *data_flags, f"--data_dir={data_path}", f"--epochs={epochs}",
              "--batch_size=128", "--model=cnn", "--progress=none",
              f"--model_dir={run_dir}", "--resume=never"]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
-  result = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
+  result = subprocess.run(command, cwd=REPO, env=interleaved.engine_env(),
+                          capture_output=True,
                           text=True, check=False)
   if result.returncode:
     sys.exit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")

@@ -30,6 +30,7 @@ from absl import app
 from absl import flags
 
 from bench import generated_images
+from bench import interleaved
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
@@ -79,8 +80,7 @@ print(count * 128 / (time.perf_counter() - start))
 def pipeline_rate(fmt: str) -> float:
   result = subprocess.run(
       [PYTHON, "-c", PIPELINE, str(FLAGS.pipeline_batches), *data_flags(fmt)],
-      cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-                         PYTHONPATH=REPO),
+      cwd=REPO, env=interleaved.engine_env(),
       capture_output=True, text=True, check=False)
   if result.returncode:
     sys.exit(result.stderr[-3000:])
@@ -96,8 +96,7 @@ def input_share(fmt: str, model: str, run_dir: str) -> list[tuple]:
              f"--epochs={FLAGS.run_epochs}", "--progress=none",
              f"--model_dir={run_dir}", "--resume=never"]
   result = subprocess.run(
-      command, cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-                                  PYTHONPATH=REPO),
+      command, cwd=REPO, env=interleaved.engine_env(),
       capture_output=True, text=True, check=False)
   if result.returncode:
     sys.exit(f"{' '.join(command)}:\n{result.stderr[-3000:]}")
@@ -119,8 +118,7 @@ def main(argv):
   start = time.perf_counter()
   subprocess.run([PYTHON, "-m", "engine.tools.to_tfrecords",
                   f"--from={folder}", f"--to={records}", "--shards=16"],
-                 cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO,
-                                    TF_CPP_MIN_LOG_LEVEL="2"),
+                 cwd=REPO, env=interleaved.engine_env(),
                  check=True, capture_output=True)
   print(f"converted to TFRecords in {time.perf_counter() - start:.0f}s "
         "(or found them converted)", flush=True)

@@ -21,6 +21,13 @@ PYTHON = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 
 
+def engine_env(checkout: str = REPO, **extra: str) -> dict:
+  """The environment of a launched engine or bench process: `checkout` on
+  its path, TensorFlow's start-up chatter off, and `extra` variables."""
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=checkout,
+              **extra)
+
+
 def define_flags(*, out_name: str, repeats: int,
                  before: Optional[str] = None) -> None:
   """The flags every such benchmark takes: rounds, run length, where runs

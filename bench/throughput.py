@@ -40,6 +40,7 @@ from absl import flags
 
 from bench import epochs
 from bench import flops
+from bench import interleaved
 from bench import workload
 from engine import distributed
 
@@ -267,8 +268,8 @@ def _run(command: list[str], log, timeout: float) -> int:
   os.environ carries engine/__init__.py's settings (imported with
   engine.distributed), so every runner gets the engine's oneDNN kernels.
   """
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
-  process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log,
+  process = subprocess.Popen(command, cwd=REPO,
+                             env=interleaved.engine_env(), stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
   try:
     return process.wait(timeout=timeout)
