@@ -62,6 +62,14 @@ class WeightAverage(tf.Module):
         weight.assign(value)
 
 
+def maybe_average(model: tf.keras.Model,
+                  decay: float) -> Optional[WeightAverage]:
+  """The average a run with --ema_decay=`decay` keeps of `model`'s weights;
+  None at 0, which keeps none. Training and engine.evaluate both build it,
+  so a checkpoint written by one restores in the other."""
+  return WeightAverage(model, decay) if decay else None
+
+
 def averaged(weight_average: Optional[WeightAverage]):
   """`weight_average.applied()`; the model as it is without an average."""
   return weight_average.applied() if weight_average else \

@@ -39,8 +39,7 @@ def evaluate(config: engine_train.TrainConfig, which: str):
   names) on every rank."""
   world, splits, model = engine_train.prepare(config)
   # The run evaluated with its weights' average: so does this.
-  weight_average = (ema.WeightAverage(model, config.ema_decay)
-                    if config.ema_decay else None)
+  weight_average = ema.maybe_average(model, config.ema_decay)
 
   def restore():
     checkpoints = checkpoint.Checkpoints(

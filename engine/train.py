@@ -188,8 +188,7 @@ def train(config: TrainConfig) -> TrainResult:
   # inside the train step.
   learning_rate = learning_rate_schedule(config)
   # The weights' moving average, which evaluation and exports use.
-  weight_average = (ema.WeightAverage(model, config.ema_decay)
-                    if config.ema_decay else None)
+  weight_average = ema.maybe_average(model, config.ema_decay)
   optimizer, train_step = optimizer_and_step(config, model, learning_rate,
                                              weight_average)
   eval_step = steps.EvalStep(model=model, xla=config.xla,
