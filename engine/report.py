@@ -200,7 +200,7 @@ class Reporter:
       lines = [l for l in f if l.strip()]
     records = []
     for number, line in enumerate(lines, start=1):
-      record = _parsed(line)
+      record = runs.record_of(line)
       if record is None:
         logging.warning("%s: dropped line %d, not a record: %r",
                         self.metrics_path, number, line[:80])
@@ -261,18 +261,6 @@ def _event_records(path: str) -> list[bytes]:
     logging.warning("%s: dropped its damaged end (after %d events)", path,
                     len(records))
   return records
-
-
-def _parsed(line: bytes) -> Optional[dict]:
-  """A metrics.jsonl line's record, or None if it is not one."""
-  try:
-    record = json.loads(line)
-  except (ValueError, UnicodeDecodeError):
-    return None
-  if isinstance(record, dict) and ("event" in record or isinstance(
-      record.get("epoch"), int)):
-    return record
-  return None
 
 
 def confusion_image(counts: np.ndarray, size: int = 320) -> np.ndarray:

@@ -264,15 +264,21 @@ def _read_metrics(path: str) -> list[dict]:
     return []
   except OSError as e:
     raise UserError(f"{path}: cannot read it ({e.strerror})") from None
-  records = []
-  for line in lines:
-    try:
-      record = json.loads(line)
-    except ValueError:  # not JSON, or not UTF-8
-      continue
-    if isinstance(record, dict):
-      records.append(record)
-  return records
+  return [record for record in map(record_of, lines) if record is not None]
+
+
+def record_of(line: bytes) -> Optional[dict]:
+  """A metrics.jsonl line's record (an epoch's, or an event's), or None if
+  it is not one. Here, not in engine.report, which writes the file: this
+  module reads runs without importing TensorFlow."""
+  try:
+    record = json.loads(line)
+  except (ValueError, UnicodeDecodeError):  # not JSON, or not UTF-8
+    return None
+  if isinstance(record, dict) and ("event" in record or isinstance(
+      record.get("epoch"), int)):
+    return record
+  return None
 
 
 def _read_flags(path: str) -> dict[str, str]:
