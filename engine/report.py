@@ -69,7 +69,6 @@ class Reporter:
     self._tensorboard_dir = os.path.join(model_dir, TENSORBOARD_DIR)
     self._writers = {}  # TensorBoard run ("" for the run's own) -> writer
     self._records = []  # the run's epoch records, for its summary figures
-    self._damaged = False  # metrics.jsonl holds a line that is not a record
 
   def keep_epochs_up_to(self, epoch: int,
                         global_step: Optional[int] = None) -> None:
@@ -80,11 +79,11 @@ class Reporter:
     after it, epoch ones after `epoch`), so each curve stays one line."""
     if not self._chief:
       return
-    records = self._read_metrics()
+    records, dropped = self._read_metrics()
     kept = [(line, record) for line, record in records
             if _kept_on_resume(record, epoch)]
     self._records = [record for _, record in kept if "event" not in record]
-    if len(kept) < len(records) or self._damaged:
+    if len(kept) < len(records) or dropped:
       temporary = self.metrics_path + ".tmp"
       lines = [line for line, _ in kept]
       try:
@@ -189,13 +188,12 @@ class Reporter:
   def _run_dir(self, run: str) -> str:
     return os.path.join(self._tensorboard_dir, run)
 
-  def _read_metrics(self) -> list[tuple[str, dict]]:
-    """metrics.jsonl's lines with their records; a line that is not one
-    (half a line, from a write that failed: a full disk) is dropped with a
-    warning and marks the file for rewriting."""
-    self._damaged = False
+  def _read_metrics(self) -> tuple[list[tuple[str, dict]], int]:
+    """metrics.jsonl's lines with their records, and how many lines were
+    not one (half a line, from a write that failed: a full disk), each
+    dropped with a warning; the file is rewritten without them."""
     if not os.path.exists(self.metrics_path):
-      return []
+      return [], 0
     with open(self.metrics_path, "rb") as f:
       lines = [l for l in f if l.strip()]
     records = []
@@ -204,10 +202,9 @@ class Reporter:
       if record is None:
         logging.warning("%s: dropped line %d, not a record: %r",
                         self.metrics_path, number, line[:80])
-        self._damaged = True
       else:
         records.append((line.decode().rstrip("\n") + "\n", record))
-    return records
+    return records, len(lines) - len(records)
 
   def _append(self, record: dict) -> None:
     """One line. Half of one, left by a write that failed, is dropped when
