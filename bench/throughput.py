@@ -24,6 +24,7 @@ difference is told from the machine's drift by how many rounds agree.
 """
 import dataclasses
 import json
+import math
 import os
 import platform
 import re
@@ -34,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Optional
 
 from absl import app
 from absl import flags
@@ -155,14 +157,8 @@ def measure(settings: dict) -> dict:
   per_image = flops.training_flops_per_image(info, settings["batch_size"])
   print(f"training: {per_image['profiled'] / 1e6:.2f} MFLOP per image",
         flush=True)
-  plan = [Run(runner, processes, data, repeat)
-          for repeat in range(settings["repeats"])
-          for data in workload.DATASETS
-          for processes in PROCESSES
-          for runner in RUNNERS
-          if not (runner == "plain_loop" and processes > 1)
-          and (not settings["only"]
-               or f"np{processes}-{data}" in settings["only"])]
+  plan = [run for repeat in range(settings["repeats"])
+          for run in _round(repeat, settings["only"])]
   # The peak is taken before and after the runs, in this process (every
   # core, then idle), and the higher kept: a measurement that something
   # else on the machine slowed shows as the lower one.
@@ -186,6 +182,24 @@ def measure(settings: dict) -> dict:
                      "before_and_after": peaks},
           "training_flops_per_image": per_image, "runs": runs,
           "total_seconds": time.perf_counter() - started}
+
+
+def _round(repeat: int, only: list[str]) -> list[Run]:
+  """Round `repeat`'s runs, in an order that alternates from round to round.
+
+  In a fixed order each runner always followed the same one (the engine at
+  2 processes the plain loop, Keras `fit` the engine), so whatever a run
+  leaves behind or whatever drifts through a round would land on the same
+  runner every time. Reversing every other round (ABBA) gives each runner
+  each place equally often over an even number of rounds.
+  """
+  runs = [Run(runner, processes, data, repeat)
+          for data in workload.DATASETS
+          for processes in PROCESSES
+          for runner in RUNNERS
+          if not (runner == "plain_loop" and processes > 1)
+          and (not only or f"np{processes}-{data}" in only)]
+  return runs[::-1] if repeat % 2 else runs
 
 
 def _machine() -> dict:
@@ -384,6 +398,28 @@ def _by_round(runs: list[dict]) -> dict[str, list[float]]:
   return pairs
 
 
+# Student's t, 97.5th percentile, for 1-30 degrees of freedom: the two-sided
+# 95% interval of a mean of that many + 1 rounds.
+_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262,
+          2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101,
+          2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052,
+          2.048, 2.045, 2.042)
+
+
+def _interval(by_round: list[float]) -> Optional[tuple[float, float, float]]:
+  """The geometric mean of the rounds' ratios and its 95% interval (t, on
+  the logarithms), or None under 2 rounds: how well the rounds resolve the
+  ratio from the machine's drift. An interval above 1.0 shows the engine
+  ahead, one that holds 1.0 does not tell the two apart."""
+  if len(by_round) < 2:
+    return None
+  logs = [math.log(ratio) for ratio in by_round]
+  mean = statistics.mean(logs)
+  t = _T_975[min(len(logs), len(_T_975) + 1) - 2]
+  half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+  return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def _ahead(by_round: list[float]) -> int:
   """Rounds in which the engine was at or above the floor."""
   return sum(ratio >= TARGETS["floor_vs_keras_fit"] for ratio in by_round)
@@ -439,8 +475,13 @@ def print_report(results: dict, summary: dict) -> None:
       for key, value in ratios["real_vs_synthetic"].items()) or "n/a"))
   print("\nengine / keras_fit by round (each run's median):\n")
   for key, by_round in ratios["engine_vs_keras_fit_by_round"].items():
+    interval = _interval(by_round)
+    resolved = ("" if interval is None else
+                "; geometric mean {:.3f}, 95% interval {:.3f}-{:.3f}".format(
+                    *interval))
     print(f"- {key}: {', '.join(f'{r:.3f}' for r in by_round)}; engine at "
-          f"or ahead in {_ahead(by_round)} of {len(by_round)} rounds")
+          f"or ahead in {_ahead(by_round)} of {len(by_round)} "
+          f"rounds{resolved}")
   print()
   targets = summary["targets"]
   lines = {
