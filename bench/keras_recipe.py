@@ -36,18 +36,20 @@ from absl import app
 import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 
+from engine import build
+from engine import cli
 from engine import data
 from engine import distributed
 from engine import optimizers
 from engine import report
 from engine import step as steps
-from engine import train
+from engine.config import config_from_flags
 
 
 def main(argv):
   del argv
-  config = train.config_from_flags()
-  world, splits, model = train.prepare(config)
+  config = config_from_flags()
+  world, splits, model = build.prepare(config)
   info = splits.info
   steps_per_epoch = data.steps_per_epoch(
       num_train=info.num_train, batch_size=config.batch_size,
@@ -60,7 +62,7 @@ def main(argv):
       first_epoch=0, flip=config.random_flip,
       shift=config.random_shift).map(one_hot)
 
-  learning_rate = train.learning_rate_schedule(config)
+  learning_rate = build.learning_rate_schedule(config)
   learning_rate.set_world(world_size=world.size,
                           steps_per_epoch=steps_per_epoch)
   # hvd.DistributedOptimizer rebuilds the optimizer from its config, which
@@ -138,5 +140,5 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=functools.partial(train.parse_flags,
+  app.run(main, flags_parser=functools.partial(cli.parse_flags,
                                               program="bench.keras_recipe"))

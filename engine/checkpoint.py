@@ -68,13 +68,15 @@ class Checkpoints:
   checkpoint whose identity differs is refused rather than half-restored.
   `lr_factor` is the learning rate's factor (schedules), which rollbacks
   lower and checkpoints keep; `weight_average` the ema.WeightAverage of a
-  run with --ema_decay.
+  run with --ema_decay; `stop` the stopping.TargetAccuracy whose count a
+  resume continues.
   """
 
   def __init__(self, model_dir: str, *, model: tf.keras.Model, optimizer,
                keep: int, identity: str,
                lr_factor: Optional[tf.Variable] = None,
-               weight_average: Optional[tf.Module] = None):
+               weight_average: Optional[tf.Module] = None,
+               stop: Optional[tf.Module] = None):
     self.directory = os.path.join(model_dir, CHECKPOINT_DIR)
     self._identity = identity
     self._scales_loss = precision.scales_loss(optimizer)
@@ -96,7 +98,8 @@ class Checkpoints:
     self._objects = objects
     # Saved since a later version (or a later flag), with what restoring a
     # checkpoint without them sets: the learning rate at its full value,
-    # the clock unknown, the weights' average the weights restored.
+    # the clock unknown, the weights' average the weights restored, the
+    # early stopping count at nothing.
     self._added_later = dict(seconds=(self._seconds,
                                       lambda: self._seconds.assign(0.0)))
     if lr_factor is not None:
@@ -105,6 +108,8 @@ class Checkpoints:
     if weight_average is not None:
       self._added_later["weight_average"] = (weight_average,
                                              weight_average.reset)
+    if stop is not None:
+      self._added_later["stop"] = (stop, stop.reset)
     self._checkpoint = tf.train.Checkpoint(**objects, **{
         name: saved for name, (saved, _) in self._added_later.items()})
     self.size = storage.size_of(model.variables + (

@@ -1,8 +1,8 @@
 """Horovod Elastic: a run that shrinks and grows with its workers.
 
 Launched by `horovodrun --min-np M --max-np N --host-discovery-script S`,
-Horovod restarts the train loop (`run`) whenever a worker is lost or added,
-instead of ending the job:
+Horovod restarts the train loop (`restarting`) whenever a worker is lost or
+added, instead of ending the job:
 
 * A lost worker makes the next collective fail on the others. They go back to
   the state last committed (`TrainingState.commit`: every
@@ -40,7 +40,7 @@ def check_launch(elastic: bool) -> None:
   if elastic and not launched:
     raise UserError("--elastic needs an elastic launch: horovodrun -np N "
                     "--min-np M --max-np N --host-discovery-script SCRIPT "
-                    "(README, Elastic training)")
+                    "(docs/scaling-out.md, Elastic training)")
   if launched and not elastic:
     raise UserError("horovodrun launched this job elastic (--min-np, "
                     "--max-np or --host-discovery-script); pass --elastic, "
@@ -89,8 +89,8 @@ class TrainingState(hvd.elastic.ObjectState):
     self._saved_variables = [v.numpy() for v in self._variables()]
 
 
-def run(loop: Callable[[TrainingState], Result]
-        ) -> Callable[[TrainingState], Result]:
+def restarting(loop: Callable[[TrainingState], Result]
+               ) -> Callable[[TrainingState], Result]:
   """`loop(state)`, restarted by Horovod after each reset.
 
   Horovod restarts on its own errors; a peer that died shows up in our

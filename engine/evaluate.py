@@ -18,13 +18,17 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from engine import build
 from engine import checkpoint
+from engine import cli
 from engine import data
 from engine import distributed
 from engine import ema
 from engine import metrics
+from engine import runs
 from engine import step as steps
-from engine import train as engine_train
+from engine.config import TrainConfig
+from engine.config import config_from_flags
 from engine.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -34,10 +38,10 @@ flags.DEFINE_string("checkpoint", "latest",
                     "(model_dir/checkpoints/ckpt-N).")
 
 
-def evaluate(config: engine_train.TrainConfig, which: str):
+def evaluate(config: TrainConfig, which: str):
   """Returns (checkpoint path, metrics.Result, per-class accuracy, class
   names) on every rank."""
-  world, splits, model = engine_train.prepare(config)
+  world, splits, model = build.prepare(config)
   # The run evaluated with its weights' average: so does this.
   weight_average = ema.maybe_average(model, config.ema_decay)
 
@@ -58,10 +62,7 @@ def evaluate(config: engine_train.TrainConfig, which: str):
                               name="evaluate_restore")
   distributed.broadcast_from_chief(model.variables
                                    + ema.variables(weight_average))
-  eval_step = steps.EvalStep(model=model, image_shape=splits.info.image_shape,
-                             num_classes=splits.info.num_classes,
-                             flip=config.eval_flip,
-                             shift=config.eval_shift_pixels)
+  eval_step = build.eval_step(config, model, splits.info)
   with ema.averaged(weight_average):
     result = steps.evaluate(eval_step, data.eval_batches(
         splits.test, splits.info, rank=world.rank, world_size=world.size,
@@ -71,32 +72,29 @@ def evaluate(config: engine_train.TrainConfig, which: str):
 
 
 def _run_flags(model_dir: str) -> str:
-  for name in ("flags.latest.txt", engine_train.FLAGS_FILE):
+  for name in (runs.LATEST_FLAGS_FILE, runs.FLAGS_FILE):
     path = os.path.join(model_dir, name)
     if os.path.exists(path):
       return path
-  raise UserError(f"--model_dir={model_dir}: no {engine_train.FLAGS_FILE}; "
+  raise UserError(f"--model_dir={model_dir}: no {runs.FLAGS_FILE}; "
                   "is it a model_dir written by engine.train?")
 
 
 def main(argv):
   try:
-    if len(argv) > 1:
-      raise UserError(f"unexpected arguments: {' '.join(argv[1:])} (flags "
-                      "take the form --name=value)")
+    cli.refuse_arguments(argv)
     if not FLAGS.model_dir:
       raise UserError("--model_dir is required: the run to evaluate")
     # Re-read the flags: the run's own first, then this command line's.
     run_flags = _run_flags(FLAGS.model_dir)
     given = sys.argv[1:]
     FLAGS.unparse_flags()
-    engine_train.parse_flags([sys.argv[0], f"--flagfile={run_flags}", *given],
-                             program=PROGRAM)
-    path, result, per_class, names = evaluate(
-        engine_train.config_from_flags(), FLAGS.checkpoint)
+    cli.parse_flags([sys.argv[0], f"--flagfile={run_flags}", *given],
+                    program=PROGRAM)
+    path, result, per_class, names = evaluate(config_from_flags(),
+                                              FLAGS.checkpoint)
   except UserError as e:
-    print(f"{PROGRAM}: error: {e}", file=sys.stderr)
-    sys.exit(e.exit_code)
+    cli.exit_with_error(str(e), e.exit_code, program=PROGRAM)
   if distributed.is_chief():
     print(f"{path}: test loss {result.loss:.4f}, test accuracy "
           f"{result.accuracy:.4f} ({result.examples} examples)")
@@ -107,5 +105,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=functools.partial(engine_train.parse_flags,
+  app.run(main, flags_parser=functools.partial(cli.parse_flags,
                                               program=PROGRAM))

@@ -21,7 +21,6 @@ CSV (`lr_range.csv`).
 """
 import functools
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -29,12 +28,15 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from engine import build
+from engine import cli
 from engine import data
 from engine import distributed
 from engine import metrics
 from engine import schedules
 from engine import step as steps
-from engine import train as engine_train
+from engine.config import TrainConfig
+from engine.config import config_from_flags
 from engine.errors import UserError
 from engine.errors import WriteFailed
 
@@ -86,16 +88,16 @@ def suggested_rate(rates: list[float], losses: list[float]) -> float:
   return rates[int(np.argmin(smoothed(losses)))] / 10
 
 
-def range_test(config: engine_train.TrainConfig, *, min_lr: float,
+def range_test(config: TrainConfig, *, min_lr: float,
                max_lr: float, range_steps: int) -> tuple[list, list, int]:
   """Runs the test on every rank; returns the rates and rank 0's losses of
   the steps taken, and the number of processes."""
   if not 0 < min_lr < max_lr:
     raise UserError(f"--min_lr={min_lr:g} and --max_lr={max_lr:g}: the "
                     "range needs 0 < --min_lr < --max_lr")
-  world, splits, model = engine_train.prepare(config)
+  world, splits, model = build.prepare(config)
   rate = ExponentialRange(min_lr, max_lr, range_steps)
-  _, train_step = engine_train.optimizer_and_step(config, model, rate)
+  _, train_step = build.optimizer_and_step(config, model, rate)
   step_batch = config.batch_size * config.grad_accum_steps
   steps_per_epoch = data.steps_per_epoch(
       num_train=splits.info.num_train, batch_size=step_batch,
@@ -166,7 +168,7 @@ def write_figures(path: str, rates: list[float], losses: list[float],
 def main(argv):
   del argv
   try:
-    config = engine_train.config_from_flags()
+    config = config_from_flags()
     rates, losses, world_size = range_test(
         config, min_lr=FLAGS.min_lr, max_lr=FLAGS.max_lr,
         range_steps=FLAGS.range_steps)
@@ -186,11 +188,10 @@ def main(argv):
             f"--lr_scaling={config.lr_scaling} on {world_size} processes; "
             f"plot in {FLAGS.plot}")
   except UserError as e:
-    print(f"engine.find_lr: error: {e}", file=sys.stderr)
-    sys.exit(e.exit_code)
+    cli.exit_with_error(str(e), e.exit_code, program="engine.find_lr")
 
 
 if __name__ == "__main__":
   logging.set_verbosity(logging.WARNING)
-  app.run(main, flags_parser=functools.partial(engine_train.parse_flags,
+  app.run(main, flags_parser=functools.partial(cli.parse_flags,
                                               program="engine.find_lr"))

@@ -9,6 +9,7 @@ step apart; then rank 0 saves a checkpoint and every rank exits. A second
 signal interrupts at once, for a user who does not want to wait.
 """
 import signal
+from typing import Callable, Optional
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -19,6 +20,18 @@ class Preempted(Exception):
   def __init__(self, signum: int, message: str):
     super().__init__(message)
     self.signum = signum
+
+
+def stop(signum: int, where: str, save: Optional[Callable[[], str]]):
+  """Ends the run on every rank, with Preempted: rank 0 (`save` given)
+  after saving where it stands; `signum` is 0 for a signal that reached
+  another rank only."""
+  name = signal.Signals(signum).name if signum else "a signal on another rank"
+  if save:
+    path = save()
+    raise Preempted(signum, f"stopped by {name} at {where}; saved {path}; "
+                    "run the same command again to continue")
+  raise Preempted(signum, f"stopped by {name} at {where}")
 
 
 class StopRequests:

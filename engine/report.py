@@ -19,7 +19,7 @@ import tensorflow as tf
 from engine import runs
 from engine import storage
 
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = runs.METRICS_FILE
 TENSORBOARD_DIR = "tensorboard"
 # The Keras TensorBoard callback's layout, which users know: a run for
 # training and one for validation under model_dir/tensorboard, with the

@@ -34,8 +34,9 @@ from engine.errors import WriteFailed
 
 FLAGS = flags.FLAGS
 
-# engine.report.METRICS_FILE and engine.train.FLAGS_FILE; importing them
-# from there would import TensorFlow.
+# The files of a model_dir that runs are read from, named here for every
+# module that writes or reads them (engine.report, engine.model_dir,
+# engine.evaluate): this module does not import TensorFlow.
 METRICS_FILE = "metrics.jsonl"
 FLAGS_FILE = "flags.txt"
 LATEST_FLAGS_FILE = "flags.latest.txt"

@@ -128,10 +128,10 @@ def engine_env(**extra: str) -> dict:
 def train_config(**overrides):
   """The engine's TrainConfig at the flags' defaults, with `overrides`."""
   from absl import flags  # pylint: disable=import-outside-toplevel
-  from engine import train  # pylint: disable=import-outside-toplevel
+  from engine import config  # pylint: disable=import-outside-toplevel
   if not flags.FLAGS.is_parsed():
     flags.FLAGS(["tests"])
-  return dataclasses.replace(train.config_from_flags(), **overrides)
+  return dataclasses.replace(config.config_from_flags(), **overrides)
 
 
 def write_tfrecords(directory: str, *, num_files: int = 3,

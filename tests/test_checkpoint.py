@@ -6,6 +6,7 @@ import tensorflow as tf
 import models
 from engine import checkpoint
 from engine import precision
+from engine import stopping
 from engine.errors import UserError
 
 IDENTITY = "model cnn_4 (1234 parameters) on fashion_mnist"
@@ -195,3 +196,38 @@ def test_a_checkpoint_from_before_the_clock_restores_with_none_counted(
       == checkpoint.Position(2, 0, 8, 1, seconds=0.0)
   for a, b in zip(model.weights, other.weights):
     assert (a.numpy() == b.numpy()).all()
+
+
+def test_the_early_stopping_count_goes_back_with_the_checkpoint(tmp_path):
+  # What a resume and a rollback continue from: the count as it was saved,
+  # not the epochs counted after it, nor a count started again at 0.
+  model, optimizer = build()
+  stop = stopping.TargetAccuracy(0.5, patience=3)
+  saved = checkpoint.Checkpoints(str(tmp_path), model=model,
+                                 optimizer=optimizer, keep=3,
+                                 identity=IDENTITY, stop=stop)
+  stop.update(epoch=1, val_accuracy=0.6, cumulative_seconds=10.0)
+  stop.update(epoch=2, val_accuracy=0.7, cumulative_seconds=20.0)
+  saved.save(checkpoint.Position(2, 0, 8, 1), 2)
+  stop.update(epoch=3, val_accuracy=0.8, cumulative_seconds=30.0)
+  resumed = stopping.TargetAccuracy(0.5, patience=3)
+  checkpoint.Checkpoints(str(tmp_path), model=model, optimizer=optimizer,
+                         keep=3, identity=IDENTITY,
+                         stop=resumed).restore_latest_readable()
+  assert (resumed.consecutive, resumed.first_reached_epoch,
+          resumed.first_reached_seconds) == (2, 1, 10.0)
+  saved.restore_latest_readable()  # a rollback's restore
+  assert (stop.consecutive, stop.first_reached_epoch) == (2, 1)
+
+
+def test_a_checkpoint_from_before_the_count_restores_with_nothing_counted(
+    tmp_path):
+  model, optimizer = build()
+  manager(tmp_path, model, optimizer).save(checkpoint.Position(1, 0, 8, 1), 1)
+  stop = stopping.TargetAccuracy(0.5, patience=3)
+  stop.update(epoch=1, val_accuracy=0.6, cumulative_seconds=10.0)
+  checkpoint.Checkpoints(str(tmp_path), model=model, optimizer=optimizer,
+                         keep=3, identity=IDENTITY,
+                         stop=stop).restore_latest_readable()
+  assert (stop.consecutive, stop.first_reached_epoch,
+          stop.first_reached_seconds) == (0, None, None)

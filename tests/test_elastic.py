@@ -7,6 +7,8 @@ learning rate:
 1. "shrink": 2 workers (hosts localhost and 127.0.0.1, two names of this
    machine), 3 epochs; the worker on 127.0.0.1 kills itself with SIGKILL
    mid-epoch 2, between two commits. The job must finish on 1 worker.
+   Both workers pause for a few seconds early in epoch 2, before the
+   commit the survivor restarts from: time the run's clock must keep.
 2. "grow": a new job on the same model_dir, 5 epochs, starting on localhost
    alone: it resumes from the first job's checkpoint; 127.0.0.1 is added
    to the discovery script's list mid-epoch 4, and the job must grow to 2.
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.serial
 NUM_TRAIN, BATCH, COMMIT_EVERY = 1024, 16, 5
 BASE_LR = 0.001
 KILL_AT = 43  # the victim's 43rd step: epoch 2, step 11 of 32; commit at 8
+SLEEP_AT, SLEEP_SECONDS = 35, 8  # epoch 2, step 3: before that commit
 WORKER = os.path.join(fixtures.REPO, "tests", "workers", "recorded_run.py")
 DISCOVERY = os.path.join(fixtures.REPO, "scripts", "discover_hosts.sh")
 
@@ -69,7 +72,8 @@ def jobs(tmp_path_factory):
                                num_test=128)
   shrink = launch(tmp, "shrink", hosts=["localhost", "127.0.0.1"],
                   processes=2, epochs=3, kill_host="127.0.0.1",
-                  kill_at=KILL_AT)
+                  kill_at=KILL_AT, sleep_at=SLEEP_AT,
+                  sleep_seconds=SLEEP_SECONDS)
   grow = launch(tmp, "grow", hosts=["localhost"], processes=1, epochs=5,
                 add_host="127.0.0.1:1", add_at=5)
   return dict(shrink=shrink, grow=grow)
@@ -117,6 +121,15 @@ def test_a_job_that_loses_a_worker_finishes_on_the_other(jobs):
   assert [r["world_size"] for r in shrink["records"]] == [2, 1, 1]
   assert "restarting on 1 processes (was 2) from the commit at epoch 2, " \
       "step 8" in shrink["output"]
+
+
+def test_a_restart_mid_epoch_keeps_the_time_before_its_commit(jobs):
+  # The pause came before the commit the restart went back to: it is part
+  # of epoch 2's time and of the run's clock, as a checkpoint's would be.
+  epoch1, epoch2, _ = jobs["shrink"]["records"]
+  assert epoch2["epoch_seconds"] >= SLEEP_SECONDS
+  assert epoch2["cumulative_seconds"] - epoch1["cumulative_seconds"] \
+      >= SLEEP_SECONDS
 
 
 def test_after_a_loss_only_the_steps_since_the_last_commit_are_redone(jobs):

@@ -5,7 +5,7 @@ import os
 from absl import flags
 import pytest
 
-from engine import train as engine_train
+from engine import config as engine_config
 from tests import fixtures
 
 FLAGS = flags.FLAGS
@@ -17,7 +17,7 @@ def parsed():
   def parse(*args):
     FLAGS.unparse_flags()
     FLAGS(["engine.train", *args])
-    return engine_train.config_from_flags()
+    return engine_config.config_from_flags()
   yield parse
   FLAGS.unparse_flags()
 
@@ -40,7 +40,7 @@ def test_recipe_parses_and_starts_with_its_command(recipe, parsed):
 def test_cpu_recipe_is_the_defaults(parsed):
   defaults = parsed()
   recipe = parsed(f"--flagfile={fixtures.REPO}/flags/fashion_mnist_cpu.cfg")
-  assert recipe == engine_train.TrainConfig(**{
+  assert recipe == engine_config.TrainConfig(**{
       **defaults.__dict__, "model_dir": "runs/fashion_mnist_cpu",
       "command_line": recipe.command_line})
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from engine import train as engine_train
+from engine import build as engine_build
 from tests import fixtures
 
 
@@ -32,7 +32,7 @@ def test_early_stopping_stops_at_the_right_epoch_and_says_when(data_dir,
 
 def test_a_cpu_run_is_warned_of_float16_and_xla_and_of_nothing_else(caplog):
   # pylint: disable-next=protected-access
-  warn = engine_train._warn_about_slow_options_on_cpu
+  warn = engine_build._warn_about_slow_options_on_cpu
   warn(fixtures.train_config())
   warn(fixtures.train_config(mixed_precision="bfloat16"))
   assert not caplog.records
@@ -58,3 +58,26 @@ def test_evaluation_every_n_epochs_and_always_after_the_last(data_dir,
       True, False, True, False, False]
   assert "epoch 1/5  train loss" in result.stderr
   assert result.stderr.count("| not evaluated |") == 2
+
+
+def test_a_resumed_run_goes_on_counting_towards_early_stopping(data_dir,
+                                                               tmp_path):
+  # Reached at epoch 1 and counted twice before the first job ends: the
+  # resumed job stops after its first epoch (patience 3), remembering when
+  # the target was first reached, rather than counting from 0 again.
+  def launch(epochs):
+    result = fixtures.launch(
+        ["-m", "engine.train", f"--data_dir={data_dir}", f"--epochs={epochs}",
+         "--batch_size=20", "--steps_per_epoch=5", f"--model_dir={tmp_path}",
+         "--target_accuracy=0.01", "--patience=3", "--progress=none"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads(l) for l in
+            (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+  first = launch(2)
+  records = launch(6)
+  assert [r["epoch"] for r in records] == [1, 2, 3]
+  assert records[-1]["stopped_early"]
+  assert records[-1]["target_accuracy_first_epoch"] == 1
+  assert records[-1]["target_accuracy_first_seconds"] == pytest.approx(
+      first[0]["cumulative_seconds"])

@@ -7,7 +7,7 @@ Why in one process: a fresh `python -m engine.train` spends seconds
 importing TensorFlow, so some 120 of them would take many minutes. Here
 TensorFlow and Horovod start once, and each case runs what
 `python -m engine.train ARGS` runs, `app.run(train.main, argv,
-flags_parser=train.parse_flags)`, which
+flags_parser=cli.parse_flags)`, which
 re-parses the flags on a rerun; `FLAGS.unparse_flags()` first returns the
 flags a case does not give to their defaults, and clearing Keras' session
 after it gives the next case fresh layer names, as a new process would.
@@ -70,6 +70,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine import distributed
+from engine import cli
 from engine import train
 from engine.datasets import cifar10, fashion_mnist
 from tests import fixtures
@@ -917,7 +918,7 @@ def run_engine(args: list[str], directory: str) -> EngineRun:
   with captured_output(directory):
     try:
       app.run(train.main, argv=["engine.train", *args],
-              flags_parser=train.parse_flags)
+              flags_parser=cli.parse_flags)
     except SystemExit as e:
       code = (0 if e.code is None else e.code if isinstance(e.code, int)
               else 1)

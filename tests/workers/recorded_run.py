@@ -14,6 +14,8 @@ ENGINE_FLAGS...` on every worker. The environment says what to do:
                      waits until horovodrun has announced it to this worker
                      (it looks every second), so that the next commit adds
                      it however fast the remaining steps are.
+  ELASTIC_SLEEP_AT   every worker sleeps ELASTIC_SLEEP_SECONDS after its
+                     Nth step: time the run's clock must keep.
 """
 import json
 import os
@@ -47,6 +49,8 @@ def _step_with_events(original):
     # Keras' optimizer keeps the rate of its last update.
     entry["learning_rate"] = float(self.optimizer.learning_rate)
     done = len(_journal)
+    if done == int(os.environ.get("ELASTIC_SLEEP_AT", 0)):
+      time.sleep(float(os.environ["ELASTIC_SLEEP_SECONDS"]))
     if (os.environ.get("HOROVOD_HOSTNAME") == os.environ.get(
         "ELASTIC_KILL_HOST") and done == int(os.environ["ELASTIC_KILL_AT"])):
       os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,133 @@
+"""What a run is built from: its processes, data, model, optimizer and steps.
+
+Training, evaluation (engine.evaluate) and the learning-rate range test
+(engine.find_lr) build the same parts from the same TrainConfig, so a
+model evaluated or range-tested is the one trained, on the same data, and
+the order of the building (the seed before the model, the precision policy
+before its layers) is written once.
+"""
+import os
+from typing import Any
+
+from absl import logging
+import tensorflow as tf
+
+from engine import datasets
+from engine import distributed
+from engine import optimizers
+from engine import precision
+from engine import report
+from engine import schedules
+from engine import step as steps
+from engine.config import TrainConfig
+import models
+
+
+def prepare(config: TrainConfig) -> tuple[distributed.World, datasets.Splits,
+                                         tf.keras.Model]:
+  """Distributed setup, the data set and the model: what training and
+  evaluation share. Returns (world, splits, model)."""
+  world = distributed.init(intra_op_threads=config.intra_op_threads,
+                           inter_op_threads=config.inter_op_threads,
+                           bind_cpus=config.bind_cpus,
+                           deterministic=config.deterministic,
+                           timeline=config.horovod_timeline)
+  report.configure_logging(distributed.is_chief())
+  kernels, kernels_advice = distributed.cpu_kernels()
+  logging.info("%d processes; %s", world.size, _describe(world, kernels))
+  if world.device == "CPU" and kernels_advice:
+    logging.warning("%s", kernels_advice)
+
+  def data_and_model():
+    splits = datasets.load(config.dataset, data_dir=config.data_dir,
+                           model_dir=config.model_dir,
+                           normalization=config.normalization,
+                           **config.data_params)
+    # The same seed everywhere, then rank 0's weights win anyway.
+    tf.keras.utils.set_random_seed(config.seed)
+    precision.set_policy(config.mixed_precision)
+    model = models.build(config.model, input_shape=splits.info.image_shape,
+                         num_classes=splits.info.num_classes,
+                         **config.model_params)
+    return splits, model
+
+  # A user's data or model may fail on one rank alone (a file missing on one
+  # host): all ranks stop with its line rather than wait for it. Not under
+  # --elastic, whose workers meet first inside the train loop.
+  splits, model = distributed.agree(data_and_model, name="prepare",
+                                    collective=not config.elastic)
+  return world, splits, model
+
+
+def learning_rate_schedule(config: TrainConfig) -> schedules.WarmupThenDecay:
+  """The flags' learning rate, a function of the step; `set_world` gives
+  it the number of processes and the steps per epoch."""
+  return schedules.WarmupThenDecay(
+      base_lr=config.base_lr, scaling=config.lr_scaling,
+      warmup_epochs=config.warmup_epochs, decay=config.lr_schedule,
+      epochs=config.epochs, decay_epochs=config.lr_decay_epochs,
+      decay_factor=config.lr_decay_factor)
+
+
+def optimizer_and_step(config: TrainConfig, model: tf.keras.Model,
+                       learning_rate, weight_average=None
+                       ) -> tuple[Any, steps.TrainStep]:
+  """The optimizer the flags ask for, at `learning_rate` (a schedule of the
+  step), and the train step that applies it to `model` (and updates
+  `weight_average`, an ema.WeightAverage)."""
+  optimizer = precision.with_loss_scaling(
+      optimizers.build(config.optimizer, learning_rate=learning_rate,
+                       momentum=config.momentum, nesterov=config.nesterov,
+                       xla=config.xla), config.mixed_precision)
+  return optimizer, steps.TrainStep(
+      model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
+      compression=config.gradient_compression,
+      accumulation_steps=config.grad_accum_steps,
+      label_smoothing=config.label_smoothing, weight_average=weight_average,
+      xla=config.xla)
+
+
+def eval_step(config: TrainConfig, model: tf.keras.Model,
+              info: datasets.DatasetInfo) -> steps.EvalStep:
+  """The evaluation step, with the views --eval_flip and
+  --eval_shift_pixels ask for."""
+  return steps.EvalStep(model=model, xla=config.xla,
+                        image_shape=info.image_shape,
+                        num_classes=info.num_classes, flip=config.eval_flip,
+                        shift=config.eval_shift_pixels)
+
+
+def describe_numerics(config: TrainConfig, world: distributed.World) -> None:
+  """Says which optimizer, precision and allreduce the run uses; warns of
+  GPU options that slow a CPU run."""
+  logging.info("%s; precision %s%s%s; allreduce %s, compression %s",
+               config.optimizer, config.mixed_precision
+               if config.mixed_precision != "none" else "float32",
+               f" (auto: {config.mixed_precision_why})"
+               if config.mixed_precision_why else "",
+               ", XLA" if config.xla else "", config.allreduce_op,
+               config.gradient_compression)
+  if world.device == "CPU":
+    _warn_about_slow_options_on_cpu(config)
+
+
+def _warn_about_slow_options_on_cpu(config: TrainConfig) -> None:
+  """GPU options that cost a CPU run dearly (bench/step_options.py on an
+  AMD EPYC with AVX512-BF16: the cnn and WRN-16-2; bench/RESULTS.md)."""
+  if config.mixed_precision == "float16":
+    logging.warning("--mixed_precision=float16 on CPU: no float16 "
+                    "arithmetic, steps were 66-74x slower than float32 "
+                    "there; use bfloat16 (1.34x faster on CPUs with "
+                    "AVX512-BF16) or none")
+  if config.xla:
+    logging.warning("--xla on CPU: steps were 1.7-4.7x slower than "
+                    "TensorFlow's oneDNN kernels there")
+
+
+def _describe(world: distributed.World, kernels: str) -> str:
+  if world.device == "GPU":
+    return "one GPU per process"
+  return (f"CPU, {world.intra_op_threads} intra-op and "
+          f"{world.inter_op_threads} inter-op threads per process, "
+          f"{kernels} kernels, Horovod cycle "
+          f"{os.environ['HOROVOD_CYCLE_TIME']} ms")

@@ -1,0 +1,195 @@
+"""The run's configuration: the engine's flags as plain values.
+
+absl's FLAGS are read here and only here (and by the entry points that
+parse them, engine.cli): everything below the entry point takes a
+TrainConfig, so a test or a script builds one without a command line, and
+two runs differ only by the values they were given.
+"""
+import dataclasses
+import os
+from typing import Optional
+
+from absl import flags
+
+from engine import precision
+from engine.errors import UserError
+import flags as engine_flags
+
+FLAGS = flags.FLAGS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+  """Everything a run depends on, as plain values (see flags/ for meanings)."""
+  # Data (dataset and model: a registered name or a user's module:function)
+  dataset: str
+  data_dir: str
+  data_params: dict  # what a data set's loader declares it takes
+  normalization: Optional[tuple]  # (mean, std) per channel, or None
+  random_flip: bool
+  eval_flip: bool
+  eval_shift_pixels: int
+  random_shift: float
+  # Model
+  model: str
+  model_params: dict
+  # Optimization
+  optimizer: str
+  base_lr: float
+  lr_scaling: str
+  warmup_epochs: float
+  lr_schedule: str
+  lr_decay_epochs: tuple
+  lr_decay_factor: float
+  momentum: float
+  nesterov: bool
+  label_smoothing: float
+  ema_decay: float
+  # Training
+  batch_size: int
+  epochs: int
+  steps_per_epoch: int
+  target_accuracy: float
+  patience: int
+  seed: int
+  model_dir: str
+  progress: str
+  summary_every_steps: int
+  eval_every_epochs: int
+  # Checkpoints
+  resume: str
+  resume_from: str
+  keep_checkpoints: int
+  checkpoint_every_steps: int
+  command_line: str  # the flags as a flagfile, recorded in model_dir
+  # Faults
+  on_nonfinite: str
+  rollback_lr_factor: float
+  max_rollbacks: int
+  # Elastic
+  elastic: bool
+  commit_every_steps: int
+  # Devices
+  intra_op_threads: int
+  inter_op_threads: int
+  bind_cpus: bool
+  deterministic: bool
+  # Performance
+  mixed_precision: str  # none, float16 or bfloat16 (--mixed_precision=auto
+  mixed_precision_why: str  # resolved by precision.resolve, and why)
+  xla: bool
+  gradient_compression: str
+  allreduce_op: str
+  grad_accum_steps: int
+  # Profiling
+  profile_steps: tuple  # (first, last) global steps, or () for none
+  profile_all_ranks: bool
+  horovod_timeline: bool
+
+  def evaluates(self, epoch: int) -> bool:
+    """Whether epoch `epoch` (0-based) is evaluated: every
+    --eval_every_epochs, and the last."""
+    return ((epoch + 1) % self.eval_every_epochs == 0
+            or epoch + 1 == self.epochs)
+
+  def hparams(self, world_size: int, global_batch: int) -> dict:
+    """What TensorBoard's HParams dashboard compares runs by: the flags
+    that shape the result, and the processes and global batch they ran
+    with."""
+    return dict(
+        dataset=self.dataset, model=self.model, **self.model_params,
+        optimizer=self.optimizer, base_lr=self.base_lr,
+        lr_scaling=self.lr_scaling, warmup_epochs=self.warmup_epochs,
+        lr_schedule=self.lr_schedule, momentum=self.momentum,
+        label_smoothing=self.label_smoothing, ema_decay=self.ema_decay,
+        batch_size=self.batch_size, global_batch=global_batch,
+        processes=world_size, epochs=self.epochs,
+        mixed_precision=self.mixed_precision,
+        grad_accum_steps=self.grad_accum_steps,
+        random_flip=self.random_flip, random_shift=self.random_shift,
+        eval_flip=self.eval_flip, eval_shift_pixels=self.eval_shift_pixels,
+        seed=self.seed)
+
+
+
+def config_from_flags() -> TrainConfig:
+  mixed_precision, why = precision.resolve(FLAGS.mixed_precision)
+  return TrainConfig(
+      dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
+      data_params=dict(
+          image_size=FLAGS.image_size, num_classes=FLAGS.num_classes,
+          label_offset=FLAGS.label_offset,
+          train_examples=FLAGS.train_examples,
+          test_examples=FLAGS.test_examples,
+          synthetic_image_shape=tuple(
+              int(d) for d in FLAGS.synthetic_image_shape),
+          synthetic_classes=FLAGS.synthetic_classes,
+          channels=int(FLAGS.channels),
+          validation_split=FLAGS.validation_split,
+          skip_bad_files=FLAGS.skip_bad_files,
+          array_keys=tuple(FLAGS.array_keys)),
+      normalization=_normalization_from_flags(),
+      random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
+      eval_flip=FLAGS.eval_flip, eval_shift_pixels=FLAGS.eval_shift_pixels,
+      model=FLAGS.model,
+      model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
+                        filters=FLAGS.filters, dropout=FLAGS.dropout,
+                        weight_decay=FLAGS.weight_decay),
+      optimizer=FLAGS.optimizer, base_lr=FLAGS.base_lr,
+      lr_scaling=FLAGS.lr_scaling, warmup_epochs=FLAGS.warmup_epochs,
+      lr_schedule=FLAGS.lr_schedule,
+      lr_decay_epochs=tuple(int(e) for e in FLAGS.lr_decay_epochs),
+      lr_decay_factor=FLAGS.lr_decay_factor, momentum=FLAGS.momentum,
+      nesterov=FLAGS.nesterov, label_smoothing=FLAGS.label_smoothing,
+      ema_decay=FLAGS.ema_decay,
+      batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
+      steps_per_epoch=FLAGS.steps_per_epoch,
+      target_accuracy=FLAGS.target_accuracy, patience=FLAGS.patience,
+      progress=FLAGS.progress, summary_every_steps=FLAGS.summary_every_steps,
+      eval_every_epochs=FLAGS.eval_every_epochs,
+      seed=FLAGS.seed,
+      model_dir=FLAGS.model_dir or default_model_dir(FLAGS.dataset,
+                                                     FLAGS.model),
+      intra_op_threads=FLAGS.intra_op_threads,
+      inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
+      deterministic=FLAGS.deterministic,
+      mixed_precision=mixed_precision, mixed_precision_why=why, xla=FLAGS.xla,
+      gradient_compression=FLAGS.gradient_compression,
+      allreduce_op=FLAGS.allreduce_op,
+      grad_accum_steps=FLAGS.grad_accum_steps,
+      profile_steps=tuple(int(step) for step in FLAGS.profile_steps.split(",")
+                          if FLAGS.profile_steps),
+      profile_all_ranks=FLAGS.profile_all_ranks,
+      horovod_timeline=FLAGS.horovod_timeline,
+      resume=FLAGS.resume, resume_from=FLAGS.resume_from,
+      keep_checkpoints=FLAGS.keep_checkpoints,
+      checkpoint_every_steps=FLAGS.checkpoint_every_steps,
+      on_nonfinite=FLAGS.on_nonfinite,
+      rollback_lr_factor=FLAGS.rollback_lr_factor,
+      max_rollbacks=FLAGS.max_rollbacks,
+      elastic=FLAGS.elastic, commit_every_steps=FLAGS.commit_every_steps,
+      command_line=engine_flags.as_flagfile())
+
+
+def default_model_dir(dataset: str, model: str) -> str:
+  """runs/<dataset>_<model>, a user's module:function by its function's
+  name."""
+  def short(name):
+    return name.rpartition(":")[2]
+  return os.path.join("runs", f"{short(dataset)}_{short(model)}")
+
+
+def _normalization_from_flags() -> Optional[tuple]:
+  if not FLAGS.image_mean:
+    return None
+  try:
+    mean, std = (tuple(float(v) for v in values)
+                 for values in (FLAGS.image_mean, FLAGS.image_std))
+  except ValueError:
+    raise UserError(f"--image_mean={','.join(FLAGS.image_mean)} "
+                    f"--image_std={','.join(FLAGS.image_std)}: give numbers, "
+                    "one per channel") from None
+  if len(mean) != len(std) or min(std) <= 0:
+    raise UserError("--image_mean and --image_std: give one mean and one "
+                    "positive std per channel")
+  return mean, std

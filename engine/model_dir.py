@@ -1,0 +1,217 @@
+"""Rank 0's side of a run's model_dir: what a run leaves on disk.
+
+Only rank 0 writes model_dir, so N processes never race on one directory
+(the Horovod lab's step 7). `RunDirectory` is where that is done: the
+resume checks before anything is written, the flags files, the
+checkpoints, the epoch records, the end record and the exports. Every write
+that fails (a full disk, a removed or read-only model_dir) ends in one line,
+WriteFailed, that says where a rerun of the same command resumes.
+"""
+import contextlib
+import os
+import signal
+import time
+from typing import Optional
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from engine import checkpoint
+from engine import datasets
+from engine import distributed
+from engine import ema
+from engine import export
+from engine import preemption
+from engine import report
+from engine import runs
+from engine import storage
+from engine.config import TrainConfig
+from engine.errors import Diverged
+from engine.errors import UserError
+from engine.errors import WriteFailed
+
+
+class RunDirectory:
+  """Rank 0's side of a run's model_dir: checkpoints, flags, exports.
+
+  Its writes that fail (a full disk, a removed or read-only model_dir) end
+  in WriteFailed saying where a rerun of the same command resumes.
+  """
+
+  def __init__(self, model_dir: str, config: TrainConfig, *, model,
+               optimizer, info: datasets.DatasetInfo, lr_factor: tf.Variable,
+               weight_average: Optional[ema.WeightAverage],
+               stop: Optional[tf.Module] = None):
+    self.model_dir = model_dir
+    self._config = config
+    self._model = model
+    self._optimizer = optimizer
+    self._info = info
+    self._lr_factor = lr_factor
+    self._weight_average = weight_average
+    self._stop = stop
+    self._identity = checkpoint.identity(model, info)
+    self.checkpoints = None
+    self.opened = False  # model_dir passed the checks and is written to
+
+  def open(self) -> Optional[checkpoint.Position]:
+    """Checks model_dir against the resume flags; restores; records flags.
+
+    Nothing is written before the checks pass, so a refused run leaves the
+    directory (and any checkpoints in it) exactly as it was.
+    """
+    self._open_checkpoints()
+    position = None
+    if self.checkpoints.existing():
+      if self._config.resume == "never":
+        raise UserError(
+            f"--model_dir={self.model_dir} holds checkpoints of an earlier "
+            "run and --resume=never; pass --resume=auto to continue it, or "
+            "another --model_dir")
+      position = self.checkpoints.restore_latest_readable()
+      logging.info("resuming %s at epoch %d, step %d", self.model_dir,
+                   position.epoch + 1, position.step)
+    elif self._config.resume == "never" and os.path.exists(
+        os.path.join(self.model_dir, report.METRICS_FILE)):
+      raise UserError(f"--model_dir={self.model_dir} holds an earlier run "
+                      "(metrics.jsonl) and --resume=never; choose another "
+                      "--model_dir")
+    elif self._config.resume_from:
+      source = checkpoint.resolve(self._config.resume_from)
+      position = self.checkpoints.restore(source)
+      logging.info("starting %s from %s (epoch %d, step %d)", self.model_dir,
+                   source, position.epoch + 1, position.step)
+    _make_model_dir(self.model_dir)  # the checks passed: now it is written
+    storage.warn_if_short_of_space(self.model_dir,
+                                   checkpoint_size=self.checkpoints.size,
+                                   keep=self._config.keep_checkpoints)
+    with self._writes(), storage.writing(
+        "flags.txt, classes.txt and normalization.json in", self.model_dir):
+      _record_flags(self.model_dir, self._config.command_line)
+      datasets.record(self.model_dir, self._info)
+    self.opened = True
+    return position
+
+  def take_over(self) -> None:
+    """For a process that becomes rank 0 mid-run (elastic): the run's
+    checkpoints, to write, without restoring any."""
+    _make_model_dir(self.model_dir)
+    self._open_checkpoints()
+    self.opened = True
+
+  def _open_checkpoints(self) -> None:
+    self.checkpoints = checkpoint.Checkpoints(
+        self.model_dir, model=self._model, optimizer=self._optimizer,
+        keep=self._config.keep_checkpoints, identity=self._identity,
+        lr_factor=self._lr_factor, weight_average=self._weight_average,
+        stop=self._stop)
+
+  def save(self, position: checkpoint.Position, global_step: int) -> str:
+    with self._writes():
+      return self.checkpoints.save(position, global_step)
+
+  def end_epoch(self, reporter: report.Reporter, record: dict,
+                confusion: Optional[np.ndarray],
+                position: checkpoint.Position, global_step: int) -> None:
+    """The epoch's record and its checkpoints (the best among those
+    evaluated)."""
+    accuracy = record["val_accuracy"]
+    with self._writes():
+      reporter.epoch(record, confusion)
+      if accuracy is None:
+        self.checkpoints.save(position, global_step)
+      elif self.checkpoints.save_at_epoch_end(position, global_step,
+                                              accuracy):
+        logging.info("best validation accuracy so far: %.4f", accuracy)
+
+  def record_end(self, error: BaseException) -> None:
+    """How the run stopped, when it stopped before finishing: the end
+    record engine.runs reads. Best effort: a full disk may refuse it."""
+    if not self.opened:
+      return
+    try:
+      report.Reporter(self.model_dir, chief=True,
+                      epochs=self._config.epochs).event(_end_record(error))
+    except WriteFailed as e:
+      logging.warning("not recorded in metrics.jsonl: %s", e)
+
+  def roll_back(self) -> tuple[checkpoint.Position, str]:
+    """Restores the latest readable checkpoint: its position and path."""
+    position = self.checkpoints.restore_latest_readable()
+    return position, self.checkpoints.restored_path
+
+  def record_rollback(self, reporter: report.Reporter, record: dict) -> None:
+    """The rollback's event, after the records of epochs it undid go."""
+    with self._writes():
+      reporter.keep_epochs_up_to(record["epoch"], record["global_step"])
+      reporter.event(record)
+
+  def export(self) -> None:
+    """The final model and the best checkpoint, as SavedModels."""
+    directory = os.path.join(self.model_dir, export.EXPORT_DIR)
+    exported = ["final"]
+    with self._writes():
+      with ema.averaged(self._weight_average):
+        export.save(self._model, self._info, os.path.join(directory, "final"))
+      if self.checkpoints.best_path:
+        try:
+          export.save_checkpoint(self._model, self.checkpoints.best_path,
+                                 self._info, os.path.join(directory, "best"),
+                                 self._weight_average)
+          exported.append("best")
+        except export.UnreadableCheckpoint as e:
+          logging.warning("the best checkpoint %s: exported the final model "
+                          "only", e)
+    logging.info("exported SavedModels to %s (%s)", directory,
+                 ", ".join(exported))
+
+  @contextlib.contextmanager
+  def _writes(self):
+    """A failed write's message, ending with where a rerun resumes."""
+    try:
+      yield
+    except WriteFailed as e:
+      latest = self.checkpoints.latest_path if self.checkpoints else None
+      where = (f"it resumes from {latest}" if latest
+               else "it starts from the beginning")
+      raise WriteFailed(f"{e}, then run the same command again: {where}"
+                        ) from None
+
+
+def _end_record(error: BaseException) -> dict:
+  """metrics.jsonl's record of a run that stopped before finishing."""
+  if isinstance(error, (preemption.Preempted, KeyboardInterrupt)):
+    signum = getattr(error, "signum", signal.SIGINT)  # 0: another rank's
+    how = dict(state="stopped",
+               signal=signal.Signals(signum).name if signum else None)
+  elif isinstance(error, Diverged):
+    how = dict(state="diverged")
+  else:
+    how = dict(state="error")
+  if distributed.is_peer_failure(error):
+    reason = "another process stopped"
+  else:
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return dict(event="end", **how, reason=reason, time=round(time.time(), 3))
+
+
+def _record_flags(model_dir: str, command_line: str) -> None:
+  """flags.txt: the flags of the run's first start, usable as a flagfile.
+
+  A resumed start's flags go to flags.latest.txt; flags.txt is never
+  overwritten, so the run can always be reproduced from its start.
+  """
+  first = os.path.join(model_dir, runs.FLAGS_FILE)
+  path = os.path.join(model_dir, runs.LATEST_FLAGS_FILE) if os.path.exists(
+      first) else first
+  with open(path, "w") as f:
+    f.write(command_line)
+
+
+def _make_model_dir(path: str) -> None:
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"--model_dir={path}: cannot create it ({e.strerror}); "
+                    "pass a writable directory") from None
