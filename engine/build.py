@@ -20,6 +20,7 @@ from engine import report
 from engine import schedules
 from engine import step as steps
 from engine.config import TrainConfig
+from engine.errors import UserError
 import models
 
 
@@ -33,6 +34,8 @@ def prepare(config: TrainConfig) -> tuple[distributed.World, datasets.Splits,
                            deterministic=config.deterministic,
                            timeline=config.horovod_timeline)
   report.configure_logging(distributed.is_chief())
+  for line in config.deprecations:
+    logging.warning("%s", line)
   kernels, kernels_advice = distributed.cpu_kernels()
   logging.info("%d processes; %s", world.size, _describe(world, kernels))
   if world.device == "CPU" and kernels_advice:
@@ -89,12 +92,26 @@ def optimizer_and_step(config: TrainConfig, model: tf.keras.Model,
 
 def eval_step(config: TrainConfig, model: tf.keras.Model,
               info: datasets.DatasetInfo) -> steps.EvalStep:
-  """The evaluation step, with the views --eval_flip and
-  --eval_shift_pixels ask for."""
+  """The evaluation step, with the views --eval_flip and --eval_shift ask
+  for."""
   return steps.EvalStep(model=model, xla=config.xla,
                         image_shape=info.image_shape,
                         num_classes=info.num_classes, flip=config.eval_flip,
-                        shift=config.eval_shift_pixels)
+                        shift=eval_shift_pixels(config, info.image_shape))
+
+
+def eval_shift_pixels(config: TrainConfig, image_shape: tuple) -> int:
+  """--eval_shift, a fraction of the width, in whole pixels of these
+  images (or --eval_shift_pixels, its old spelling, as given)."""
+  if not config.eval_shift:
+    return config.eval_shift_pixels
+  width = image_shape[1]
+  pixels = round(config.eval_shift * width)
+  if not 0 < 2 * pixels < width:
+    raise UserError(f"--eval_shift={config.eval_shift:g}: {pixels} pixels of "
+                    f"images {width} wide; give a fraction that moves them "
+                    "at least one pixel and less than half their width")
+  return pixels
 
 
 def describe_numerics(config: TrainConfig, world: distributed.World) -> None:

@@ -28,7 +28,8 @@ class TrainConfig:
   normalization: Optional[tuple]  # (mean, std) per channel, or None
   random_flip: bool
   eval_flip: bool
-  eval_shift_pixels: int
+  eval_shift: float  # a fraction of the width, as random_shift
+  eval_shift_pixels: int  # --eval_shift_pixels, deprecated; 0: not given
   random_shift: float
   # Model
   model: str
@@ -62,6 +63,7 @@ class TrainConfig:
   keep_checkpoints: int
   checkpoint_every_steps: int
   command_line: str  # the flags as a flagfile, recorded in model_dir
+  deprecations: tuple  # a line for each old flag spelling given
   # Faults
   on_nonfinite: str
   rollback_lr_factor: float
@@ -107,30 +109,24 @@ class TrainConfig:
         mixed_precision=self.mixed_precision,
         grad_accum_steps=self.grad_accum_steps,
         random_flip=self.random_flip, random_shift=self.random_shift,
-        eval_flip=self.eval_flip, eval_shift_pixels=self.eval_shift_pixels,
+        eval_flip=self.eval_flip, eval_shift=self.eval_shift,
+        eval_shift_pixels=self.eval_shift_pixels,
         seed=self.seed)
 
 
 
 def config_from_flags() -> TrainConfig:
   mixed_precision, why = precision.resolve(FLAGS.mixed_precision)
+  if FLAGS.eval_shift and FLAGS.eval_shift_pixels:
+    raise UserError("--eval_shift and --eval_shift_pixels: give one, "
+                    "--eval_shift (--eval_shift_pixels is its old spelling)")
   return TrainConfig(
       dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
-      data_params=dict(
-          image_size=FLAGS.image_size, num_classes=FLAGS.num_classes,
-          label_offset=FLAGS.label_offset,
-          train_examples=FLAGS.train_examples,
-          test_examples=FLAGS.test_examples,
-          synthetic_image_shape=tuple(
-              int(d) for d in FLAGS.synthetic_image_shape),
-          synthetic_classes=FLAGS.synthetic_classes,
-          channels=int(FLAGS.channels),
-          validation_split=FLAGS.validation_split,
-          skip_bad_files=FLAGS.skip_bad_files,
-          array_keys=tuple(FLAGS.array_keys)),
+      data_params=_data_params_from_flags(),
       normalization=_normalization_from_flags(),
       random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
-      eval_flip=FLAGS.eval_flip, eval_shift_pixels=FLAGS.eval_shift_pixels,
+      eval_flip=FLAGS.eval_flip, eval_shift=FLAGS.eval_shift,
+      eval_shift_pixels=FLAGS.eval_shift_pixels,
       model=FLAGS.model,
       model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
                         filters=FLAGS.filters, dropout=FLAGS.dropout,
@@ -168,7 +164,11 @@ def config_from_flags() -> TrainConfig:
       rollback_lr_factor=FLAGS.rollback_lr_factor,
       max_rollbacks=FLAGS.max_rollbacks,
       elastic=FLAGS.elastic, commit_every_steps=FLAGS.commit_every_steps,
-      command_line=engine_flags.as_flagfile())
+      command_line=engine_flags.as_flagfile(),
+      deprecations=tuple(
+          f"--{name} is deprecated and goes in the next release: use "
+          f"{replacement}" for name, replacement in
+          engine_flags.data.DEPRECATED.items() if FLAGS[name].present))
 
 
 def default_model_dir(dataset: str, model: str) -> str:
@@ -177,6 +177,33 @@ def default_model_dir(dataset: str, model: str) -> str:
   def short(name):
     return name.rpartition(":")[2]
   return os.path.join("runs", f"{short(dataset)}_{short(model)}")
+
+
+def _data_params_from_flags() -> dict:
+  """What the data flags give loaders (each takes those it declares).
+
+  --synthetic_image_shape and --synthetic_classes, the old spellings of
+  --image_size, --channels and --num_classes for synthetic data, win where
+  given: a resumed run's flags.txt from before the new ones holds both.
+  """
+  image_size, channels = FLAGS.image_size, int(FLAGS.channels)
+  num_classes = FLAGS.num_classes
+  if FLAGS.dataset == "synthetic" and FLAGS["synthetic_image_shape"].present:
+    height, width, channels = (int(d) for d in FLAGS.synthetic_image_shape)
+    if height != width:
+      raise UserError(f"--synthetic_image_shape={height},{width},{channels}: "
+                      "synthetic images are square; pass --image_size and "
+                      "--channels instead")
+    image_size = height
+  if FLAGS.dataset == "synthetic" and FLAGS["synthetic_classes"].present:
+    num_classes = FLAGS.synthetic_classes
+  return dict(image_size=image_size, num_classes=num_classes,
+              channels=channels, label_offset=FLAGS.label_offset,
+              train_examples=FLAGS.train_examples,
+              test_examples=FLAGS.test_examples,
+              validation_split=FLAGS.validation_split,
+              skip_bad_files=FLAGS.skip_bad_files,
+              array_keys=tuple(FLAGS.array_keys))
 
 
 def _normalization_from_flags() -> Optional[tuple]:

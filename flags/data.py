@@ -12,7 +12,7 @@ flags.DEFINE_string(
     "tfrecord (a directory of TFRecord files of encoded images, streamed), "
     "synthetic (random images, no I/O), or your own loader as "
     "package.module:function or path/to/file.py:function returning "
-    "engine.datasets.Splits (README, Your own data).")
+    "engine.datasets.Splits (docs/your-data.md).")
 flags.register_validator(
     "dataset", datasets.is_known,
     f"value should be one of {', '.join(datasets.names())}, or "
@@ -30,24 +30,31 @@ flags.DEFINE_bool("eval_flip", False,
                   "augmentation, twice the evaluation's cost), as "
                   "engine.evaluate does for the run. The export is the "
                   "model alone.")
-flags.DEFINE_integer("eval_shift_pixels", 0,
-                     "Also evaluate each test image (and its mirror, with "
-                     "--eval_flip) moved this many pixels left and right, and "
-                     "predict the mean probabilities of all the views "
-                     "(three times the evaluation's cost): for models "
-                     "trained with --random_shift.", lower_bound=0)
+flags.DEFINE_float("eval_shift", 0.0,
+                   "Also evaluate each test image (and its mirror, with "
+                   "--eval_flip) moved left and right by this fraction of "
+                   "its width, rounded to whole pixels (0.04 of 28 pixels: "
+                   "1), and predict the mean probabilities of all the views "
+                   "(three times the evaluation's cost): for models trained "
+                   "with --random_shift, which takes the same unit. 0 "
+                   "disables.", lower_bound=0.0, upper_bound=0.5)
 flags.DEFINE_float("random_shift", 0.1,
                    "In-memory data sets: augment training images with random "
                    "shifts of up to this fraction of height and width (the "
                    "Horovod lab uses 0.2; CIFAR's pad-4-and-crop is 0.125); "
                    "0 disables.", lower_bound=0.0, upper_bound=0.5)
-flags.DEFINE_integer("image_size", 224,
-                     "tfrecord, image_folder: images are cropped (tfrecord) "
-                     "and resized to this square size.", lower_bound=8)
+flags.DEFINE_integer("image_size", 0,
+                     "tfrecord, image_folder, synthetic: the square size "
+                     "images are cropped and resized to (tfrecord), resized "
+                     "to (image_folder) or generated at (synthetic). 0: the "
+                     "data set's default, 224 (synthetic: 32).",
+                     lower_bound=0)
+flags.register_validator("image_size", lambda size: size == 0 or size >= 8,
+                         "must be 0 (the data set's default) or at least 8")
 flags.DEFINE_enum("channels", "3", ["1", "3"],
                   "image_folder: channels to decode every image to "
                   "(grayscale, RGB and RGBA files may be mixed; alpha is "
-                  "dropped).")
+                  "dropped); synthetic: channels to generate.")
 flags.DEFINE_float("validation_split", 0.0,
                    "image_folder without a validation/ folder: the fraction "
                    "of each class's files held out for validation, chosen "
@@ -76,8 +83,12 @@ def _statistics_given_together(values):
 flags.register_multi_flags_validator(
     ["image_mean", "image_std"], _statistics_given_together,
     "--image_mean and --image_std go together")
-flags.DEFINE_integer("num_classes", 1000, "tfrecord: number of classes.",
-                     lower_bound=2)
+flags.DEFINE_integer("num_classes", 0,
+                     "tfrecord, synthetic: number of classes. 0: the data "
+                     "set's default, 1000 (ImageNet's; synthetic: 10).",
+                     lower_bound=0)
+flags.register_validator("num_classes", lambda num: num == 0 or num >= 2,
+                         "must be 0 (the data set's default) or at least 2")
 flags.DEFINE_integer("label_offset", 0,
                      "tfrecord: subtracted from stored labels (1 for "
                      "ImageNet TFRecords, whose labels run 1..1000).")
@@ -89,12 +100,21 @@ flags.DEFINE_integer("train_examples", 0,
 flags.DEFINE_integer("test_examples", 0,
                      "As --train_examples, for the evaluation split "
                      "(synthetic default 1000).", lower_bound=0)
+
+# Old spellings, for one release: each still works, with a line saying which
+# flag replaces it (engine.config). flags.txt records the new ones.
 flags.DEFINE_list("synthetic_image_shape", ["32", "32", "3"],
-                  "synthetic: height,width,channels of the images.")
+                  "Deprecated: use --image_size and --channels.")
 flags.register_validator(
     "synthetic_image_shape",
     lambda values: len(values) == 3 and all(
         v.strip().isdigit() and int(v) > 0 for v in values),
     "must be three positive integers: height,width,channels")
-flags.DEFINE_integer("synthetic_classes", 10, "synthetic: number of classes.",
-                     lower_bound=2)
+flags.DEFINE_integer("synthetic_classes", 10,
+                     "Deprecated: use --num_classes.", lower_bound=2)
+flags.DEFINE_integer("eval_shift_pixels", 0,
+                     "Deprecated: use --eval_shift, a fraction of the width "
+                     "as --random_shift is.", lower_bound=0)
+DEPRECATED = {"synthetic_image_shape": "--image_size and --channels",
+              "synthetic_classes": "--num_classes",
+              "eval_shift_pixels": "--eval_shift (a fraction of the width)"}

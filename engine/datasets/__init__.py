@@ -39,6 +39,14 @@ is_known = _DATASETS.is_known
 NORMALIZATION_FILE = "normalization.json"
 
 
+# What --image_size=0 and --num_classes=0 stand for: ImageNet's, but for
+# synthetic data, whose images are generated in memory.
+DEFAULT_SIZES = dict(image_size=224, num_classes=1000)
+_DEFAULT_SIZES_OF = {"synthetic": dict(
+    image_size=synthetic.DEFAULT_IMAGE_SIZE,
+    num_classes=synthetic.DEFAULT_NUM_CLASSES)}
+
+
 def load(name: str, *args, model_dir: str = "",
          normalization: Optional[tuple] = None, **params) -> Splits:
   """The splits of data set `name` (or a user's `module:function`).
@@ -49,12 +57,15 @@ def load(name: str, *args, model_dir: str = "",
   (loaders that sample their statistics take `normalization` to skip it).
   """
   normalization = recorded_normalization(model_dir) or normalization
+  for key, default in _DEFAULT_SIZES_OF.get(name, DEFAULT_SIZES).items():
+    if params.get(key) == 0:
+      params[key] = default
   splits = _DATASETS.build(name, *args, normalization=normalization,
                            **params)
   if not isinstance(splits, Splits):
     raise UserError(f"--dataset={name} returned a {type(splits).__name__}; "
                     "a data set function returns engine.datasets.Splits "
-                    "(README, Your own data)")
+                    "(docs/your-data.md)")
   if normalization:  # also for loaders that compute their own
     splits = dataclasses.replace(splits, info=dataclasses.replace(
         splits.info, mean=tuple(normalization[0]),

@@ -14,15 +14,18 @@ DEFAULT_TRAIN_EXAMPLES = 10000
 DEFAULT_TEST_EXAMPLES = 1000
 
 
-def load(*, synthetic_image_shape, synthetic_classes: int,
+# The sizes --image_size=0 and --num_classes=0 stand for (engine.datasets).
+DEFAULT_IMAGE_SIZE = 32
+DEFAULT_NUM_CLASSES = 10
+
+
+def load(*, image_size: int, channels: int, num_classes: int,
          train_examples: int, test_examples: int) -> Splits:
   """Examples counts of 0 mean the defaults above."""
-  image_shape = tuple(int(d) for d in synthetic_image_shape)
-  if len(image_shape) != 3 or min(image_shape) < 1:
-    raise UserError("--synthetic_image_shape="
-                    f"{','.join(map(str, image_shape))}: give "
-                    "height,width,channels, e.g. 32,32,3")
-  num_classes = synthetic_classes
+  if image_size < 1 or channels < 1:
+    raise UserError(f"--image_size={image_size} --channels={channels}: give "
+                    "a positive size and channels, e.g. 32 and 3")
+  image_shape = (image_size, image_size, channels)
   num_train = train_examples or DEFAULT_TRAIN_EXAMPLES
   num_test = test_examples or DEFAULT_TEST_EXAMPLES
   rng = np.random.default_rng(0)
@@ -33,7 +36,6 @@ def load(*, synthetic_image_shape, synthetic_classes: int,
         rng.integers(0, num_classes, num).astype(np.int64))
 
   train, test = split(num_train), split(num_test)
-  channels = image_shape[-1]
   # The statistics of uniform bytes, not measured: nothing to learn here.
   info = DatasetInfo(name="synthetic", image_shape=image_shape,
                      num_classes=num_classes, num_train=num_train,

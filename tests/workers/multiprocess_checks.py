@@ -137,7 +137,7 @@ def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
         # With the weights' average (--ema_decay), shared across ranks.
         "synthetic": dict(ema_decay=0.9, data_params={
             **data_params, "train_examples": 40, "test_examples": 9,
-            "synthetic_image_shape": (16, 16, 3)}),
+            "image_size": 16, "channels": 3}),
         "tfrecord": dict(data_dir=tfrecord_dir, data_params={
             **data_params, "image_size": 16, "num_classes": 10}),
     }
