@@ -1,4 +1,4 @@
-"""Flags: what a divergence does (README, Faults)."""
+"""Flags: what a divergence does (docs/checkpoints-and-faults.md)."""
 from absl import flags
 
 NONFINITE_ACTIONS = ("stop", "rollback")

@@ -10,7 +10,7 @@ flags.DEFINE_string(
     "package.module:function or path/to/file.py:function, called with "
     "input_shape, num_classes and whichever of this module's flags its "
     "signature declares, returning a tf.keras.Model with float32 logits "
-    "[batch, num_classes] (README, Your own model).")
+    "[batch, num_classes] (docs/your-model.md).")
 flags.register_validator(
     "model", models.is_known,
     f"value should be one of {', '.join(models.names())}, or "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Takes README's screenshot of TensorBoard (docs/tensorboard.png): TensorBoard
+# Takes docs/watching.md's screenshot of TensorBoard (docs/tensorboard.png): TensorBoard
 # on LOGDIR, photographed by headless Chromium (Debian's `chromium` package:
 # apt-get install chromium), on the Scalars dashboard filtered to the epoch
 # curves, so each card shows train and validation overlaid.

@@ -15,7 +15,7 @@ holds every class. Image files are stored as they are, not decoded and
 encoded again; arrays are encoded as PNG. Shards are written by several
 threads at once, each to a temporary name renamed when complete, so an
 interrupted conversion run again keeps the shards it finished and writes
-the others. README, Your own data, says when converting pays.
+the others. docs/your-data.md says when converting pays.
 """
 import concurrent.futures
 import json
