@@ -25,6 +25,7 @@ from engine import export
 from engine import preemption
 from engine import report
 from engine import runs
+from engine import stopping
 from engine import storage
 from engine.config import TrainConfig
 from engine.errors import Diverged
@@ -42,7 +43,7 @@ class RunDirectory:
   def __init__(self, model_dir: str, config: TrainConfig, *, model,
                optimizer, info: datasets.DatasetInfo, lr_factor: tf.Variable,
                weight_average: Optional[ema.WeightAverage],
-               stop: Optional[tf.Module] = None):
+               stop: stopping.TargetAccuracy):
     self.model_dir = model_dir
     self._config = config
     self._model = model
