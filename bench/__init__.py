@@ -1,6 +1,7 @@
-"""Throughput benchmark: the engine against Keras `fit` and a plain loop.
+"""Benchmarks to rerun on new hardware: throughput against Keras `fit` and a
+plain loop, time to accuracy, the input pipeline, the step's overheads and
+the CPU defaults.
 
-`bench/throughput.py` runs everything and reports; `keras_fit.py` and
-`plain_loop.py` are the workers it launches next to `engine.train`. README.md
-says what is measured and how to run it.
+README.md lists every file with the question it answers and how to run it;
+RESULTS.md has the current figures.
 """

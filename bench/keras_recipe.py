@@ -16,7 +16,7 @@ flagfile from flags/), this trains with `model.fit` and
 
 After each epoch a callback evaluates the test split as the engine does
 (BatchNorm statistics averaged across ranks, the averaged weights swapped
-in, the views --eval_flip and --eval_shift_pixels ask for, each rank its
+in, the views --eval_flip and --eval_shift ask for, each rank its
 shard, summed exactly) and rank 0 appends a record to
 `--model_dir`/metrics.jsonl, in the engine's shape, so engine.runs reads
 both alike:
@@ -108,7 +108,8 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
     self._eval_step = steps.EvalStep(
         model=self.model, image_shape=self._splits.info.image_shape,
         num_classes=self._splits.info.num_classes,
-        flip=self._config.eval_flip, shift=self._config.eval_shift_pixels)
+        flip=self._config.eval_flip, shift=build.eval_shift_pixels(
+            self._config, self._splits.info.image_shape))
     if distributed.is_chief():
       os.makedirs(self._config.model_dir, exist_ok=True)
       open(self._records, "w").close()  # a rerun starts afresh

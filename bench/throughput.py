@@ -11,11 +11,11 @@ a time (on 2 cores, two runs at once would measure each other). A run's
 figure is the median images/s of its epochs after the first. It prints a
 table, the ratios the engine is held to with PASS/FAIL, and the FLOP/s each
 run achieves against the machine's measured matmul peak; it writes the raw
-figures as JSON and a bar chart as PNG.
+figures as JSON and a bar chart as PNG into --out_dir.
 
   bash bench/throughput.sh              # the full benchmark (README.md)
   bash bench/throughput.sh --quick      # 2 short epochs per run: does it work?
-  bash bench/throughput.sh --report=bench/throughput.json   # re-report
+  bash bench/throughput.sh --report=bench/out/throughput.json   # re-report
   bash bench/throughput.sh --only=np2-synthetic --repeats=10  # one pairing
 
 Each round runs every configuration once; the report gives engine /
@@ -57,13 +57,11 @@ flags.DEFINE_integer("repeats", 1, "Runs of each configuration; their "
                      "measured epochs are pooled.", lower_bound=1)
 flags.DEFINE_string("out_dir", "bench/out", "Each run's directory (logs, "
                     "model_dir, epoch records), emptied before it runs.")
-flags.DEFINE_string("json", "", "Raw figures. Empty: bench/throughput.json "
-                    "(with --quick: OUT_DIR/throughput.json).")
-flags.DEFINE_string("chart", "", "Bar chart. Empty: bench/throughput.png "
-                    "(with --quick: OUT_DIR/throughput.png).")
+flags.DEFINE_string("json", "", "Raw figures. Empty: "
+                    "OUT_DIR/throughput.json.")
+flags.DEFINE_string("chart", "", "Bar chart. Empty: OUT_DIR/throughput.png.")
 flags.DEFINE_bool("quick", False, "A check that everything runs: 2 epochs "
-                  "of 20 steps, 1 repeat (overrides those flags). Writes "
-                  "into --out_dir, not over a full run's files.")
+                  "of 20 steps, 1 repeat (overrides those flags).")
 flags.DEFINE_string("report", "", "Measure nothing: print the report and "
                     "draw the chart from this JSON of an earlier run.")
 flags.DEFINE_list("only", [], "Configurations to run, as npN-DATA (np2-"
@@ -140,10 +138,10 @@ def _settings() -> dict:
 
 
 def _output_paths() -> tuple[str, str]:
-  """(chart, json): the flags, else bench/ for a full run, else out_dir."""
-  base = (FLAGS.out_dir if FLAGS.quick else os.path.join(REPO, "bench"))
-  return (FLAGS.chart or os.path.join(base, "throughput.png"),
-          FLAGS.json or os.path.join(base, "throughput.json"))
+  """(chart, json): the flags, else in out_dir, with the runs: what a run
+  wrote is not kept in git; RESULTS.md records its figures."""
+  return (FLAGS.chart or os.path.join(FLAGS.out_dir, "throughput.png"),
+          FLAGS.json or os.path.join(FLAGS.out_dir, "throughput.json"))
 
 
 # Measuring.

@@ -52,7 +52,7 @@ LAB_METHOD = ["--optimizer=sgd", "--momentum=0.9", "--nonesterov",
               "--lr_schedule=step", "--lr_decay_epochs=15,25,35",
               "--lr_decay_factor=0.1", "--mixed_precision=none",
               "--label_smoothing=0", "--ema_decay=0", "--noeval_flip",
-              "--eval_shift_pixels=0"]
+              "--eval_shift=0"]
 # Each configuration's module, and its flags over the recipe's.
 CONFIGS = {
     "engine": ("engine.train", []),

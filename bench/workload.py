@@ -31,8 +31,8 @@ def engine_flags(dataset: str) -> list[str]:
   (the workers have none) and no progress lines (nothing but the epochs)."""
   data = [f"--dataset={dataset}"]
   if dataset == "synthetic":
-    data += ["--synthetic_image_shape=" + ",".join(map(str, IMAGE_SHAPE)),
-             f"--synthetic_classes={NUM_CLASSES}",
+    data += [f"--image_size={IMAGE_SHAPE[0]}", f"--channels={IMAGE_SHAPE[2]}",
+             f"--num_classes={NUM_CLASSES}",
              f"--train_examples={SYNTHETIC_TRAIN}",
              f"--test_examples={SYNTHETIC_TEST}"]
   return data + [f"--model={MODEL}", f"--filters={FILTERS}",
@@ -44,9 +44,8 @@ def engine_flags(dataset: str) -> list[str]:
 def load(dataset: str) -> Splits:
   """The data set through the engine's own loader (the idx reader for
   Fashion-MNIST; nothing is downloaded)."""
-  return datasets.load(dataset, data_dir="",
-                       synthetic_image_shape=IMAGE_SHAPE,
-                       synthetic_classes=NUM_CLASSES,
+  return datasets.load(dataset, data_dir="", image_size=IMAGE_SHAPE[0],
+                       channels=IMAGE_SHAPE[2], num_classes=NUM_CLASSES,
                        train_examples=SYNTHETIC_TRAIN,
                        test_examples=SYNTHETIC_TEST)
 

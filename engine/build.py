@@ -129,7 +129,7 @@ def describe_numerics(config: TrainConfig, world: distributed.World) -> None:
 
 
 def _warn_about_slow_options_on_cpu(config: TrainConfig) -> None:
-  """GPU options that cost a CPU run dearly (bench/step_options.py on an
+  """GPU options that cost a CPU run dearly (bench/cpu_defaults.py on an
   AMD EPYC with AVX512-BF16: the cnn and WRN-16-2; bench/RESULTS.md)."""
   if config.mixed_precision == "float16":
     logging.warning("--mixed_precision=float16 on CPU: no float16 "

@@ -25,7 +25,7 @@ from engine.errors import UserError
 # processes here. On CPU those wakes come out of the step's kernels, on
 # the same cores. Every 3 ms: a third of that, and 6% more images/s on 2
 # processes (2 cores); every 10 ms gained nothing, a ready gradient waiting
-# longer for the next cycle (BUILD.md, bench/horovod_cycle.py). On GPU the
+# longer for the next cycle (BUILD.md, bench/cpu_defaults.py). On GPU the
 # kernels run elsewhere, and Horovod's default stays.
 CPU_CYCLE_TIME_MS = 3
 
@@ -89,7 +89,7 @@ def bind_to_own_cores(local_rank: int, local_size: int) -> None:
   Unbound, the processes wake each other over loopback at every allreduce,
   and the scheduler's wake-affinity keeps pulling them onto one core: on two
   cores we measured epochs at exactly half speed about a third of the time
-  (bench/cpu_threads.sh). Binding, as `mpirun --bind-to core` does, removes
+  (bench/cpu_defaults.py). Binding, as `mpirun --bind-to core` does, removes
   that mode. The slice is taken from the cores this process may already use,
   and only when there is at least one per process, so a launcher's own
   binding is refined, never widened.

@@ -11,7 +11,7 @@ exponent and needs no scaling.
 compute capability 8 and later (Ampere) and on CPUs with AVX512_BF16 or
 AMX; float16 on GPUs with Tensor Cores before Ampere (Volta, Turing);
 float32 elsewhere, where 16-bit types are emulated and slower
-(bench/step_options.py: float16 on CPU was 66-74x slower).
+(bench/cpu_defaults.py: float16 on CPU was 66-74x slower).
 """
 from typing import Optional
 

@@ -1,7 +1,7 @@
 """Flags: speed options of the step (precision, XLA, the gradient allreduce).
 
 Their defaults are float32 and no XLA, the fastest exact settings on CPU
-(bench/step_options.py: XLA made the step 1.7-4.7x slower than TensorFlow's
+(bench/cpu_defaults.py: XLA made the step 1.7-4.7x slower than TensorFlow's
 oneDNN kernels; bfloat16 is 1.34x faster on CPUs with AVX512-BF16 but
 computes other numbers, so it is a choice, not a default). GPU recipes turn
 on --mixed_precision=float16 and --xla.
