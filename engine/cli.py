@@ -28,6 +28,7 @@ from engine import preemption
 from engine import user_code
 from engine.errors import UserError
 from engine.errors import WorkerLost
+from flags.data import DEPRECATED as DEPRECATED_FLAGS
 
 FLAGS = flags.FLAGS
 Result = TypeVar("Result")
@@ -55,6 +56,11 @@ def run(train: Callable[[config_lib.TrainConfig], Result], *, model=None,
         FLAGS.set_default(name, user_code.spec_of(value)
                           if callable(value) else value)
     FLAGS(sys.argv)
+    # An old spelling is read only where given (engine.config): a default
+    # is not given, so it is given here unless the command line gave it.
+    for name in DEPRECATED_FLAGS.keys() & values.keys():
+      if values[name] is not None and not FLAGS[name].present:
+        FLAGS[name].parse(values[name])
   except UserError as e:
     exit_with_error(str(e))
   except (flags.Error, KeyError) as e:

@@ -132,3 +132,20 @@ def test_eval_shift_is_a_fraction_of_the_width_as_random_shift_is(parsed):
                               (28, 28, 1))
   with pytest.raises(UserError, match="give one"):
     parsed("--eval_shift=0.1", "--eval_shift_pixels=2")
+
+
+def test_a_scripts_old_spellings_count_as_given_and_its_command_line_wins(
+    tmp_path):
+  script = tmp_path / "old_names.py"
+  script.write_text(
+      "from engine import cli\n"
+      "def show(config):\n"
+      "  print(config.data_params['num_classes'],\n"
+      "        config.data_params['image_size'], len(config.deprecations))\n"
+      "cli.run(show, dataset='synthetic', synthetic_classes=5,\n"
+      "        synthetic_image_shape='8,8,1')\n")
+  result = fixtures.launch([str(script)])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.split() == ["5", "8", "2"]
+  result = fixtures.launch([str(script), "--synthetic_classes=7"])
+  assert result.stdout.split() == ["7", "8", "2"]
