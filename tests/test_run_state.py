@@ -1,0 +1,66 @@
+"""The state a resume, a rollback and an elastic restart continue from
+(engine/run_state.py), and a start's clock built on it (engine/session.py)."""
+import horovod.tensorflow as hvd
+import numpy as np
+import pytest
+
+from engine import distributed
+from engine import metrics
+from engine.checkpoint import Position
+from engine.run_state import RunState
+from engine.run_state import starting_point
+from engine.session import Session
+from tests import fixtures
+
+
+def test_a_start_continues_at_the_step_after_the_position():
+  assert starting_point(Position(2, 7, 64, 2), 100, 64, 2) == (2, 7)
+  # A stop after an epoch's last step: no steps left, still evaluated.
+  assert starting_point(Position(2, 120, 64, 2), 100, 64, 2) == (2, 100)
+
+
+def test_on_other_processes_the_steps_done_convert_through_examples():
+  # 10 steps of 64 examples are 5 of 128 (twice the processes) ...
+  assert starting_point(Position(1, 10, 64, 2), 50, 128, 4) == (1, 5)
+  # ... and 20 of 32; a partial step is redone.
+  assert starting_point(Position(1, 10, 64, 2), 200, 32, 1) == (1, 20)
+  assert starting_point(Position(1, 3, 64, 2), 50, 128, 4) == (1, 1)
+
+
+def test_a_checkpoints_state_counts_the_epoch_from_its_position():
+  state = RunState.at(Position(3, 4, 64, 2, seconds=12.5))
+  assert state.epoch_began_seconds == 12.5
+  assert not state.epoch_sums.any() and state.history == ()
+  assert RunState.beginning(64, 2).position == Position(0, 0, 64, 2, 0.0)
+
+
+def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
+  # The commit was taken 100 s into the run, 40 s into its epoch: the
+  # restarted start's clock and the epoch's time go on from there.
+  hvd.init()
+  world = distributed.World(rank=0, size=1, device="CPU",
+                            intra_op_threads=1, inter_op_threads=1)
+  committed = RunState(position=Position(1, 5, 8, 2, seconds=100.0),
+                       epoch_began_seconds=60.0,
+                       epoch_sums=np.array([3.0, 4.0, 5.0]),
+                       history=({"epoch": 1},))
+  session = Session(config=fixtures.train_config(model_dir=str(tmp_path),
+                                                 progress="none"),
+                    world=world, directory=None, steps_per_epoch=10,
+                    global_batch=8, first_epoch=1, first_step=10,
+                    run_state=committed, hparams={})
+  try:
+    assert session.seconds() >= 100.0
+    assert session.history == [{"epoch": 1}]
+    record = session.end_epoch(
+        1, metrics.Result.of(np.array([3.0, 4.0, 5.0])), None,
+        train_seconds=1.0, learning_rate=0.1, skipped_steps=0)
+    assert record["cumulative_seconds"] >= 100.0
+    assert record["epoch_seconds"] == pytest.approx(
+        record["cumulative_seconds"] - 60.0)
+    assert session.history[-1] is record
+    # The next commit carries the epoch's new start.
+    assert session.run_state(session.position(2, 0)).epoch_began_seconds \
+        == record["cumulative_seconds"]
+  finally:
+    session.close()
