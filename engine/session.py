@@ -69,7 +69,6 @@ class Session:
         config.model_dir, steps=config.profile_steps, rank=world.rank,
         all_ranks=config.profile_all_ranks,
         timeline=config.horovod_timeline)
-    self.epoch_began = 0.0  # perf_counter() at the epoch's first step
 
   def say_how_it_ended(self) -> None:
     if self.val:

@@ -274,7 +274,7 @@ class _TrainLoop:
     """The epoch's remaining steps; its train figures over all ranks and
     this rank's seconds."""
     train_step = self._train_step
-    session.epoch_began = time.perf_counter()
+    began = time.perf_counter()
     train_step.totals.reset()
     train_step.skipped_steps = 0
     session.times.reset()
@@ -302,7 +302,7 @@ class _TrainLoop:
     # An allreduce: all ranks are done.
     train = metrics.Result.of(session.epoch_sums + train_step.totals.sums())
     session.epoch_sums = NO_EXAMPLES
-    return train, time.perf_counter() - session.epoch_began
+    return train, time.perf_counter() - began
 
   def _after_step(self, session: Session, epoch: int, done: int,
                   stop_agreed: bool) -> None:
