@@ -31,7 +31,7 @@ class Session:
   def __init__(self, *, config: TrainConfig, world: distributed.World,
                directory: Optional[RunDirectory], steps_per_epoch: int,
                global_batch: int, first_epoch: int, first_step: int,
-               run_state: RunState, hparams: dict):
+               run_state: RunState):
     self.world = world
     self._epochs = config.epochs
     self._model_dir = config.model_dir
@@ -57,7 +57,7 @@ class Session:
     # What was written past this point (before a crash, say) goes.
     self.reporter.keep_epochs_up_to(
         first_epoch, first_epoch * steps_per_epoch + first_step)
-    self.reporter.hparams(hparams)
+    self.reporter.hparams(config.hparams(world.size, global_batch))
     self.progress = progress_lib.Progress(
         mode=config.progress, chief=chief, steps_per_epoch=steps_per_epoch,
         epochs=config.epochs, global_batch=global_batch)

@@ -193,8 +193,7 @@ class _TrainLoop:
         config=config, world=world, directory=self.directory if chief
         else None, steps_per_epoch=steps_per_epoch,
         global_batch=global_batch, first_epoch=first_epoch,
-        first_step=first_step, run_state=run_state,
-        hparams=config.hparams(world.size, global_batch))
+        first_step=first_step, run_state=run_state)
     self._read_from(session, first_epoch, first_step)
     if fresh and config.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.

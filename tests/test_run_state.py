@@ -48,7 +48,7 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
                                                  progress="none"),
                     world=world, directory=None, steps_per_epoch=10,
                     global_batch=8, first_epoch=1, first_step=10,
-                    run_state=committed, hparams={})
+                    run_state=committed)
   try:
     assert session.seconds() >= 100.0
     assert session.history == [{"epoch": 1}]
