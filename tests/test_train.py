@@ -64,12 +64,15 @@ def test_a_resumed_run_goes_on_counting_towards_early_stopping(data_dir,
                                                                tmp_path):
   # Reached at epoch 1 and counted twice before the first job ends: the
   # resumed job stops after its first epoch (patience 3), remembering when
-  # the target was first reached, rather than counting from 0 again.
+  # the target was first reached, rather than counting from 0 again; on 2
+  # processes, both of which must stop there (rank 0 restores the count,
+  # and a rank that went on alone would wait for the other and fail).
   def launch(epochs):
     result = fixtures.launch(
         ["-m", "engine.train", f"--data_dir={data_dir}", f"--epochs={epochs}",
-         "--batch_size=20", "--steps_per_epoch=5", f"--model_dir={tmp_path}",
-         "--target_accuracy=0.01", "--patience=3", "--progress=none"])
+         "--batch_size=10", "--steps_per_epoch=5", f"--model_dir={tmp_path}",
+         "--target_accuracy=0.01", "--patience=3", "--progress=none"],
+        processes=2)
     assert result.returncode == 0, result.stderr[-3000:]
     return [json.loads(l) for l in
             (tmp_path / "metrics.jsonl").read_text().splitlines()]
