@@ -34,9 +34,6 @@ import numpy as np
 from bench import generated_images
 from bench import interleaved
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTHON = sys.executable
-HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["10000", "50000"], "Training images per size.")
@@ -83,12 +80,13 @@ def run(data_flags: list, data_path: str, run_dir: str,
         epochs: int) -> list[float]:
   """A run under horovodrun -np 2; each rank's peak RSS in MB."""
   prefix = os.path.join(run_dir, "peak_rss")
-  command = [HOROVODRUN, "-np", "2", PYTHON, "-m", "bench.peak_rss", prefix,
+  command = [interleaved.HOROVODRUN, "-np", "2", interleaved.PYTHON, "-m",
+             "bench.peak_rss", prefix,
              *data_flags, f"--data_dir={data_path}", f"--epochs={epochs}",
              "--batch_size=128", "--model=cnn", "--progress=none",
              f"--model_dir={run_dir}", "--resume=never"]
-  result = subprocess.run(command, cwd=REPO, env=interleaved.engine_env(),
-                          capture_output=True,
+  result = subprocess.run(command, cwd=interleaved.REPO,
+                          env=interleaved.engine_env(), capture_output=True,
                           text=True, check=False)
   if result.returncode:
     sys.exit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
@@ -131,8 +129,8 @@ def main(argv):
     growth = medians[-1] - medians[0]
     verdict = ("control: must grow" if fmt == "in_memory" else
                "PASS" if growth <= FLAGS.tolerance_mb else "FAIL")
-    print(f"| {fmt} | {' | '.join(f'{m:.0f} MB ({e})' for m, e in zip(medians, every))} "
-          f"| {growth:+.0f} MB | {verdict} |")
+    cells = " | ".join(f"{m:.0f} MB ({e})" for m, e in zip(medians, every))
+    print(f"| {fmt} | {cells} | {growth:+.0f} MB | {verdict} |")
   if FLAGS.json:
     with open(FLAGS.json, "w") as f:
       json.dump(runs, f, indent=1)

@@ -32,9 +32,6 @@ from absl import flags
 from bench import generated_images
 from bench import interleaved
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTHON = sys.executable
-HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("images", 20000, "Training images in the folder.")
@@ -79,8 +76,9 @@ print(count * 128 / (time.perf_counter() - start))
 
 def pipeline_rate(fmt: str) -> float:
   result = subprocess.run(
-      [PYTHON, "-c", PIPELINE, str(FLAGS.pipeline_batches), *data_flags(fmt)],
-      cwd=REPO, env=interleaved.engine_env(),
+      [interleaved.PYTHON, "-c", PIPELINE, str(FLAGS.pipeline_batches),
+       *data_flags(fmt)],
+      cwd=interleaved.REPO, env=interleaved.engine_env(),
       capture_output=True, text=True, check=False)
   if result.returncode:
     sys.exit(result.stderr[-3000:])
@@ -90,13 +88,14 @@ def pipeline_rate(fmt: str) -> float:
 def input_share(fmt: str, model: str, run_dir: str) -> list[tuple]:
   """Each epoch's input wait over its time, and its images/s, epochs after
   the first."""
-  command = [HOROVODRUN, "-np", "2", PYTHON, "-m", "engine.train",
-             *data_flags(fmt), f"--model={model}", "--batch_size=64",
+  command = [interleaved.HOROVODRUN, "-np", "2", interleaved.PYTHON, "-m",
+             "engine.train", *data_flags(fmt), f"--model={model}",
+             "--batch_size=64",
              f"--steps_per_epoch={FLAGS.run_steps}",
              f"--epochs={FLAGS.run_epochs}", "--progress=none",
              f"--model_dir={run_dir}", "--resume=never"]
   result = subprocess.run(
-      command, cwd=REPO, env=interleaved.engine_env(),
+      command, cwd=interleaved.REPO, env=interleaved.engine_env(),
       capture_output=True, text=True, check=False)
   if result.returncode:
     sys.exit(f"{' '.join(command)}:\n{result.stderr[-3000:]}")
@@ -116,9 +115,9 @@ def main(argv):
     print(f"wrote {FLAGS.images} JPEG images in "
           f"{time.perf_counter() - start:.0f}s", flush=True)
   start = time.perf_counter()
-  subprocess.run([PYTHON, "-m", "engine.tools.to_tfrecords",
+  subprocess.run([interleaved.PYTHON, "-m", "engine.tools.to_tfrecords",
                   f"--from={folder}", f"--to={records}", "--shards=16"],
-                 cwd=REPO, env=interleaved.engine_env(),
+                 cwd=interleaved.REPO, env=interleaved.engine_env(),
                  check=True, capture_output=True)
   print(f"converted to TFRecords in {time.perf_counter() - start:.0f}s "
         "(or found them converted)", flush=True)

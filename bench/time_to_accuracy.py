@@ -32,18 +32,15 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 
 from absl import app
 from absl import flags
 
+from bench import interleaved
 from engine import runs
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTHON = sys.executable
-HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
-RESULTS = os.path.join(REPO, "bench", "RESULTS.md")
+RESULTS = os.path.join(interleaved.REPO, "bench", "RESULTS.md")
 BEGIN, END = "<!-- time_to_accuracy -->", "<!-- /time_to_accuracy -->"
 
 # The Horovod lab's method (shared/seeds), as engine flags.
@@ -71,10 +68,10 @@ flags.DEFINE_list("targets", ["0.90", "0.92", "0.93", "0.94"],
                   "Test accuracies whose first arrival is timed.")
 flags.DEFINE_list("extra", [], "More engine flags for every run, e.g. "
                   "--extra=--epochs=2 for a quick check.")
-flags.DEFINE_string("out_dir", os.path.join(REPO, "bench", "out",
-                                            "time_to_accuracy"),
+flags.DEFINE_string("out_dir", os.path.join(interleaved.REPO, "bench",
+                                            "out", "time_to_accuracy"),
                     "Run directories and runs.json.")
-flags.DEFINE_string("plot", os.path.join(REPO, "bench",
+flags.DEFINE_string("plot", os.path.join(interleaved.REPO, "bench",
                                          "time_to_accuracy.png"),
                     "PNG of test accuracy against seconds.")
 flags.DEFINE_bool("write_results", True, "Write the table into "
@@ -114,16 +111,16 @@ def _run(config: str, *, seed: int) -> dict:
   model_dir = os.path.join(FLAGS.out_dir, f"{config}-seed{seed}")
   shutil.rmtree(model_dir, ignore_errors=True)  # a fresh run, not a resume
   module, overrides = CONFIGS[config]
-  command = [HOROVODRUN, "-np", str(FLAGS.processes), PYTHON, "-m", module,
-             f"--flagfile={FLAGS.recipe}", *overrides, *FLAGS.extra,
-             f"--seed={seed}",
+  command = [interleaved.HOROVODRUN, "-np", str(FLAGS.processes),
+             interleaved.PYTHON, "-m", module, f"--flagfile={FLAGS.recipe}",
+             *overrides, *FLAGS.extra, f"--seed={seed}",
              f"--model_dir={model_dir}", "--progress=none"]
   started = time.perf_counter()
   # os.environ carries engine/__init__.py's settings (imported with
   # engine.runs), so Keras gets the engine's oneDNN kernels too.
-  finished = subprocess.run(command, cwd=REPO, capture_output=True,
-                            text=True, env=dict(os.environ,
-                                                TF_CPP_MIN_LOG_LEVEL="2"))
+  finished = subprocess.run(command, cwd=interleaved.REPO,
+                            capture_output=True, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
   wall = time.perf_counter() - started
   with open(model_dir + ".log", "w") as f:
     f.write(" ".join(command) + "\n" + finished.stdout + finished.stderr)
