@@ -114,7 +114,6 @@ class TrainConfig:
         seed=self.seed)
 
 
-
 def config_from_flags() -> TrainConfig:
   mixed_precision, why = precision.resolve(FLAGS.mixed_precision)
   if FLAGS.eval_shift and FLAGS.eval_shift_pixels:
