@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable, Optional
 
 from absl import logging
+import tensorflow as tf
 
 from engine import checkpoint
 from engine import distributed
@@ -31,7 +32,10 @@ class Session:
   def __init__(self, *, config: TrainConfig, world: distributed.World,
                directory: Optional[RunDirectory], steps_per_epoch: int,
                global_batch: int, first_epoch: int, first_step: int,
-               run_state: RunState):
+               run_state: RunState,
+               batches_from: Callable[..., tf.data.Dataset]):
+    """`batches_from(first_epoch=, first_step=)`: this rank's training
+    batches from there on (data.train_batches, all else given)."""
     self.world = world
     self._epochs = config.epochs
     self._model_dir = config.model_dir
@@ -39,8 +43,8 @@ class Session:
     self.steps_per_epoch = steps_per_epoch
     self.global_batch = global_batch
     self.first_epoch = first_epoch
-    self.first_step = first_step  # of the next epoch to train
-    self.batches = None  # this rank's, from first_step (_TrainLoop._read_from)
+    self._batches_from = batches_from
+    self.read_from(first_epoch, first_step)
     self.global_step = 0  # of the step being taken
     self.steps_run = 0
     self.optimizer_state_broadcast = False
@@ -69,6 +73,13 @@ class Session:
         config.model_dir, steps=config.profile_steps, rank=world.rank,
         all_ranks=config.profile_all_ranks,
         timeline=config.horovod_timeline)
+
+  def read_from(self, epoch: int, step: int) -> None:
+    """This rank's batches from step `step` of epoch `epoch` on (a start,
+    or a rollback's)."""
+    self.first_step = step  # of the next epoch to train
+    self.batches = iter(self._batches_from(first_epoch=epoch,
+                                           first_step=step))
 
   def say_how_it_ended(self) -> None:
     if self.val:

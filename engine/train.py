@@ -193,8 +193,12 @@ class _TrainLoop:
         config=config, world=world, directory=self.directory if chief
         else None, steps_per_epoch=steps_per_epoch,
         global_batch=global_batch, first_epoch=first_epoch,
-        first_step=first_step, run_state=run_state)
-    self._read_from(session, first_epoch, first_step)
+        first_step=first_step, run_state=run_state,
+        batches_from=functools.partial(
+            data.train_batches, self._splits.train, info, rank=world.rank,
+            world_size=world.size, batch_size=step_batch,
+            steps=steps_per_epoch, seed=config.seed, flip=config.random_flip,
+            shift=config.random_shift))
     if fresh and config.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.
       session.on_chief(lambda directory: directory.save(
@@ -234,17 +238,6 @@ class _TrainLoop:
     if position is None:
       return RunState.beginning(global_batch, world.size), True
     return RunState.at(position), False
-
-  def _read_from(self, session: Session, epoch: int, step: int) -> None:
-    """This rank's batches from step `step` of epoch `epoch` on."""
-    config, world = self._config, session.world
-    session.first_step = step
-    session.batches = iter(data.train_batches(
-        self._splits.train, self._splits.info, rank=world.rank,
-        world_size=world.size,
-        batch_size=config.batch_size * config.grad_accum_steps,
-        steps=session.steps_per_epoch, seed=config.seed, first_epoch=epoch,
-        first_step=step, flip=config.random_flip, shift=config.random_shift))
 
   def _set_learning_rate(self, world: distributed.World,
                          steps_per_epoch: int, global_step: int) -> None:
@@ -430,7 +423,7 @@ class _TrainLoop:
         session.world.size)
     first_global_step = first_epoch * session.steps_per_epoch + first_step
     self._optimizer.iterations.assign(first_global_step)
-    self._read_from(session, first_epoch, first_step)
+    session.read_from(first_epoch, first_step)
     session.history = [r for r in session.history
                        if r["epoch"] <= first_epoch]
     session.epoch_sums = NO_EXAMPLES
