@@ -51,16 +51,20 @@ def run(train: Callable[[config_lib.TrainConfig], Result], *, model=None,
   logging.use_absl_handler()  # as app.run does: absl's log format
   values = dict(flag_values, model=model, dataset=dataset)
   try:
-    for name, value in values.items():
-      if value is not None:
+    given = {name: value for name, value in values.items()
+             if value is not None}
+    # An old spelling is read only where given (engine.config), so it is
+    # given below, after the command line and unless that gave it, rather
+    # than made a default.
+    old = given.keys() & DEPRECATED_FLAGS.keys()
+    for name, value in given.items():
+      if name not in old:
         FLAGS.set_default(name, user_code.spec_of(value)
                           if callable(value) else value)
     FLAGS(sys.argv)
-    # An old spelling is read only where given (engine.config): a default
-    # is not given, so it is given here unless the command line gave it.
-    for name in DEPRECATED_FLAGS.keys() & values.keys():
-      if values[name] is not None and not FLAGS[name].present:
-        FLAGS[name].parse(values[name])
+    for name in old:
+      if not FLAGS[name].present:
+        FLAGS[name].parse(given[name])
   except UserError as e:
     exit_with_error(str(e))
   except (flags.Error, KeyError) as e:

@@ -167,7 +167,15 @@ def config_from_flags() -> TrainConfig:
       deprecations=tuple(
           f"--{name} is deprecated and goes in the next release: use "
           f"{replacement}" for name, replacement in
-          engine_flags.data.DEPRECATED.items() if FLAGS[name].present))
+          engine_flags.data.DEPRECATED.items() if _given(name)))
+
+
+def _given(name: str) -> bool:
+  """Whether flag `name` was given a value of its own: a flags.txt from
+  before lists every flag, the old spellings at their defaults too, and
+  resuming it is no cause for a warning."""
+  flag = FLAGS[name]
+  return bool(flag.present) and flag.value != flag.default
 
 
 def default_model_dir(dataset: str, model: str) -> str:

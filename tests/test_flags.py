@@ -114,8 +114,12 @@ def test_a_flags_txt_from_before_the_new_spellings_resumes_alike(parsed):
   assert (config.data_params["image_size"], config.data_params["channels"],
           config.data_params["num_classes"]) == (28, 1, 10)
   tfrecord = parsed("--dataset=tfrecord", "--image_size=224",
-                    "--num_classes=1000", "--synthetic_classes=10")
+                    "--num_classes=1000", "--synthetic_classes=10",
+                    "--synthetic_image_shape=32,32,3", "--eval_shift_pixels=0")
   assert tfrecord.data_params["num_classes"] == 1000
+  # The old spellings at their defaults, as every such flags.txt lists
+  # them: nothing to warn of.
+  assert not tfrecord.deprecations
 
 
 def test_eval_shift_is_a_fraction_of_the_width_as_random_shift_is(parsed):
