@@ -41,7 +41,7 @@ NORMALIZATION_FILE = "normalization.json"
 
 # What --image_size=0 and --num_classes=0 stand for: ImageNet's, but for
 # synthetic data, whose images are generated in memory.
-DEFAULT_SIZES = dict(image_size=224, num_classes=1000)
+_DEFAULT_SIZES = dict(image_size=224, num_classes=1000)
 _DEFAULT_SIZES_OF = {"synthetic": dict(
     image_size=synthetic.DEFAULT_IMAGE_SIZE,
     num_classes=synthetic.DEFAULT_NUM_CLASSES)}
@@ -57,7 +57,7 @@ def load(name: str, *args, model_dir: str = "",
   (loaders that sample their statistics take `normalization` to skip it).
   """
   normalization = recorded_normalization(model_dir) or normalization
-  for key, default in _DEFAULT_SIZES_OF.get(name, DEFAULT_SIZES).items():
+  for key, default in _DEFAULT_SIZES_OF.get(name, _DEFAULT_SIZES).items():
     if params.get(key) == 0:
       params[key] = default
   splits = _DATASETS.build(name, *args, normalization=normalization,
