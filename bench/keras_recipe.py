@@ -49,7 +49,7 @@ from engine.config import config_from_flags
 def main(argv):
   del argv
   config = config_from_flags()
-  world, splits, model = build.prepare(config)
+  world, splits, task, model = build.prepare(config)
   info = splits.info
   steps_per_epoch = data.steps_per_epoch(
       num_train=info.num_train, batch_size=config.batch_size,
@@ -84,7 +84,7 @@ def main(argv):
             verbose=0, callbacks=[
                 hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                 hvd.callbacks.MetricAverageCallback(),
-                _EvaluateAndRecord(config, world, splits,
+                _EvaluateAndRecord(config, world, splits, task,
                                    images_per_epoch=(steps_per_epoch
                                                      * config.batch_size
                                                      * world.size))])
@@ -93,11 +93,13 @@ def main(argv):
 class _EvaluateAndRecord(tf.keras.callbacks.Callback):
   """The engine's evaluation after each epoch, and its record, timed."""
 
-  def __init__(self, config, world, splits, *, images_per_epoch: int):
+  def __init__(self, config, world, splits, task, *,
+               images_per_epoch: int):
     super().__init__()
     self._config = config
     self._world = world
     self._splits = splits
+    self._task = task
     self._images_per_epoch = images_per_epoch
     self._records = os.path.join(config.model_dir, report.METRICS_FILE)
     self._started = self._epoch_started = 0.0
@@ -106,9 +108,8 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
   def on_train_begin(self, logs=None):
     self._started = time.perf_counter()
     self._eval_step = steps.EvalStep(
-        model=self.model, image_shape=self._splits.info.image_shape,
-        num_classes=self._splits.info.num_classes,
-        flip=self._config.eval_flip, shift=build.eval_shift_pixels(
+        model=self.model, task=self._task,
+        image_shape=self._splits.info.image_shape, flip=self._config.eval_flip, shift=build.eval_shift_pixels(
             self._config, self._splits.info.image_shape))
     if distributed.is_chief():
       os.makedirs(self._config.model_dir, exist_ok=True)

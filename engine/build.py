@@ -14,20 +14,22 @@ import tensorflow as tf
 
 from engine import datasets
 from engine import distributed
+from engine import metrics
 from engine import optimizers
 from engine import precision
 from engine import report
 from engine import schedules
 from engine import step as steps
+from engine import tasks
 from engine.config import TrainConfig
 from engine.errors import UserError
 import models
 
 
 def prepare(config: TrainConfig) -> tuple[distributed.World, datasets.Splits,
-                                         tf.keras.Model]:
-  """Distributed setup, the data set and the model: what training and
-  evaluation share. Returns (world, splits, model)."""
+                                         tasks.Task, tf.keras.Model]:
+  """Distributed setup, the data set, the task and the model: what training
+  and evaluation share. Returns (world, splits, task, model)."""
   world = distributed.init(intra_op_threads=config.intra_op_threads,
                            inter_op_threads=config.inter_op_threads,
                            bind_cpus=config.bind_cpus,
@@ -41,25 +43,52 @@ def prepare(config: TrainConfig) -> tuple[distributed.World, datasets.Splits,
   if world.device == "CPU" and kernels_advice:
     logging.warning("%s", kernels_advice)
 
-  def data_and_model():
-    splits = datasets.load(config.dataset, data_dir=config.data_dir,
-                           model_dir=config.model_dir,
-                           normalization=config.normalization,
-                           **config.data_params)
+  def data_task_and_model():
+    splits = datasets.load(
+        config.dataset, data_dir=config.data_dir, model_dir=config.model_dir,
+        normalization=config.normalization,
+        labels=getattr(tasks.task_class(config.task), "labels", "any"),
+        **config.data_params)
+    task = tasks.build(config.task, splits.info, **config.task_params)
     # The same seed everywhere, then rank 0's weights win anyway.
     tf.keras.utils.set_random_seed(config.seed)
     precision.set_policy(config.mixed_precision)
+    output_shape = task.output_shape()
     model = models.build(config.model, input_shape=splits.info.image_shape,
-                         num_classes=splits.info.num_classes,
-                         **config.model_params)
-    return splits, model
+                         num_classes=output_shape[-1],
+                         output_shape=output_shape, **config.model_params)
+    tasks.check(task, config.task, model, splits.info.image_shape)
+    decider(config, task)  # a --best_metric the task cannot give: now
+    return splits, task, model
 
-  # A user's data or model may fail on one rank alone (a file missing on one
-  # host): all ranks stop with its line rather than wait for it. Not under
-  # --elastic, whose workers meet first inside the train loop.
-  splits, model = distributed.agree(data_and_model, name="prepare",
-                                    collective=not config.elastic)
-  return world, splits, model
+  # A user's data, task or model may fail on one rank alone (a file missing
+  # on one host): all ranks stop with its line rather than wait for it. Not
+  # under --elastic, whose workers meet first inside the train loop.
+  splits, task, model = distributed.agree(
+      data_task_and_model, name="prepare", collective=not config.elastic)
+  return world, splits, task, model
+
+
+def decider(config: TrainConfig, task: tasks.Task) -> tasks.Decider:
+  """The validation figure that decides best/, early stopping and the
+  target: --best_metric, or the task's own."""
+  decides = (tasks.Decider.of(config.best_metric, task, flag="best_metric")
+             if config.best_metric else
+             tasks.Decider.of(task.best_metric, task))
+  if decides.figure not in _figure_names(task):
+    raise UserError(f"--best_metric={config.best_metric}: the "
+                    f"{task.name} task's figures are "
+                    f"{', '.join('val_' + n for n in _figure_names(task))}")
+  if config.target_accuracy and decides.key != "val_accuracy":
+    raise UserError(f"--target_accuracy: this run is decided by "
+                    f"{decides.key}; give its target as --target")
+  return decides
+
+
+def _figure_names(task: tasks.Task) -> list[str]:
+  """The names of the task's figures (of sums of zeros)."""
+  totals = metrics.Totals("figure_names", task)
+  return list(totals.result_of(totals.local_sums()).figures)
 
 
 def learning_rate_schedule(config: TrainConfig) -> schedules.WarmupThenDecay:
@@ -72,12 +101,12 @@ def learning_rate_schedule(config: TrainConfig) -> schedules.WarmupThenDecay:
       decay_factor=config.lr_decay_factor)
 
 
-def optimizer_and_step(config: TrainConfig, model: tf.keras.Model,
-                       learning_rate, weight_average=None
-                       ) -> tuple[Any, steps.TrainStep]:
+def optimizer_and_step(config: TrainConfig, task: tasks.Task,
+                       model: tf.keras.Model, learning_rate,
+                       weight_average=None) -> tuple[Any, steps.TrainStep]:
   """The optimizer the flags ask for, at `learning_rate` (a schedule of the
-  step), and the train step that applies it to `model` (and updates
-  `weight_average`, an ema.WeightAverage)."""
+  step), and the train step that applies it to `model` for `task` (and
+  updates `weight_average`, an ema.WeightAverage)."""
   optimizer = precision.with_loss_scaling(
       optimizers.build(config.optimizer, learning_rate=learning_rate,
                        momentum=config.momentum, nesterov=config.nesterov,
@@ -85,19 +114,18 @@ def optimizer_and_step(config: TrainConfig, model: tf.keras.Model,
   return optimizer, steps.TrainStep(
       model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
       compression=config.gradient_compression,
-      accumulation_steps=config.grad_accum_steps,
-      label_smoothing=config.label_smoothing, weight_average=weight_average,
-      xla=config.xla)
+      accumulation_steps=config.grad_accum_steps, task=task,
+      weight_average=weight_average, xla=config.xla)
 
 
-def eval_step(config: TrainConfig, model: tf.keras.Model,
-              info: datasets.DatasetInfo) -> steps.EvalStep:
+def eval_step(config: TrainConfig, task: tasks.Task,
+              model: tf.keras.Model) -> steps.EvalStep:
   """The evaluation step, with the views --eval_flip and --eval_shift ask
   for."""
-  return steps.EvalStep(model=model, xla=config.xla,
-                        image_shape=info.image_shape,
-                        num_classes=info.num_classes, flip=config.eval_flip,
-                        shift=eval_shift_pixels(config, info.image_shape))
+  image_shape = task.info.image_shape
+  return steps.EvalStep(model=model, task=task, xla=config.xla,
+                        image_shape=image_shape, flip=config.eval_flip,
+                        shift=eval_shift_pixels(config, image_shape))
 
 
 def eval_shift_pixels(config: TrainConfig, image_shape: tuple) -> int:

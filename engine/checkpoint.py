@@ -23,6 +23,7 @@ the latest of them is where a rerun resumes.
 """
 import dataclasses
 import glob
+import math
 import os
 from typing import Optional
 
@@ -55,8 +56,11 @@ class Position:
 
 def identity(model: tf.keras.Model, info) -> str:
   """What a checkpoint's variables mean: which model, on which data."""
+  labels = (f"labels {'x'.join(map(str, info.label_shape))} "
+            f"{info.label_dtype}" if info.label_shape
+            else f"{info.num_classes} classes")
   return (f"model {model.name} ({model.count_params()} parameters) on "
-          f"{info.name} ({info.num_classes} classes, "
+          f"{info.name} ({labels}, "
           f"{'x'.join(map(str, info.image_shape))} images)")
 
 
@@ -68,7 +72,7 @@ class Checkpoints:
   checkpoint whose identity differs is refused rather than half-restored.
   `lr_factor` is the learning rate's factor (schedules), which rollbacks
   lower and checkpoints keep; `weight_average` the ema.WeightAverage of a
-  run with --ema_decay; `stop` the stopping.TargetAccuracy whose count a
+  run with --ema_decay; `stop` the stopping.Target whose count a
   resume continues.
   """
 
@@ -84,14 +88,17 @@ class Checkpoints:
     self._step = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._global_batch = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._world_size = tf.Variable(0, dtype=tf.int64, trainable=False)
-    self._best_accuracy = tf.Variable(-1.0, dtype=tf.float64, trainable=False)
+    # The best epoch's deciding figure, higher better (tasks.Decider.score);
+    # saved as best_accuracy, what it was when accuracy alone decided.
+    self._best_score = tf.Variable(-math.inf, dtype=tf.float64,
+                                   trainable=False)
     self._seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
     self._identity_variable = tf.Variable(identity, dtype=tf.string,
                                           trainable=False)
     objects = dict(model=model, epoch=self._epoch, step=self._step,
                    global_batch=self._global_batch,
                    world_size=self._world_size,
-                   best_accuracy=self._best_accuracy,
+                   best_accuracy=self._best_score,
                    identity=self._identity_variable)
     if optimizer is not None:
       objects["optimizer"] = optimizer
@@ -122,7 +129,7 @@ class Checkpoints:
       # The best so far, for a process that takes over as rank 0 in an
       # elastic run (a restore sets it too, from the checkpoint it reads).
       try:
-        self._best_accuracy.assign(tf.train.load_checkpoint(
+        self._best_score.assign(tf.train.load_checkpoint(
             self.best_path).get_tensor(_BEST_ACCURACY_KEY))
       except (*_DAMAGE, ValueError) as e:
         raise UserError(
@@ -208,8 +215,8 @@ class Checkpoints:
                     float(self._seconds.numpy()))
 
   @property
-  def best_accuracy(self) -> float:
-    return float(self._best_accuracy.numpy())
+  def best_score(self) -> float:
+    return float(self._best_score.numpy())
 
   # Saving.
 
@@ -223,19 +230,19 @@ class Checkpoints:
     return self._save(self._latest, "ckpt", global_step)
 
   def save_at_epoch_end(self, position: Position, global_step: int,
-                        val_accuracy: float) -> bool:
-    """Saves the epoch; also as best/ if its validation accuracy is the best
-    so far, which it returns.
+                        score: float) -> bool:
+    """Saves the epoch; also as best/ if its `score` (the deciding
+    validation figure, higher better) is the best so far, which it returns.
 
-    The best accuracy is recorded before the epoch's checkpoint is written,
+    The best score is recorded before the epoch's checkpoint is written,
     so a run resumed from it compares later epochs with the true best and
     never replaces best/ with a worse epoch. best/ is written first: if the
     latest then fails to save, the rerun redoes the epoch and compares it
     with the best before it.
     """
-    best = val_accuracy > self.best_accuracy
+    best = score > self.best_score
     if best:
-      self._best_accuracy.assign(val_accuracy)
+      self._best_score.assign(score)
       self._set_position(position)
       self._save(self._best, "best", global_step)
     self.save(position, global_step)

@@ -43,7 +43,8 @@ def run(train: Callable[[config_lib.TrainConfig], Result], *, model=None,
   `model` and `dataset` are module-level functions, or names as their
   flags take: a model builder called as --model's, and a data set loader
   returning `engine.datasets.Splits` (for arrays a script holds:
-  `engine.datasets.from_arrays`). They are recorded in flags.txt as
+  `engine.datasets.from_arrays`); so is `task=`, a task class
+  (engine/tasks). They are recorded in flags.txt as
   `path/to/SCRIPT.py:function`, so resuming and engine.evaluate find them.
   Any other keyword is a flag: `epochs=3`, `batch_size=64`. Errors end the
   process with one line and a non-zero exit, as the command line does.

@@ -34,6 +34,10 @@ class TrainConfig:
   # Model
   model: str
   model_params: dict
+  # Task (a registered name or a user's module:Class)
+  task: str
+  task_params: dict  # what a task's __init__ declares it takes
+  best_metric: str  # "val_<figure>:max|min", or "": the task's own
   # Optimization
   optimizer: str
   base_lr: float
@@ -50,7 +54,8 @@ class TrainConfig:
   batch_size: int
   epochs: int
   steps_per_epoch: int
-  target_accuracy: float
+  target: float  # of the deciding figure; 0: none
+  target_accuracy: bool  # whether the target came as --target_accuracy
   patience: int
   seed: int
   model_dir: str
@@ -100,6 +105,7 @@ class TrainConfig:
     with."""
     return dict(
         dataset=self.dataset, model=self.model, **self.model_params,
+        task=self.task,
         optimizer=self.optimizer, base_lr=self.base_lr,
         lr_scaling=self.lr_scaling, warmup_epochs=self.warmup_epochs,
         lr_schedule=self.lr_schedule, momentum=self.momentum,
@@ -119,6 +125,9 @@ def config_from_flags() -> TrainConfig:
   if FLAGS.eval_shift and FLAGS.eval_shift_pixels:
     raise UserError("--eval_shift and --eval_shift_pixels: give one, "
                     "--eval_shift (--eval_shift_pixels is its old spelling)")
+  if FLAGS.target and FLAGS.target_accuracy:
+    raise UserError("--target and --target_accuracy: give one (--target is "
+                    "for any figure, --target_accuracy for val_accuracy)")
   return TrainConfig(
       dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
       data_params=_data_params_from_flags(),
@@ -130,6 +139,10 @@ def config_from_flags() -> TrainConfig:
       model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
                         filters=FLAGS.filters, dropout=FLAGS.dropout,
                         weight_decay=FLAGS.weight_decay),
+      task=FLAGS.task,
+      task_params=dict(label_smoothing=FLAGS.label_smoothing,
+                       loss=FLAGS.loss, ignore_label=FLAGS.ignore_label),
+      best_metric=FLAGS.best_metric,
       optimizer=FLAGS.optimizer, base_lr=FLAGS.base_lr,
       lr_scaling=FLAGS.lr_scaling, warmup_epochs=FLAGS.warmup_epochs,
       lr_schedule=FLAGS.lr_schedule,
@@ -139,7 +152,8 @@ def config_from_flags() -> TrainConfig:
       ema_decay=FLAGS.ema_decay,
       batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
       steps_per_epoch=FLAGS.steps_per_epoch,
-      target_accuracy=FLAGS.target_accuracy, patience=FLAGS.patience,
+      target=FLAGS.target or FLAGS.target_accuracy,
+      target_accuracy=bool(FLAGS.target_accuracy), patience=FLAGS.patience,
       progress=FLAGS.progress, summary_every_steps=FLAGS.summary_every_steps,
       eval_every_epochs=FLAGS.eval_every_epochs,
       seed=FLAGS.seed,

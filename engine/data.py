@@ -79,7 +79,9 @@ def train_batches(source: Source, info: DatasetInfo, *,
                   first_step: int = 0) -> tf.data.Dataset:
   """This rank's training batches from `first_epoch` on, `steps` per epoch.
 
-  Normalized float32 images and int64 labels, one stream for the whole run.
+  Normalized float32 images and their labels (int64 class ids, float
+  targets, or masks flipped and shifted with their images), one stream for
+  the whole run.
   A run resumed mid-epoch starts at `first_step` of `first_epoch`, with the
   very batches an uninterrupted run would have had there.
   """
@@ -160,6 +162,9 @@ def _indexed_train_batches(source: Examples | ArrayRows | ImageFiles,
         epoch_key, step * world_size + rank)
     batch = augment(images, key, flip=flip, shift=shift,
                     fill=info.shift_fill)
+    if is_mask(info):  # moved as its image is: the same key
+      labels = augment(labels[..., None], key, flip=flip, shift=shift,
+                       fill=info.shift_fill)[..., 0]
     return normalize(batch, info), labels
 
   indices = (tf.data.Dataset.counter(first_epoch)
@@ -350,6 +355,12 @@ def augment(images: tf.Tensor, key: tf.Tensor, *, flip: bool, shift: float,
         output_shape=tf.constant([height, width]), fill_value=0.0,
         interpolation="NEAREST", fill_mode=fill.upper())
   return images
+
+
+def is_mask(info: DatasetInfo) -> bool:
+  """Whether a label is an image's mask, [H, W] as the image: flipped and
+  shifted with it."""
+  return tuple(info.label_shape) == tuple(info.image_shape[:2])
 
 
 def normalize(images: tf.Tensor, info: DatasetInfo) -> tf.Tensor:

@@ -24,12 +24,13 @@ from engine import cli
 from engine import data
 from engine import distributed
 from engine import ema
-from engine import metrics
 from engine import runs
 from engine import step as steps
 from engine.config import TrainConfig
 from engine.config import config_from_flags
 from engine.errors import UserError
+from engine.tasks.classification import Classification
+from engine.tasks.classification import per_class_accuracy
 
 FLAGS = flags.FLAGS
 PROGRAM = "engine.evaluate"  # what its error lines start with
@@ -39,9 +40,9 @@ flags.DEFINE_string("checkpoint", "latest",
 
 
 def evaluate(config: TrainConfig, which: str):
-  """Returns (checkpoint path, metrics.Result, per-class accuracy, class
-  names) on every rank."""
-  world, splits, model = build.prepare(config)
+  """Returns (checkpoint path, metrics.Result, and for classification the
+  per-class accuracy and class names, else None) on every rank."""
+  world, splits, task, model = build.prepare(config)
   # The run evaluated with its weights' average: so does this.
   weight_average = ema.maybe_average(model, config.ema_decay)
 
@@ -62,13 +63,15 @@ def evaluate(config: TrainConfig, which: str):
                               name="evaluate_restore")
   distributed.broadcast_from_chief(model.variables
                                    + ema.variables(weight_average))
-  eval_step = build.eval_step(config, model, splits.info)
+  eval_step = build.eval_step(config, task, model)
   with ema.averaged(weight_average):
     result = steps.evaluate(eval_step, data.eval_batches(
         splits.test, splits.info, rank=world.rank, world_size=world.size,
         batch_size=config.batch_size))
-  per_class = metrics.per_class_accuracy(eval_step.confusion.counts())
-  return path, result, per_class, splits.info.classes()
+  if not isinstance(task, Classification):
+    return path, result, None
+  return path, result, (per_class_accuracy(result.sums["confusion"]),
+                        splits.info.classes())
 
 
 def _run_flags(model_dir: str) -> str:
@@ -91,13 +94,16 @@ def main(argv):
     FLAGS.unparse_flags()
     cli.parse_flags([sys.argv[0], f"--flagfile={run_flags}", *given],
                     program=PROGRAM)
-    path, result, per_class, names = evaluate(config_from_flags(),
-                                              FLAGS.checkpoint)
+    path, result, classes = evaluate(config_from_flags(), FLAGS.checkpoint)
   except UserError as e:
     cli.exit_with_error(str(e), e.exit_code, program=PROGRAM)
   if distributed.is_chief():
-    print(f"{path}: test loss {result.loss:.4f}, test accuracy "
-          f"{result.accuracy:.4f} ({result.examples} examples)")
+    figures = ", ".join(f"test {name} {value:.4f}"
+                        for name, value in result.figures.items())
+    print(f"{path}: {figures} ({result.examples} examples)")
+    if not classes:
+      return
+    per_class, names = classes
     width = max(len(name) for name in names)
     for name, accuracy in zip(names, per_class):
       shown = "no examples" if np.isnan(accuracy) else f"{accuracy:.4f}"

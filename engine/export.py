@@ -1,5 +1,5 @@
-"""SavedModels for inference: images in; logits, probabilities, class ids
-and class names out.
+"""SavedModels for inference: images in; what the task serves out (for
+classification: logits, probabilities, class ids and class names).
 
 The exported signature takes images as stored (uint8, or float32 for float
 arrays; the training image shape) and applies the training set's
@@ -20,13 +20,13 @@ import tensorflow as tf
 from engine import data
 from engine import ema
 from engine import storage
-from engine.datasets import DatasetInfo
 from engine.errors import first_line
+from engine.tasks import Task
 
 EXPORT_DIR = "export"
 
 
-def save(model: tf.keras.Model, info: DatasetInfo, path: str) -> None:
+def save(model: tf.keras.Model, task: Task, path: str) -> None:
   """The serving function and the variables it reads, as a SavedModel.
 
   The Keras model itself is not saved, only captured by the function: its
@@ -34,16 +34,12 @@ def save(model: tf.keras.Model, info: DatasetInfo, path: str) -> None:
   25 s of a MobileNetV2's export, and a user of the signature needs none
   of it.
   """
-  class_names = tf.constant(info.classes())
+  info = task.info
 
   @tf.function(input_signature=[tf.TensorSpec(
       [None, *info.image_shape], info.image_dtype, name="images")])
   def serve(images):
-    logits = model(data.normalize(images, info), training=False)
-    classes = tf.argmax(logits, axis=-1)
-    return {"logits": logits, "probabilities": tf.nn.softmax(logits),
-            "classes": classes,
-            "class_names": tf.gather(class_names, classes)}
+    return task.serve(model(data.normalize(images, info), training=False))
 
   module = tf.Module()
   module.model_variables = list(model.variables)
@@ -66,7 +62,7 @@ def save(model: tf.keras.Model, info: DatasetInfo, path: str) -> None:
 
 
 def save_checkpoint(model: tf.keras.Model, checkpoint_path: str,
-                    info: DatasetInfo, path: str,
+                    task: Task, path: str,
                     weight_average=None) -> None:
   """Exports the weights of `checkpoint_path` through `model`, whose own
   weights are put back afterwards; with `weight_average` (an
@@ -87,7 +83,7 @@ def save_checkpoint(model: tf.keras.Model, checkpoint_path: str,
                                  f"({first_line(e)})"
                                  ) from None
     with ema.averaged(weight_average):
-      save(model, info, path)
+      save(model, task, path)
 
 
 class UnreadableCheckpoint(Exception):

@@ -95,9 +95,9 @@ def range_test(config: TrainConfig, *, min_lr: float,
   if not 0 < min_lr < max_lr:
     raise UserError(f"--min_lr={min_lr:g} and --max_lr={max_lr:g}: the "
                     "range needs 0 < --min_lr < --max_lr")
-  world, splits, model = build.prepare(config)
+  world, splits, task, model = build.prepare(config)
   rate = ExponentialRange(min_lr, max_lr, range_steps)
-  _, train_step = build.optimizer_and_step(config, model, rate)
+  _, train_step = build.optimizer_and_step(config, task, model, rate)
   step_batch = config.batch_size * config.grad_accum_steps
   steps_per_epoch = data.steps_per_epoch(
       num_train=splits.info.num_train, batch_size=step_batch,
@@ -107,7 +107,7 @@ def range_test(config: TrainConfig, *, min_lr: float,
       batch_size=step_batch, steps=steps_per_epoch, seed=config.seed,
       first_epoch=0, flip=config.random_flip, shift=config.random_shift))
   distributed.broadcast_from_chief(model.variables)
-  window = metrics.StepWindow()
+  window = metrics.StepWindow(train_step.totals)
   rates, losses = [], []
   too_high = False
   for done in range(1, range_steps + 1):

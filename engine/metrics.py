@@ -1,11 +1,13 @@
-"""Loss and accuracy kept as sums and counts, reduced exactly across ranks.
+"""A task's metrics kept as sums, reduced exactly across ranks.
 
-Each rank accumulates, inside the compiled step, the sum of per-example
-losses, the number of correct predictions and the number of examples. Only
-when a figure is read are the three sums added across ranks, once. Means of
-per-rank means would be wrong whenever ranks hold different numbers of
-examples (the last eval batch, uneven shards), and a per-step allreduce of
-metrics would cost a collective on every step for figures read once an epoch.
+Each rank accumulates, inside the compiled step, the sums its task declares
+(engine/tasks: a loss sum, correct predictions, a confusion matrix, squared
+errors) and the number of examples, in one float64 vector. Only when a
+figure is read are the sums added across ranks, once, and the task turns
+them into its figures. Means of per-rank means would be wrong whenever
+ranks hold different numbers of examples (the last eval batch, uneven
+shards), and a per-step allreduce of metrics would cost a collective on
+every step for figures read once an epoch.
 """
 import dataclasses
 
@@ -13,55 +15,73 @@ import numpy as np
 import tensorflow as tf
 
 from engine import distributed
+from engine import tasks as tasks_lib
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-  loss: float       # mean cross-entropy per example (no weight-decay term)
-  accuracy: float
+  """A task's figures over some examples; `result.loss`, `result.accuracy`
+  read the figures by name. `sums` are what they were computed from."""
+  figures: dict
   examples: int
+  sums: dict = dataclasses.field(default_factory=dict, compare=False,
+                                 repr=False)
 
-  @classmethod
-  def of(cls, sums: np.ndarray) -> "Result":
-    """From (loss sum, correct predictions, examples)."""
-    loss_sum, correct, examples = sums
-    count = max(examples, 1.0)
-    return cls(loss=loss_sum / count, accuracy=correct / count,
-               examples=int(examples))
+  def __getattr__(self, name: str) -> float:
+    figures = self.__dict__.get("figures", {})
+    if name in figures:
+      return figures[name]
+    raise AttributeError(f"no figure {name!r} (the task's figures are "
+                         f"{', '.join(figures)})")
 
 
 class Totals:
-  """This rank's running sums; `result()` gives the figure over all ranks."""
+  """This rank's running sums of a task's metrics, in one flat vector (one
+  allreduce reads them all); `result()` gives the figures over all ranks."""
 
-  def __init__(self, name: str):
+  def __init__(self, name: str, task):
     self._name = name
-    self._sums = tf.Variable(tf.zeros([3], tf.float64), trainable=False,
-                             name=name)
+    self._task = task
+    self._shapes = {**{key: tuple(shape) for key, shape in
+                       task.sums().items()}, tasks_lib.EXAMPLES: ()}
+    self._sizes = [int(np.prod(shape)) for shape in self._shapes.values()]
+    self._sums = tf.Variable(tf.zeros([sum(self._sizes)], tf.float64),
+                             trainable=False, name=name)
 
-  def update(self, per_example_loss: tf.Tensor, logits: tf.Tensor,
-             labels: tf.Tensor) -> None:
+  def update(self, labels: tf.Tensor, outputs: tf.Tensor,
+             loss: tf.Tensor) -> None:
     """Adds one batch; meant to run inside the step's tf.function."""
-    predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
-    correct = tf.reduce_sum(tf.cast(predictions == labels, tf.float64))
-    self._sums.assign_add(tf.stack([
-        tf.reduce_sum(tf.cast(per_example_loss, tf.float64)), correct,
-        tf.cast(tf.size(labels), tf.float64)]))
+    sums = dict(self._task.batch_sums(labels, outputs, loss))
+    sums[tasks_lib.EXAMPLES] = tf.shape(outputs)[0]
+    self._sums.assign_add(tf.concat(
+        [tf.reshape(tf.cast(sums[key], tf.float64), [-1])
+         for key in self._shapes], axis=0))
 
   def reset(self) -> None:
-    self._sums.assign(tf.zeros([3], tf.float64))
+    self._sums.assign(tf.zeros_like(self._sums))
 
   def local_sums(self) -> np.ndarray:
-    """(loss sum, correct, examples) of this rank; no collective."""
+    """This rank's flat sums; no collective."""
     return self._sums.numpy()
 
   def sums(self) -> np.ndarray:
-    """(loss sum, correct, examples) over every rank. A collective: call on
-    all ranks."""
+    """The flat sums over every rank. A collective: call on all ranks."""
     return distributed.sum_across_ranks(self._sums.numpy(), name=self._name)
 
   def result(self) -> Result:
-    """The figure over every rank's examples. A collective, as `sums`."""
-    return Result.of(self.sums())
+    """The figures over every rank's examples. A collective, as `sums`."""
+    return self.result_of(self.sums())
+
+  def result_of(self, flat: np.ndarray) -> Result:
+    """The figures of flat sums (from `sums`, or added up from several)."""
+    sums = self._unflattened(np.broadcast_to(flat, self._sums.shape))
+    return Result(figures=self._task.figures(sums),
+                  examples=int(sums[tasks_lib.EXAMPLES]), sums=sums)
+
+  def _unflattened(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+    pieces = np.split(flat, np.cumsum(self._sizes)[:-1])
+    return {key: piece.reshape(shape) for (key, shape), piece in
+            zip(self._shapes.items(), pieces)}
 
 
 class StepWindow:
@@ -71,50 +91,20 @@ class StepWindow:
   step: no collective, and the sums are read after a step whose result
   the host has read already."""
 
-  def __init__(self):
+  def __init__(self, totals: Totals):
+    self._totals = totals
     self.start_epoch(0)
 
   def start_epoch(self, first_step: int) -> None:
-    self._sums, self._step_seconds, self._step = np.zeros(3), 0.0, first_step
+    self._sums, self._step_seconds, self._step = 0.0, 0.0, first_step
 
   def read(self, step: int, sums: np.ndarray, step_seconds: float) -> dict:
-    """Loss, accuracy and seconds per step over steps after the last read
-    up to `step` (of the epoch), given the running figures at `step`."""
-    (loss_sum, correct, examples), steps = sums - self._sums, step - self._step
-    figures = dict(loss=loss_sum / max(examples, 1.0),
-                   accuracy=correct / max(examples, 1.0),
+    """The task's figures and seconds per step over steps after the last
+    read up to `step` (of the epoch), given the running figures at
+    `step`."""
+    steps = step - self._step
+    figures = dict(self._totals.result_of(sums - self._sums).figures,
                    step_seconds=(step_seconds - self._step_seconds)
                    / max(steps, 1))
     self._sums, self._step_seconds, self._step = sums, step_seconds, step
     return figures
-
-
-class Confusion:
-  """This rank's confusion matrix, counts[true class, predicted class];
-  `counts()` sums it over all ranks (a collective, as `Totals.sums`)."""
-
-  def __init__(self, name: str, num_classes: int):
-    self._name = name
-    self._num_classes = num_classes
-    self._counts = tf.Variable(
-        tf.zeros([num_classes, num_classes], tf.float64), trainable=False,
-        name=name)
-
-  def update(self, logits: tf.Tensor, labels: tf.Tensor) -> None:
-    """Adds one batch; meant to run inside the step's tf.function."""
-    predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
-    self._counts.assign_add(tf.math.confusion_matrix(
-        labels, predictions, self._num_classes, dtype=tf.float64))
-
-  def reset(self) -> None:
-    self._counts.assign(tf.zeros_like(self._counts))
-
-  def counts(self) -> np.ndarray:
-    return distributed.sum_across_ranks(self._counts.numpy(),
-                                        name=self._name)
-
-
-def per_class_accuracy(counts: np.ndarray) -> np.ndarray:
-  """Each class's share of its examples predicted right (nan: none)."""
-  with np.errstate(invalid="ignore", divide="ignore"):
-    return np.diag(counts) / counts.sum(axis=1)

@@ -14,7 +14,6 @@ import time
 from typing import Optional
 
 from absl import logging
-import numpy as np
 import tensorflow as tf
 
 from engine import checkpoint
@@ -27,6 +26,7 @@ from engine import report
 from engine import runs
 from engine import stopping
 from engine import storage
+from engine import tasks
 from engine.config import TrainConfig
 from engine.errors import Diverged
 from engine.errors import UserError
@@ -41,12 +41,16 @@ class RunDirectory:
   """
 
   def __init__(self, model_dir: str, config: TrainConfig, *, model,
-               optimizer, info: datasets.DatasetInfo, lr_factor: tf.Variable,
+               optimizer, info: datasets.DatasetInfo, task: tasks.Task,
+               decider: tasks.Decider, lr_factor: tf.Variable,
                weight_average: Optional[ema.WeightAverage],
-               stop: stopping.TargetAccuracy):
+               stop: stopping.Target):
+    """`decider`: the validation figure that decides best/."""
     self.model_dir = model_dir
     self._config = config
     self._model = model
+    self._task = task
+    self._decider = decider
     self._optimizer = optimizer
     self._info = info
     self._lr_factor = lr_factor
@@ -113,18 +117,19 @@ class RunDirectory:
       return self.checkpoints.save(position, global_step)
 
   def end_epoch(self, reporter: report.Reporter, record: dict,
-                confusion: Optional[np.ndarray],
-                position: checkpoint.Position, global_step: int) -> None:
-    """The epoch's record and its checkpoints (the best among those
-    evaluated)."""
-    accuracy = record["val_accuracy"]
+                images: dict, position: checkpoint.Position,
+                global_step: int) -> None:
+    """The epoch's record, its TensorBoard `images` (the task's), and its
+    checkpoints (the best among those evaluated)."""
+    value = record[self._decider.key]
     with self._writes():
-      reporter.epoch(record, confusion)
-      if accuracy is None:
+      reporter.epoch(record, images)
+      if value is None:
         self.checkpoints.save(position, global_step)
       elif self.checkpoints.save_at_epoch_end(position, global_step,
-                                              accuracy):
-        logging.info("best validation accuracy so far: %.4f", accuracy)
+                                              self._decider.score(value)):
+        logging.info("best %s so far: %.4f", _described(self._decider.key),
+                     value)
 
   def record_end(self, error: BaseException) -> None:
     """How the run stopped, when it stopped before finishing: the end
@@ -154,11 +159,12 @@ class RunDirectory:
     exported = ["final"]
     with self._writes():
       with ema.averaged(self._weight_average):
-        export.save(self._model, self._info, os.path.join(directory, "final"))
+        export.save(self._model, self._task,
+                    os.path.join(directory, "final"))
       if self.checkpoints.best_path:
         try:
           export.save_checkpoint(self._model, self.checkpoints.best_path,
-                                 self._info, os.path.join(directory, "best"),
+                                 self._task, os.path.join(directory, "best"),
                                  self._weight_average)
           exported.append("best")
         except export.UnreadableCheckpoint as e:
@@ -178,6 +184,11 @@ class RunDirectory:
                else "it starts from the beginning")
       raise WriteFailed(f"{e}, then run the same command again: {where}"
                         ) from None
+
+
+def _described(key: str) -> str:
+  """A metrics.jsonl key in words: val_accuracy, validation accuracy."""
+  return key.replace("val_", "validation ", 1).replace("_", " ")
 
 
 def _end_record(error: BaseException) -> dict:

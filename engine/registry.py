@@ -17,9 +17,13 @@ class Registry:
   passed its parameters the same way.
   """
 
-  def __init__(self, flag: str, builders: dict[str, Callable]):
+  def __init__(self, flag: str, builders: dict[str, Callable],
+               kind: str = "function"):
+    """`kind`: what a user's builder is, in messages (a task's is a
+    class)."""
     self._flag = flag
     self._builders = builders
+    self._kind = kind
 
   def names(self) -> list[str]:
     return sorted(self._builders)
@@ -34,7 +38,7 @@ class Registry:
     if name not in self._builders:
       raise UserError(f"--{self._flag}={name} is unknown; choose one of "
                       f"{', '.join(self.names())} or give "
-                      "package.module:function")
+                      f"package.module:{self._kind}")
     return self._builders[name]
 
   def build(self, name: str, *args, **params):

@@ -26,21 +26,41 @@ TENSORBOARD_DIR = "tensorboard"
 # same tags, so each pair of curves overlays on one card. Epoch scalars are
 # indexed by the epoch (1-based), within-epoch ones by the global step.
 TRAIN, VALIDATION = "train", "validation"
-# metrics.jsonl key -> (TensorBoard run, tag).
-EPOCH_SCALARS = {
-    "train_loss": (TRAIN, "epoch_loss"),
-    "train_accuracy": (TRAIN, "epoch_accuracy"),
-    "learning_rate": (TRAIN, "epoch_learning_rate"),
-    "images_per_sec": (TRAIN, "epoch_images_per_sec"),
-    "val_loss": (VALIDATION, "epoch_loss"),
-    "val_accuracy": (VALIDATION, "epoch_accuracy"),
-}
+# Besides the task's figures (train_<name>, val_<name>), the epoch scalars.
+_TRAIN_SCALARS = ("learning_rate", "images_per_sec")
 # Within an epoch, every --summary_every_steps steps, in the train run.
 STEP_TAG_PREFIX = "batch_"
 # The run's figures for the HParams dashboard (runs.summary), written each
-# epoch into model_dir/tensorboard itself, beside the run's hparams.
-HPARAMS_METRICS = ("best_val_accuracy", "final_val_accuracy",
-                   "seconds_to_target", "images_per_sec")
+# epoch into model_dir/tensorboard itself, beside the run's hparams: the
+# best and final deciding figure (best_val_accuracy, ...) and these.
+HPARAMS_METRICS = ("seconds_to_target", "images_per_sec")
+# Shorter names of figures in the log line.
+_SHORT_NAMES = {"accuracy": "acc"}
+
+
+def epoch_scalars(record: dict) -> dict[str, tuple[str, str]]:
+  """An epoch record's TensorBoard scalars: metrics.jsonl key -> (run,
+  tag). The task's figures go by their names into the train and
+  validation runs (train_loss and val_loss both as epoch_loss)."""
+  scalars = {}
+  for key in record:
+    if key.startswith("train_") and key != "train_examples":
+      scalars[key] = (TRAIN, "epoch_" + key.removeprefix("train_"))
+    elif key.startswith("val_"):
+      scalars[key] = (VALIDATION, "epoch_" + key.removeprefix("val_"))
+    elif key in _TRAIN_SCALARS:
+      scalars[key] = (TRAIN, "epoch_" + key)
+  return scalars
+
+
+def _figures(record: dict, prefix: str) -> str:
+  """The record's figures of one split as the log line shows them (not
+  the details, as mae/<target>)."""
+  return " ".join(
+      f"{_SHORT_NAMES.get(key[len(prefix):], key[len(prefix):])} "
+      f"{value:.4f}" for key, value in record.items()
+      if key.startswith(prefix) and key != "train_examples"
+      and "/" not in key)
 
 
 def configure_logging(chief: bool) -> None:
@@ -121,20 +141,21 @@ class Reporter:
         for name, value in scalars.items():
           tf.summary.scalar(STEP_TAG_PREFIX + name, value)
 
-  def epoch(self, record: dict,
-            confusion: Optional[np.ndarray] = None) -> None:
-    """`confusion`: the validation confusion matrix, counts[true, predicted],
-    drawn as a TensorBoard image."""
+  def epoch(self, record: dict, images: Optional[dict] = None) -> None:
+    """`images`: the task's TensorBoard images of the validation figures,
+    {tag: (image [1, H, W, 3] uint8, description)} (classification's
+    confusion matrix)."""
     if not self._chief:
       return
-    val = ("not evaluated" if record["val_loss"] is None else
-           f"val loss {record['val_loss']:.4f} acc {record['val_accuracy']:.4f}")
+    evaluated = any(value is not None for key, value in record.items()
+                    if key.startswith("val_"))
+    val = "val " + _figures(record, "val_") if evaluated else "not evaluated"
     logging.info(
-        "epoch %d/%d  train loss %.4f acc %.4f | %s | "
+        "epoch %d/%d  train %s | %s | "
         "lr %.3g | %.0f img/s, %.1fs input wait + %.1fs in steps | %.1fs "
         "(total %.1fs)",
-        record["epoch"], self._epochs, record["train_loss"],
-        record["train_accuracy"], val, record["learning_rate"], record["images_per_sec"],
+        record["epoch"], self._epochs, _figures(record, "train_"), val,
+        record["learning_rate"], record["images_per_sec"],
         record["input_seconds"], record["step_seconds"],
         record["epoch_seconds"], record["cumulative_seconds"])
     if record.get("skipped_steps"):
@@ -144,23 +165,23 @@ class Reporter:
     self._append(record)
     self._records.append(record)
     step = record["epoch"]
-    for key, (run, tag) in EPOCH_SCALARS.items():
+    for key, (run, tag) in epoch_scalars(record).items():
       if record[key] is None:  # an epoch not evaluated
         continue
       with self._tensorboard(run) as writer:
         with writer.as_default(step=step):
           tf.summary.scalar(tag, record[key])
-    if confusion is not None:
+    for tag, (image, description) in (images or {}).items():
       with self._tensorboard(VALIDATION) as writer:
         with writer.as_default(step=step):
-          tf.summary.image("confusion_matrix", confusion_image(confusion),
-                           description="Rows: true class, columns: "
-                           "predicted class, in label order (classes.txt); "
-                           "each row normalized, white 0 to dark blue 1.")
+          tf.summary.image(tag, image, description=description)
+    summary = runs.summary(self._records)
+    decided_by = summary["metric"]
     with self._tensorboard("") as writer:
       with writer.as_default(step=step):
-        for name, value in runs.summary(self._records).items():
-          if name in HPARAMS_METRICS and value is not None:
+        for name, value in summary.items():
+          if value is not None and name in (
+              *HPARAMS_METRICS, f"best_{decided_by}", f"final_{decided_by}"):
             tf.summary.scalar(name, value)
     self.flush()
 

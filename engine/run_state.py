@@ -9,7 +9,7 @@ continue from is split by where it lives:
 * In variables, which every rank holds alike, the checkpoints save and an
   elastic commit copies: the weights, the optimizer, the learning rate's
   factor (lowered by rollbacks), the weights' average, and the early
-  stopping count (stopping.TargetAccuracy). The train loop lists them in
+  stopping count (stopping.Target). The train loop lists them in
   one place (`variables()`).
 * In a `RunState`: the position in the data and the run's clock, and for
   an elastic commit, what the epoch has counted so far and the epochs'
@@ -23,8 +23,9 @@ import numpy as np
 
 from engine.checkpoint import Position
 
-# Loss sum, correct predictions, examples: an epoch before its first step.
-NO_EXAMPLES = np.zeros(3)
+# The sums of an epoch before its first step (metrics.Totals): a zero that
+# adds to the task's sums of any shape.
+NO_EXAMPLES = np.zeros(())
 
 
 @dataclasses.dataclass(frozen=True)

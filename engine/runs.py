@@ -5,7 +5,8 @@ r"""A table of training runs, to compare them and see how each one ended.
 One line per run under the DIRs (a run is a directory, at any depth, holding
 a metrics.jsonl or, before its first epoch, a flags.txt; a DIR may be a run
 itself): the flags that differ between the runs, epochs done of those
-planned, best and final validation accuracy, seconds to --target_accuracy,
+planned, best and final validation accuracy (or the figure a task decides
+by), seconds to --target,
 median images/s, processes, and the run's state (finished, stopped by a
 signal, diverged, an error, running, or ended without a word: killed).
 
@@ -65,35 +66,49 @@ class Run:
     return _planned_epochs(self.records, self.flags)
 
   def target_set(self) -> bool:
-    """Whether it ran with a --target_accuracy (0, the default, is none)."""
+    """Whether it ran with a --target or --target_accuracy (0, the
+    default, is none)."""
     try:
-      return float(self.flags.get("target_accuracy", "0")) > 0
+      return any(float(self.flags.get(name, "0")) > 0
+                 for name in ("target", "target_accuracy"))
     except ValueError:
       return False
+
+
+def decided_by(records: list[dict]) -> tuple[str, bool]:
+  """The key of the figure that decided the run's best epoch, and whether
+  lower is better: the records' best_metric (val_accuracy:max before
+  tasks)."""
+  spec = records[-1].get("best_metric") if records else None
+  key, _, direction = (spec or "val_accuracy:max").partition(":")
+  return key, direction == "min"
 
 
 def summary(records: list[dict]) -> dict:
   """A run's figures from its epoch records (in order), for the table here
   and for TensorBoard's HParams dashboard (engine.report).
 
+  `metric` is the key of the deciding figure (val_accuracy, val_mae), and
+  `best_<metric>` and `final_<metric>` its best and last values.
   `images_per_sec` is the median over the epochs, leaving out epoch 1 when
   there are others: its time includes tracing the step functions. A figure
-  no record gives (no epochs yet, no --target_accuracy, or not reached) is
-  None.
+  no record gives (no epochs yet, no --target, or not reached) is None.
   """
-  accuracies = [r["val_accuracy"] for r in records
-                if _is_finite(r.get("val_accuracy"))]
+  metric, minimize = decided_by(records)
+  values = [r[metric] for r in records if _is_finite(r.get(metric))]
   timed = ([r for r in records if r.get("epoch") != 1]
            if len(records) >= 2 else records)
   rates = [r["images_per_sec"] for r in timed
            if _is_finite(r.get("images_per_sec"))]
   last = records[-1] if records else {}
   # The last evaluated epoch's (--eval_every_epochs skips some).
-  final = accuracies[-1] if accuracies else None
+  final = values[-1] if values else None
   seconds_to_target = last.get("target_accuracy_first_seconds")
+  best = min if minimize else max
   return {
-      "best_val_accuracy": max(accuracies) if accuracies else None,
-      "final_val_accuracy": final if _is_finite(final) else None,
+      "metric": metric,
+      f"best_{metric}": best(values) if values else None,
+      f"final_{metric}": final,
       "seconds_to_target": (seconds_to_target
                             if _is_finite(seconds_to_target) else None),
       "images_per_sec": statistics.median(rates) if rates else None,
@@ -180,25 +195,33 @@ def table(runs: dict[str, Run]) -> str:
   Of the flags, only those whose values differ between the runs get a
   column (headed --name): they are what the comparison is about. A flag a
   run does not have (written by an older engine) shows as "-", an empty
-  value as ''.
+  value as ''. Best and final are of the figure that decided each run's
+  best epoch: validation accuracy, or (in a column of its own when some
+  run has another) the task's (val_mae).
   """
   flag_names = _differing_flags(list(runs.values()))
+  summaries = {label: summary(run.records) for label, run in runs.items()}
+  show_metric = any(figures["metric"] != "val_accuracy"
+                    for figures in summaries.values())
   show_target = any(run.target_set() or any(
       "target_accuracy_first_seconds" in r for r in run.records)
                     for run in runs.values())
-  header = ["run", *(f"--{name}" for name in flag_names), "epochs", "best",
-            "final"]
+  header = ["run", *(f"--{name}" for name in flag_names), "epochs"]
+  header += ["metric"] if show_metric else []
+  header += ["best", "final"]
   header += ["s to target"] if show_target else []
   header += ["img/s", "procs", "state"]
   rows = []
   for label, run in runs.items():
-    figures = summary(run.records)
+    figures = summaries[label]
+    metric = figures["metric"]
     planned = run.planned_epochs()
     row = [label]
     row += [_shown_flag(run.flags.get(name)) for name in flag_names]
-    row += [f"{figures['epochs']}/{'?' if planned is None else planned}",
-            _number(figures["best_val_accuracy"], ".4f"),
-            _number(figures["final_val_accuracy"], ".4f")]
+    row += [f"{figures['epochs']}/{'?' if planned is None else planned}"]
+    row += [metric] if show_metric else []
+    row += [_number(figures[f"best_{metric}"], ".4f"),
+            _number(figures[f"final_{metric}"], ".4f")]
     if show_target:
       row.append(_number(figures["seconds_to_target"], ".1f"))
     row += [_number(figures["images_per_sec"], ".0f"),

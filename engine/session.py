@@ -32,12 +32,18 @@ class Session:
   def __init__(self, *, config: TrainConfig, world: distributed.World,
                directory: Optional[RunDirectory], steps_per_epoch: int,
                global_batch: int, first_epoch: int, first_step: int,
-               run_state: RunState,
+               run_state: RunState, train_totals: metrics.Totals,
+               best_metric: str,
                batches_from: Callable[..., tf.data.Dataset]):
-    """`batches_from(first_epoch=, first_step=)`: this rank's training
-    batches from there on (data.train_batches, all else given)."""
+    """`best_metric`: the deciding figure, as "val_accuracy:max", which each
+    epoch's record names for engine.runs. `train_totals`: the train step's
+    running sums, which summaries
+    within an epoch read. `batches_from(first_epoch=, first_step=)`: this
+    rank's training batches from there on (data.train_batches, all else
+    given)."""
     self.world = world
     self._epochs = config.epochs
+    self._best_metric = best_metric
     self._model_dir = config.model_dir
     self.directory = directory  # rank 0's model_dir; None on the others
     self.steps_per_epoch = steps_per_epoch
@@ -68,7 +74,7 @@ class Session:
     self.stop_requests = preemption.StopRequests()
     self.stop_requests.install()
     self.times = profiling.EpochTimes()
-    self.window = metrics.StepWindow()
+    self.window = metrics.StepWindow(train_totals)
     self.profiler = profiling.StepProfiler(
         config.model_dir, steps=config.profile_steps, rank=world.rank,
         all_ranks=config.profile_all_ranks,
@@ -83,8 +89,10 @@ class Session:
 
   def say_how_it_ended(self) -> None:
     if self.val:
-      logging.info("final test loss %.4f, test accuracy %.4f (%d examples); "
-                   "metrics in %s", self.val.loss, self.val.accuracy,
+      figures = ", ".join(f"test {name} {value:.4f}"
+                          for name, value in self.val.figures.items()
+                          if "/" not in name)  # details: metrics.jsonl
+      logging.info("final %s (%d examples); metrics in %s", figures,
                    self.val.examples, self.reporter.metrics_path)
     elif not self.history:
       logging.info("%s has finished its %d epochs already; pass a larger "
@@ -106,11 +114,11 @@ class Session:
     record = {
         "epoch": epoch + 1,
         "global_step": (epoch + 1) * self.steps_per_epoch,
-        "train_loss": train.loss,
-        "train_accuracy": train.accuracy,
+        # The task's figures: train_loss, train_accuracy, ...
+        **{f"train_{name}": value for name, value in train.figures.items()},
         "train_examples": train.examples,
-        "val_loss": val.loss if val else None,
-        "val_accuracy": val.accuracy if val else None,
+        **{f"val_{name}": val.figures[name] if val else None
+           for name in train.figures},
         "learning_rate": learning_rate,
         "images_per_sec": self.steps_run * self.global_batch / train_seconds,
         # Rank 0's split of the train time: a large input share means the
@@ -122,6 +130,7 @@ class Session:
         "world_size": self.world.size,
         "skipped_steps": skipped_steps,
         "epochs": self._epochs,
+        "best_metric": self._best_metric,
         "time": round(time.time(), 3),
     }
     self.history.append(record)

@@ -15,6 +15,8 @@ from engine import metrics
 from engine import optimizers
 from engine import precision
 from engine.errors import UserError
+from engine.tasks import Task
+from engine.tasks.classification import Classification
 
 ALLREDUCE_OPS = ("average", "adasum")
 COMPRESSIONS = ("none", "fp16")
@@ -37,7 +39,8 @@ _NAMES_SHOWN = 3
 class TrainStep:
   """One optimizer step on one batch per rank; traced once per run.
 
-  The step, in order: the forward pass and the loss (scaled under float16),
+  The step, in order: the forward pass and the task's loss (its mean over
+  the batch, plus the model's own losses; scaled under float16),
   the backward pass, the gradients' allreduce, unscaling, the update. With
   `accumulation_steps` K > 1 the batch is split into K micro-batches whose
   local gradients are averaged before the one allreduce.
@@ -65,18 +68,20 @@ class TrainStep:
 
   def __init__(self, *, model: tf.keras.Model,
                optimizer: tf.keras.optimizers.Optimizer,
+               task: Optional[Task] = None,
                allreduce_op: str = "average", compression: str = "none",
-               accumulation_steps: int = 1, label_smoothing: float = 0.0,
-               weight_average=None, xla: bool = False,
-               overlap_allreduce: Optional[bool] = None):
-    """`weight_average`: an ema.WeightAverage, updated after each update.
-    `overlap_allreduce`: None, as suits the device (above)."""
+               accumulation_steps: int = 1, weight_average=None,
+               xla: bool = False, overlap_allreduce: Optional[bool] = None):
+    """`task`: what is learnt (engine/tasks); by default classification
+    into the model's outputs. `weight_average`: an ema.WeightAverage,
+    updated after each update. `overlap_allreduce`: None, as suits the
+    device (above)."""
     self.model = model
+    self.task = task or _classification_of(model)
     self._weight_average = weight_average
-    self._label_smoothing = label_smoothing
     self.optimizer = optimizer
     optimizers.build_state(optimizer, model.trainable_variables)
-    self.totals = metrics.Totals("train_totals")
+    self.totals = metrics.Totals("train_totals", self.task)
     self.traces = 0
     self.skipped_steps = 0  # by the float16 loss scaler; reset per epoch
     if allreduce_op == "adasum" and not hvd.mpi_enabled():
@@ -235,23 +240,19 @@ class TrainStep:
   def _loss(self, images, labels):
     """The batch's loss to differentiate (times the loss scale under
     float16); counts the batch in the epoch's totals."""
-    per_example_loss, logits, loss = self._forward(images, labels)
-    self.totals.update(per_example_loss, logits, labels)
+    per_example_loss, outputs, loss = self._forward(images, labels)
+    self.totals.update(labels, outputs, per_example_loss)
     if self._scales_loss:
       return self.optimizer.get_scaled_loss(loss)
     return loss
 
   def _forward_pass(self, images, labels):
-    logits = self.model(images, training=True)
-    per_example_loss = cross_entropy(labels, logits)
-    objective = per_example_loss
-    if self._label_smoothing:
-      objective = smoothed_cross_entropy(labels, logits,
-                                         self._label_smoothing)
-    loss = tf.reduce_mean(objective)
+    outputs = self.model(images, training=True)
+    per_example_loss = self.task.loss(labels, outputs)
+    loss = tf.reduce_mean(per_example_loss)
     if self.model.losses:  # weight decay, as the layers' regularizers say
       loss += tf.add_n(self.model.losses)
-    return per_example_loss, logits, loss
+    return per_example_loss, outputs, loss
 
   def _local_gradients(self, images, labels, variables):
     """This rank's gradients of its batch's loss, and the loss."""
@@ -267,7 +268,7 @@ class TrainStep:
     at a time), and the mean of their losses."""
     k = self._accumulation_steps
     images = tf.reshape(images, [k, -1, *images.shape[1:]])
-    labels = tf.reshape(labels, [k, -1])
+    labels = tf.reshape(labels, [k, -1, *labels.shape[1:]])
     sums = [tf.zeros_like(v) for v in variables]
     loss_sum = tf.constant(0.0)
     for i in tf.range(k):
@@ -284,39 +285,46 @@ class TrainStep:
 class EvalStep:
   """Inference on one batch of any size; traced once per run.
 
-  Besides loss and accuracy it counts the confusion matrix, for per-class
-  accuracy (engine.evaluate) and TensorBoard's image of it.
+  Counts the task's sums (for classification also the confusion matrix,
+  for per-class accuracy in engine.evaluate and TensorBoard's image of it).
 
   With `flip`, each image is also seen mirrored (test-time augmentation),
-  and the prediction is the mean of the two views' probabilities: for data
-  whose classes look alike mirrored, as --random_flip assumes. With
-  `shift`, each view is also seen moved that many pixels left and right
-  (the border repeated, as --random_shift fills it): three times the views,
-  for models trained with shifts.
+  and the prediction is the task's average of the views' outputs (for
+  classification, of their probabilities): for data whose classes look
+  alike mirrored, as --random_flip assumes. With `shift`, each view is also
+  seen moved that many pixels left and right (the border repeated, as
+  --random_shift fills it): three times the views, for models trained with
+  shifts.
   """
 
-  def __init__(self, *, model: tf.keras.Model, xla: bool = False,
-               image_shape=None, num_classes: int = 0, flip: bool = False,
+  def __init__(self, *, model: tf.keras.Model, task: Optional[Task] = None,
+               xla: bool = False, image_shape=None, flip: bool = False,
                shift: int = 0):
-    """`image_shape` and `num_classes` default to the model's own, which
-    only a functional model knows before it is called."""
+    """`task` defaults to classification into the model's outputs, and
+    `image_shape` to the model's own, which only a functional model knows
+    before it is called."""
     self.model = model
+    self.task = task or _classification_of(model)
     self._flip = flip
     self._shift = shift
     image_shape = image_shape or model.input_shape[1:]
     if shift and 2 * shift >= image_shape[1]:
       raise UserError(f"--eval_shift_pixels={shift}: must be less than half "
                       f"the images' width ({image_shape[1]})")
-    self.totals = metrics.Totals("eval_totals")
-    self.confusion = metrics.Confusion(
-        "eval_confusion", num_classes or model.output_shape[-1])
+    if (flip or shift) and (type(self.task).average_views
+                            is Task.average_views):
+      raise UserError(f"--eval_flip, --eval_shift: the {self.task.name} "
+                      "task has no average of several views' outputs; "
+                      "leave them out")
+    self.totals = metrics.Totals("eval_totals", self.task)
     self.traces = 0
     # A batch dimension of None: the last, shorter batch reuses the trace
     # (XLA compiles it once more, for its shape).
     self._step = tf.function(self._eval_step, jit_compile=xla,
                              input_signature=[
         tf.TensorSpec([None, *image_shape], tf.float32),
-        tf.TensorSpec([None], tf.int64)])
+        tf.TensorSpec([None, *self.task.label_shape()],
+                      self.task.label_dtype())])
 
   def __call__(self, images: tf.Tensor, labels: tf.Tensor) -> None:
     self._step(images, labels)
@@ -330,12 +338,9 @@ class EvalStep:
       views += [_shifted(view, pixels) for view in views
                 for pixels in (self._shift, -self._shift)]
     each_view = [self.model(view, training=False) for view in views]
-    # One view's logits, or logits whose softmax is the views' mean
-    # probabilities.
-    logits = each_view[0] if len(each_view) == 1 else tf.math.log(
-        tf.add_n([tf.nn.softmax(view) for view in each_view]) / len(views))
-    self.totals.update(cross_entropy(labels, logits), logits, labels)
-    self.confusion.update(logits, labels)
+    outputs = (each_view[0] if len(each_view) == 1
+               else self.task.average_views(each_view))
+    self.totals.update(labels, outputs, self.task.loss(labels, outputs))
 
 
 def _shifted(images: tf.Tensor, pixels: int) -> tf.Tensor:
@@ -364,27 +369,16 @@ def _is_finite(gradient) -> tf.Tensor:
   return tf.reduce_all(tf.math.is_finite(gradient))
 
 
-def cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-  """Per-example loss; logits are float32 whatever the compute dtype."""
-  return tf.keras.losses.sparse_categorical_crossentropy(
-      labels, logits, from_logits=True)
-
-
-def smoothed_cross_entropy(labels: tf.Tensor, logits: tf.Tensor,
-                           smoothing: float) -> tf.Tensor:
-  """Per-example cross-entropy against targets with `smoothing` of the
-  probability spread evenly over the classes (Szegedy et al. 2016): the
-  objective under --label_smoothing. The figures reported stay the plain
-  cross-entropy, comparable with validation's."""
-  uniform = -tf.reduce_mean(tf.nn.log_softmax(logits), axis=-1)
-  return ((1.0 - smoothing) * cross_entropy(labels, logits)
-          + smoothing * uniform)
+def _classification_of(model: tf.keras.Model) -> Classification:
+  """Classification into the model's outputs: a step built without a task
+  (tests, benchmarks)."""
+  return Classification(num_classes=model.output_shape[-1])
 
 
 def evaluate(step: EvalStep, batches: tf.data.Dataset) -> metrics.Result:
-  """Loss and accuracy over the whole split (each rank passes its shard)."""
+  """The task's figures over the whole split (each rank passes its
+  shard)."""
   step.totals.reset()
-  step.confusion.reset()
   for images, labels in batches:
     step(images, labels)
   return step.totals.result()

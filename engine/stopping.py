@@ -1,6 +1,8 @@
-"""Early stopping at a target accuracy, as the Horovod lab's StopAtAccuracy.
+"""Early stopping at a target, as the Horovod lab's StopAtAccuracy.
 
-The decision is taken on the validation accuracy reduced across ranks, the
+The target is a value of the task's deciding validation figure (accuracy
+for classification; --best_metric, e.g. val_mae:min, for any task). The
+decision is taken on that figure reduced across ranks, the
 same number on every rank, so all ranks stop after the same epoch: a rank
 that stopped alone would leave the others waiting at their next allreduce.
 
@@ -17,17 +19,19 @@ import tensorflow as tf
 _NOT_REACHED = -1
 
 
-class TargetAccuracy(tf.Module):
-  """Stops after `patience` consecutive epochs at or above `target`.
+class Target(tf.Module):
+  """Stops after `patience` consecutive epochs at or beyond `target`:
+  above it, or below it with `minimize` (an error, say).
 
   Remembers when the target was first reached (epoch and cumulative seconds),
   the time-to-accuracy figure scaling studies compare.
   """
 
-  def __init__(self, target: float, patience: int):
-    super().__init__(name="target_accuracy")
+  def __init__(self, target: float, patience: int, minimize: bool = False):
+    super().__init__(name="target")
     self.target = target  # 0: never stop early
     self.patience = patience
+    self._minimize = minimize
     self._consecutive = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._first_epoch = tf.Variable(_NOT_REACHED, dtype=tf.int64,
                                     trainable=False)
@@ -49,12 +53,12 @@ class TargetAccuracy(tf.Module):
       return None
     return float(self._first_seconds.numpy())
 
-  def update(self, *, epoch: int, val_accuracy: float,
+  def update(self, *, epoch: int, value: float,
              cumulative_seconds: float) -> bool:
-    """Records one epoch's result; returns whether to stop now."""
+    """Records one epoch's figure; returns whether to stop now."""
     if not self.target:
       return False
-    if val_accuracy >= self.target:
+    if (value <= self.target if self._minimize else value >= self.target):
       self._consecutive.assign_add(1)
       if self.first_reached_epoch is None:
         self._first_epoch.assign(epoch)

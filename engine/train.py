@@ -57,12 +57,13 @@ def train(config: TrainConfig) -> TrainResult:
   elastic.check_launch(config.elastic)
   # Distributed setup (Horovod, this process's device and cores), the data
   # set every rank reads its own shard of, and the model.
-  world, splits, model = build.prepare(config)
+  world, splits, task, model = build.prepare(config)
   info = splits.info
   logging.info("%s: %d train, %d test examples of %s", info.name,
                info.num_train, info.num_test,
                "x".join(map(str, info.image_shape)))
-  logging.info("model %s: %d parameters", model.name, model.count_params())
+  logging.info("model %s: %d parameters; task %s", model.name,
+               model.count_params(), task.name)
 
   # Optimizer and learning rate: scaled with the global batch (linear:
   # base_lr * world.size, set for each number of processes the loop runs
@@ -71,10 +72,12 @@ def train(config: TrainConfig) -> TrainResult:
   learning_rate = build.learning_rate_schedule(config)
   # The weights' moving average, which evaluation and exports use.
   weight_average = ema.maybe_average(model, config.ema_decay)
-  optimizer, train_step = build.optimizer_and_step(config, model,
+  optimizer, train_step = build.optimizer_and_step(config, task, model,
                                                    learning_rate,
                                                    weight_average)
-  eval_step = build.eval_step(config, model, info)
+  eval_step = build.eval_step(config, task, model)
+  # The validation figure that decides best/, early stopping and --target.
+  decider = build.decider(config, task)
   build.describe_numerics(config, world)
 
   # The train loop, from the checkpoint in model_dir if there is one. Under
@@ -83,9 +86,9 @@ def train(config: TrainConfig) -> TrainResult:
   loop = _TrainLoop(config=config, world=world, splits=splits, model=model,
                     optimizer=optimizer, learning_rate=learning_rate,
                     train_step=train_step, eval_step=eval_step,
-                    weight_average=weight_average,
-                    stop=stopping.TargetAccuracy(config.target_accuracy,
-                                                 config.patience))
+                    weight_average=weight_average, decider=decider,
+                    stop=stopping.Target(config.target, config.patience,
+                                         minimize=decider.minimize))
   state = elastic.TrainingState(loop.variables, run_state=None)
   try:
     history = (elastic.restarting(loop)(state) if config.elastic
@@ -115,7 +118,7 @@ class _TrainLoop:
                learning_rate: schedules.WarmupThenDecay,
                train_step: steps.TrainStep, eval_step: steps.EvalStep,
                weight_average: Optional[ema.WeightAverage],
-               stop: stopping.TargetAccuracy):
+               decider, stop: stopping.Target):
     self._config = config
     self._world = world
     self._splits = splits
@@ -125,6 +128,7 @@ class _TrainLoop:
     self._train_step = train_step
     self._eval_step = eval_step
     self._weight_average = weight_average
+    self._decider = decider
     self._stop = stop
     self._rollbacks = 0  # in this process's life (see --max_rollbacks)
     self._elastic_state = None  # the call's elastic.TrainingState
@@ -194,6 +198,8 @@ class _TrainLoop:
         else None, steps_per_epoch=steps_per_epoch,
         global_batch=global_batch, first_epoch=first_epoch,
         first_step=first_step, run_state=run_state,
+        train_totals=self._train_step.totals,
+        best_metric=str(self._decider),
         batches_from=functools.partial(
             data.train_batches, self._splits.train, info, rank=world.rank,
             world_size=world.size, batch_size=step_batch,
@@ -221,6 +227,7 @@ class _TrainLoop:
       self.directory = RunDirectory(
           self._config.model_dir, self._config, model=self._model,
           optimizer=self._optimizer, info=self._splits.info,
+          task=self._train_step.task, decider=self._decider,
           lr_factor=self._learning_rate.factor,
           weight_average=self._weight_average, stop=self._stop)
     directory = self.directory if chief else None
@@ -292,7 +299,8 @@ class _TrainLoop:
     session.steps_run = session.steps_per_epoch - session.first_step
     session.first_step = 0
     # An allreduce: all ranks are done.
-    train = metrics.Result.of(session.epoch_sums + train_step.totals.sums())
+    train = train_step.totals.result_of(session.epoch_sums
+                                        + train_step.totals.sums())
     session.epoch_sums = NO_EXAMPLES
     return train, time.perf_counter() - began
 
@@ -355,26 +363,26 @@ class _TrainLoop:
         learning_rate=float(self._learning_rate(global_step - 1)),
         skipped_steps=self._train_step.skipped_steps)
     stop_now = bool(val) and self._stop.update(
-        epoch=epoch + 1, val_accuracy=val.accuracy,
+        epoch=epoch + 1, value=val.figures[self._decider.figure],
         cumulative_seconds=record["cumulative_seconds"])
     if stop_now:
       record["stopped_early"] = True
-    if config.target_accuracy:
+    if config.target:
       record["target_accuracy_first_epoch"] = self._stop.first_reached_epoch
       record["target_accuracy_first_seconds"] = \
           self._stop.first_reached_seconds
-    # An allreduce, on every rank; rank 0 draws it.
-    confusion = self._eval_step.confusion.counts() if val else None
     position = session.position(epoch + 1, 0,
                                 seconds=record["cumulative_seconds"])
     session.on_chief(lambda directory: directory.end_epoch(
-        session.reporter, record, confusion, position, global_step),
-                     name="end_epoch")
+        session.reporter, record,
+        self._eval_step.task.summary_images(val.sums) if val else {},
+        position, global_step), name="end_epoch")
     self._commit(session.run_state(position))
     if stop_now:
-      logging.info("stopping early: validation accuracy >= %g for %d "
-                   "epochs; first reached at epoch %d, %.1fs",
-                   config.target_accuracy, config.patience,
+      logging.info("stopping early: %s %s %g for %d epochs; first reached "
+                   "at epoch %d, %.1fs", self._decider.key,
+                   "<=" if self._decider.minimize else ">=",
+                   config.target, config.patience,
                    self._stop.first_reached_epoch,
                    self._stop.first_reached_seconds)
     return stop_now

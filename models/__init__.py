@@ -1,7 +1,9 @@
 """Models by name: `build(name, **params) -> tf.keras.Model`.
 
 Every builder takes `input_shape` and `num_classes` and returns a Keras
-model whose output is float32 logits of shape [batch, num_classes].
+model whose output is float32 logits of shape [batch, num_classes]. For a
+task other than classification (engine/tasks) `num_classes` is the width
+of the model's output: the number of targets of a regression, say.
 Builders declare the parameters they use in their signatures and receive
 only those (engine/registry.py), so the flags shared by several models
 (dropout, weight decay) reach the models that have them and are ignored by
@@ -14,29 +16,35 @@ import tensorflow as tf
 from engine.errors import UserError
 from engine.errors import first_line
 from engine.registry import Registry
-from models import cnn, resnet, resnet9, wrn
+from models import cnn, resnet, resnet9, unet, wrn
 
 _MODELS = Registry("model", {
     "cnn": cnn.build,
     "resnet50": resnet.resnet50,
     "resnet9": resnet9.build,
     "resnet_small": resnet.resnet_small,
+    "unet": unet.build,
     "wrn": wrn.build,
 })
 names = _MODELS.names
 is_known = _MODELS.is_known
 
 
-def build(name: str, *, input_shape, num_classes: int,
+def build(name: str, *, input_shape, num_classes: int, output_shape=None,
           **params) -> tf.keras.Model:
+  """`output_shape`: of one example's output, if not [num_classes] (a
+  task's: engine/tasks)."""
   model = _MODELS.build(name, input_shape=tuple(input_shape),
                         num_classes=num_classes, **params)
-  _check(model, name, tuple(input_shape), num_classes)
+  _check(model, name, tuple(input_shape), num_classes,
+         tuple(output_shape or (num_classes,)))
   return model
 
 
-def _check(model, name: str, input_shape: tuple, num_classes: int) -> None:
-  """A Keras model giving float32 logits per class, or a UserError.
+def _check(model, name: str, input_shape: tuple, num_classes: int,
+           output_shape: tuple) -> None:
+  """A Keras model giving float32 outputs of `output_shape` (logits per
+  class), or a UserError.
 
   Checked by calling it on two blank images, which also creates the
   variables of a subclassed model before anything saves or broadcasts them.
@@ -52,10 +60,12 @@ def _check(model, name: str, input_shape: tuple, num_classes: int) -> None:
                     f"{type(e).__name__}: {first_line(e)}"
                     ) from None
   shape = tuple(getattr(logits, "shape", ()))
-  if shape != (2, num_classes):
+  if shape != (2, *output_shape):
+    wanted = ", ".join(map(str, output_shape))
+    what = (" logits, one per class" if output_shape == (num_classes,)
+            else " outputs per image (the task's)")
     raise UserError(f"--model={name} outputs shape {list(shape)} for 2 "
-                    f"images; it must output [batch, {num_classes}] logits, "
-                    f"one per class")
+                    f"images; it must output [batch, {wanted}]{what}")
   if logits.dtype != tf.float32:
     raise UserError(f"--model={name} outputs {logits.dtype.name} logits; "
                     "end the model with a float32 layer, e.g. "

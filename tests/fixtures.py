@@ -255,6 +255,26 @@ def write_arrays(path: str, *, num_train: int = 61, num_test: int = 23,
   return path
 
 
+def write_regression_arrays(path: str, *, num_train: int = 97,
+                            num_test: int = 31, shape=(8, 8),
+                            seed: int = 0) -> str:
+  """An .npz of uint8 images with two float targets each, which the images
+  carry (their brightness, and their top half's, on different scales), and
+  the targets' names as class_names."""
+  rng = np.random.default_rng(seed)
+  arrays = {}
+  for split, num in (("train", num_train), ("test", num_test)):
+    images = rng.integers(0, 256, (num, *shape)).astype(np.uint8)
+    brightness = images.mean(axis=(1, 2)) / 255.0
+    top = images[:, :shape[0] // 2].mean(axis=(1, 2)) / 255.0
+    arrays[f"x_{split}"] = images
+    arrays[f"y_{split}"] = np.stack([10.0 * brightness + 5.0, 100.0 * top],
+                                    axis=1).astype(np.float32)
+  arrays["class_names"] = np.array(["brightness", "top"])
+  np.savez(path, **arrays)
+  return path
+
+
 # A user's own model, in a file of its own: BatchNorm, dropout, a custom
 # layer, a loss of its own (model.losses); and the same as a subclassed
 # model, which Keras can neither clone nor describe before it is called.

@@ -50,7 +50,7 @@ def test_keeps_the_latest_few_and_the_best_apart(tmp_path):
   assert [os.path.basename(p) for p in saved.existing()] == ["ckpt-3",
                                                              "ckpt-4"]
   assert os.path.basename(saved.best_path) == "best-2"
-  assert saved.best_accuracy == 0.9
+  assert saved.best_score == 0.9
 
 
 def test_a_resumed_run_knows_the_best_so_far(tmp_path):
@@ -66,7 +66,7 @@ def test_a_resumed_run_knows_the_best_so_far(tmp_path):
                                        0.7)
   assert os.path.basename(resumed.best_path) == "best-2"
   # And a process that takes over as rank 0 without restoring (elastic).
-  assert manager(tmp_path, *build()).best_accuracy == 0.9
+  assert manager(tmp_path, *build()).best_score == 0.9
 
 
 def test_a_damaged_latest_falls_back_to_the_one_before(tmp_path, caplog):
@@ -202,15 +202,15 @@ def test_the_early_stopping_count_goes_back_with_the_checkpoint(tmp_path):
   # What a resume and a rollback continue from: the count as it was saved,
   # not the epochs counted after it, nor a count started again at 0.
   model, optimizer = build()
-  stop = stopping.TargetAccuracy(0.5, patience=3)
+  stop = stopping.Target(0.5, patience=3)
   saved = checkpoint.Checkpoints(str(tmp_path), model=model,
                                  optimizer=optimizer, keep=3,
                                  identity=IDENTITY, stop=stop)
-  stop.update(epoch=1, val_accuracy=0.6, cumulative_seconds=10.0)
-  stop.update(epoch=2, val_accuracy=0.7, cumulative_seconds=20.0)
+  stop.update(epoch=1, value=0.6, cumulative_seconds=10.0)
+  stop.update(epoch=2, value=0.7, cumulative_seconds=20.0)
   saved.save(checkpoint.Position(2, 0, 8, 1), 2)
-  stop.update(epoch=3, val_accuracy=0.8, cumulative_seconds=30.0)
-  resumed = stopping.TargetAccuracy(0.5, patience=3)
+  stop.update(epoch=3, value=0.8, cumulative_seconds=30.0)
+  resumed = stopping.Target(0.5, patience=3)
   checkpoint.Checkpoints(str(tmp_path), model=model, optimizer=optimizer,
                          keep=3, identity=IDENTITY,
                          stop=resumed).restore_latest_readable()
@@ -224,8 +224,8 @@ def test_a_checkpoint_from_before_the_count_restores_with_nothing_counted(
     tmp_path):
   model, optimizer = build()
   manager(tmp_path, model, optimizer).save(checkpoint.Position(1, 0, 8, 1), 1)
-  stop = stopping.TargetAccuracy(0.5, patience=3)
-  stop.update(epoch=1, val_accuracy=0.6, cumulative_seconds=10.0)
+  stop = stopping.Target(0.5, patience=3)
+  stop.update(epoch=1, value=0.6, cumulative_seconds=10.0)
   checkpoint.Checkpoints(str(tmp_path), model=model, optimizer=optimizer,
                          keep=3, identity=IDENTITY,
                          stop=stop).restore_latest_readable()

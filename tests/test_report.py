@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from engine import report
+from engine.tasks.classification import Classification
 
 RECORD = {"epoch": 1, "global_step": 30, "train_loss": 1.5,
           "train_accuracy": 0.5, "val_loss": 1.25, "val_accuracy": 0.625,
@@ -49,7 +50,7 @@ def test_chief_writes_metrics_jsonl_and_tensorboard_scalars(tmp_path):
   assert train[("epoch_images_per_sec", 1)] == 1000.0
   assert {tag for tag, _ in val} == {"epoch_loss", "epoch_accuracy"}
   assert {tag for tag, _ in val} < {tag for tag, _ in train}
-  assert {(run, tag) for run, tag in report.EPOCH_SCALARS.values()} == \
+  assert {(run, tag) for run, tag in report.epoch_scalars(RECORD).values()} == \
       {("train", tag) for tag, _ in train} | {("validation", tag)
                                               for tag, _ in val}
 
@@ -72,7 +73,8 @@ def test_the_confusion_matrix_is_drawn_row_by_row():
 
 def test_the_chief_writes_the_confusion_image_each_epoch(tmp_path):
   reporter = report.Reporter(str(tmp_path), chief=True, epochs=2)
-  reporter.epoch(RECORD, np.eye(4))
+  reporter.epoch(RECORD, Classification(num_classes=4).summary_images(
+      {"confusion": np.eye(4)}))
   images = [value for tag, step, value in events(str(tmp_path), "validation")
             if tag == "confusion_matrix" and step == 1]
   assert len(images) == 1

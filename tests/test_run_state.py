@@ -6,6 +6,7 @@ import pytest
 
 from engine import distributed
 from engine import metrics
+from engine.tasks.classification import Classification
 from engine.checkpoint import Position
 from engine.run_state import RunState
 from engine.run_state import starting_point
@@ -48,13 +49,17 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
                                                  progress="none"),
                     world=world, directory=None, steps_per_epoch=10,
                     global_batch=8, first_epoch=1, first_step=10,
-                    run_state=committed, batches_from=lambda **at: [at])
+                    run_state=committed, batches_from=lambda **at: [at],
+                    train_totals=metrics.Totals(
+                        "train", Classification(num_classes=2)),
+                    best_metric="val_accuracy:max")
   try:
     assert next(session.batches) == dict(first_epoch=1, first_step=10)
     assert session.seconds() >= 100.0
     assert session.history == [{"epoch": 1}]
     record = session.end_epoch(
-        1, metrics.Result.of(np.array([3.0, 4.0, 5.0])), None,
+        1, metrics.Result(figures=dict(loss=0.6, accuracy=0.8), examples=5),
+        None,
         train_seconds=1.0, learning_rate=0.1, skipped_steps=0)
     assert record["cumulative_seconds"] >= 100.0
     assert record["epoch_seconds"] == pytest.approx(

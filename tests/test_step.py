@@ -5,10 +5,10 @@ import tensorflow as tf
 
 import models
 from engine import ema
-from engine import metrics
 from engine import precision
 from engine import step as steps
 from engine.errors import UserError
+from engine.tasks import classification
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,7 +55,7 @@ def test_train_loss_includes_weight_decay_in_the_gradient():
   before = [w.numpy() for w in model.trainable_weights]
   images, labels = batch(8, 2)
   with tf.GradientTape() as tape:
-    data_loss = tf.reduce_mean(steps.cross_entropy(labels, model(images)))
+    data_loss = tf.reduce_mean(classification.cross_entropy(labels, model(images)))
     loss = data_loss + tf.add_n(model.losses)
   expected = tape.gradient(loss, model.trainable_weights)
   steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(1.0))(
@@ -91,7 +91,7 @@ def test_eval_is_exact_over_uneven_batches_and_traced_once():
   dataset = tf.data.Dataset.from_tensor_slices((images, labels)).batch(16)
   result = steps.evaluate(step, dataset)  # batches of 16, 16, 16 and 2
   logits = model(images, training=False).numpy()
-  loss = steps.cross_entropy(labels, logits).numpy()
+  loss = classification.cross_entropy(labels, logits).numpy()
   assert result.examples == 50
   assert result.loss == pytest.approx(loss.mean(), rel=1e-6)
   assert result.accuracy == np.mean(logits.argmax(1) == labels.numpy())
@@ -171,9 +171,9 @@ def test_eval_counts_the_confusion_matrix_and_per_class_accuracy():
   labels = tf.constant([0, 0, 1, 1], tf.int64)
   steps.evaluate(step, tf.data.Dataset.from_tensor_slices(
       (images, labels)).batch(3))
-  counts = step.confusion.counts()
+  counts = step.totals.result().sums["confusion"]
   np.testing.assert_array_equal(counts, [[2, 0], [1, 1]])
-  np.testing.assert_array_equal(metrics.per_class_accuracy(counts),
+  np.testing.assert_array_equal(classification.per_class_accuracy(counts),
                                 [1.0, 0.5])
 
 
@@ -264,12 +264,12 @@ def test_accumulated_micro_batches_are_checked_for_a_nonfinite_loss():
 def test_label_smoothing_changes_the_objective_not_the_reported_loss():
   logits = tf.constant([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]])
   labels = tf.constant([0, 1], tf.int64)
-  plain = steps.cross_entropy(labels, logits).numpy()
+  plain = classification.cross_entropy(labels, logits).numpy()
   log_p = tf.nn.log_softmax(logits).numpy()
   # Targets 0.9 on the label plus 0.1 / 3 on every class.
   targets = 0.9 * np.eye(3)[[0, 1]] + 0.1 / 3
   np.testing.assert_allclose(
-      steps.smoothed_cross_entropy(labels, logits, 0.1).numpy(),
+      classification.smoothed_cross_entropy(labels, logits, 0.1).numpy(),
       -(targets * log_p).sum(axis=1), rtol=1e-6)
   # In a step: the gradient is the smoothed objective's, the figures
   # reported are plain cross-entropy.
@@ -278,18 +278,19 @@ def test_label_smoothing_changes_the_objective_not_the_reported_loss():
   before = [w.numpy() for w in model.trainable_weights]
   with tf.GradientTape() as tape:
     outputs = model(images)
-    objective = tf.reduce_mean(steps.smoothed_cross_entropy(
+    objective = tf.reduce_mean(classification.smoothed_cross_entropy(
         labels, outputs, 0.2)) + tf.add_n(model.losses)
   expected = tape.gradient(objective, model.trainable_weights)
-  reported = tf.reduce_mean(steps.cross_entropy(labels, outputs)).numpy()
+  reported = tf.reduce_mean(classification.cross_entropy(labels, outputs)).numpy()
   step = steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(1.0),
-                         label_smoothing=0.2)
+                         task=classification.Classification(
+                             label_smoothing=0.2, num_classes=10))
   step(images, labels)
   for old, new, gradient in zip(before, model.trainable_weights, expected):
     np.testing.assert_allclose(old - new.numpy(), gradient.numpy(),
                                rtol=1e-4, atol=1e-6)
   assert step.totals.result().loss == pytest.approx(reported, rel=1e-5)
-  assert not np.allclose(plain, steps.smoothed_cross_entropy(
+  assert not np.allclose(plain, classification.smoothed_cross_entropy(
       tf.constant([0, 1], tf.int64), logits, 0.1).numpy())
 
 

@@ -2,9 +2,9 @@ from engine import stopping
 
 
 def run(target, patience, accuracies):
-  stop = stopping.TargetAccuracy(target, patience)
+  stop = stopping.Target(target, patience)
   for epoch, accuracy in enumerate(accuracies, start=1):
-    if stop.update(epoch=epoch, val_accuracy=accuracy,
+    if stop.update(epoch=epoch, value=accuracy,
                    cumulative_seconds=10.0 * epoch):
       return epoch, stop
   return None, stop

@@ -15,6 +15,8 @@ import math
 import os
 from typing import Optional
 
+import numpy as np
+
 from engine.datasets import (arrays, cifar10, fashion_mnist, image_folder,
                              synthetic, tfrecord)
 # The loaders' contract, and arrays a script holds, for users' own code.
@@ -55,6 +57,8 @@ def load(name: str, *args, model_dir: str = "",
   its first start, so a resume and engine.evaluate normalize exactly as
   training did; otherwise `normalization` (from flags), or the loader's own
   (loaders that sample their statistics take `normalization` to skip it).
+  So are float targets' (a regression's): each target's mean and std over
+  the training set, recorded, or computed here.
   """
   normalization = recorded_normalization(model_dir) or normalization
   for key, default in _DEFAULT_SIZES_OF.get(name, _DEFAULT_SIZES).items():
@@ -71,6 +75,11 @@ def load(name: str, *args, model_dir: str = "",
         splits.info, mean=tuple(normalization[0]),
         std=tuple(normalization[1])))
   info = splits.info
+  if _has_targets(info) and not info.label_mean:
+    splits = dataclasses.replace(splits, info=dataclasses.replace(
+        info, **(recorded_target_statistics(model_dir)
+                 or _target_statistics(splits.train.labels))))
+    info = splits.info
   if not len(info.mean) == len(info.std) == info.image_shape[-1]:
     raise UserError(f"normalization statistics of {len(info.mean)} and "
                     f"{len(info.std)} values for images of "
@@ -80,10 +89,37 @@ def load(name: str, *args, model_dir: str = "",
 
 
 def record(model_dir: str, info: DatasetInfo) -> None:
-  """Writes classes.txt and the normalization statistics into model_dir."""
+  """Writes classes.txt and the normalization statistics (the images', and
+  float targets') into model_dir."""
   write_classes(model_dir, info.classes())
+  statistics = {"mean": list(info.mean), "std": list(info.std)}
+  if _has_targets(info):
+    statistics.update(target_mean=list(info.label_mean),
+                      target_std=list(info.label_std))
   with open(os.path.join(model_dir, NORMALIZATION_FILE), "w") as f:
-    json.dump({"mean": list(info.mean), "std": list(info.std)}, f)
+    json.dump(statistics, f)
+
+
+def _has_targets(info: DatasetInfo) -> bool:
+  return bool(info.label_shape) and info.label_dtype.startswith("float")
+
+
+def _target_statistics(labels: np.ndarray) -> dict:
+  """Each target's mean and std over the training set (std 1 for a
+  constant target)."""
+  labels = np.asarray(labels, np.float64).reshape(len(labels), -1)
+  std = labels.std(axis=0)
+  return dict(label_mean=tuple(map(float, labels.mean(axis=0))),
+              label_std=tuple(float(s) if s > 0 else 1.0 for s in std))
+
+
+def recorded_target_statistics(model_dir: str) -> Optional[dict]:
+  """Float targets' statistics recorded in model_dir, if any."""
+  recorded = _read_normalization(model_dir)
+  if not recorded or "target_mean" not in recorded:
+    return None
+  return dict(label_mean=tuple(recorded["target_mean"]),
+              label_std=tuple(recorded["target_std"]))
 
 
 def write_classes(directory: str, class_names) -> None:
@@ -93,18 +129,29 @@ def write_classes(directory: str, class_names) -> None:
 
 
 def recorded_normalization(model_dir: str) -> Optional[tuple]:
+  recorded = _read_normalization(model_dir)
+  return recorded and (recorded["mean"], recorded["std"])
+
+
+def _read_normalization(model_dir: str) -> Optional[dict]:
+  """normalization.json's statistics: mean and std, and target_mean and
+  target_std if recorded; each a tuple of finite numbers, the stds
+  positive."""
   path = os.path.join(model_dir, NORMALIZATION_FILE) if model_dir else ""
   if not path or not os.path.exists(path):
     return None
   try:
     with open(path) as f:
       recorded = json.load(f)
-    mean, std = (tuple(float(v) for v in recorded[key])
-                 for key in ("mean", "std"))
-    # What would make every normalized image NaN or infinite.
-    if min(std, default=0) <= 0 or not all(map(math.isfinite, mean + std)):
+    statistics = {key: tuple(float(v) for v in recorded[key])
+                  for key in ("mean", "std", "target_mean", "target_std")
+                  if key in recorded or key in ("mean", "std")}
+    stds = statistics["std"] + statistics.get("target_std", ())
+    # What would make every normalized image (or target) NaN or infinite.
+    if (min(stds, default=0) <= 0 or
+        not all(map(math.isfinite, sum(statistics.values(), ())))):
       raise ValueError("not finite numbers with a positive std")
-    return mean, std
+    return statistics
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise UserError(f"{path}: unreadable ({e}); it records the run's "
                     "normalization: restore it, or delete it to recompute"

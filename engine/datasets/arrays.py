@@ -3,7 +3,10 @@
 The names are those of `keras.datasets.*.load_data()`: `x_train`, `y_train`,
 `x_test`, `y_test` (`--array_keys` renames them), and optionally
 `class_names`. Images are uint8 or float, N x H x W x C, or N x H x W for
-one channel; labels are integers from 0.
+one channel; labels are integers from 0, or for a task that learns targets
+(--task=regression) floats, N or N x K (`class_names` then names the K
+targets), or for segmentation masks, N x H x W integers (a class per
+pixel).
 
 Nothing is loaded whole. Labels (small) are read at start-up and checked;
 images stay on disk and the input pipeline reads the rows of each batch:
@@ -35,9 +38,12 @@ _FORMATS = ("an .npz, an .h5/.hdf5 file, or a directory of x_train.npy, "
             "y_train.npy, x_test.npy, y_test.npy")
 
 
-def load(*, data_dir: str, array_keys: list, normalization=None) -> Splits:
+def load(*, data_dir: str, array_keys: list, normalization=None,
+         labels: str = "classes") -> Splits:
   """The splits of the arrays at `data_dir`; `normalization` is (mean, std)
-  to use rather than the sample's."""
+  to use rather than the sample's. `labels`: what the task learns from
+  (engine/tasks: classes, targets, masks, or any, which reads float labels
+  that are not whole numbers, or several a row, as targets)."""
   if not data_dir:
     raise UserError(f"--dataset=arrays needs --data_dir=PATH: {_FORMATS}")
   keys = _renamed_keys(array_keys)
@@ -52,17 +58,19 @@ def load(*, data_dir: str, array_keys: list, normalization=None) -> Splits:
   return _splits(
       *(store[keys[k]] for k in KEYS), source=data_dir,
       names=[keys[k] for k in KEYS], class_names=class_names,
-      normalization=normalization)
+      normalization=normalization, labels=labels)
 
 
 def from_arrays(x_train, y_train, x_test, y_test, *, class_names=(),
-                name: str = "arrays", normalization=None) -> Splits:
+                name: str = "arrays", normalization=None,
+                labels: str = "any") -> Splits:
   """Splits from numpy arrays in memory, checked as files are: for a
   script's `dataset=` (engine.train.run)."""
   arrays = [_InMemory(np.asarray(a)) for a in (x_train, y_train, x_test,
                                                y_test)]
   return _splits(*arrays, source=name, names=list(KEYS),
-                 class_names=tuple(class_names), normalization=normalization)
+                 class_names=tuple(class_names), normalization=normalization,
+                 labels=labels)
 
 
 def _renamed_keys(array_keys) -> dict[str, str]:
@@ -271,7 +279,8 @@ class _Images:
 
 
 def _splits(x_train, y_train, x_test, y_test, *, source: str,
-            names: list[str], class_names: tuple, normalization) -> Splits:
+            names: list[str], class_names: tuple, normalization,
+            labels: str) -> Splits:
   train_images = _checked_images(x_train, names[0])
   test_images = _checked_images(x_test, names[2])
   if train_images.shape[1:] != test_images.shape[1:]:
@@ -281,9 +290,36 @@ def _splits(x_train, y_train, x_test, y_test, *, source: str,
                     f"{'x'.join(map(str, test_images.shape[1:]))}")
   if not train_images.shape[0]:
     raise UserError(f"{x_train.label or names[0]}: holds no images")
-  train_labels = _checked_labels(y_train, names[1], x_train.shape[0],
-                                 names[0])
-  test_labels = _checked_labels(y_test, names[3], x_test.shape[0], names[2])
+  if labels == "targets" or (labels == "any" and _are_targets(y_train)):
+    train_labels, test_labels, label_info = _targets(
+        y_train, y_test, x_train.shape[0], x_test.shape[0], source=source,
+        names=names)
+  elif labels == "masks":
+    train_labels, test_labels, label_info = _masks(
+        y_train, y_test, train_images.shape, test_images.shape,
+        names=names, class_names=class_names)
+  else:
+    train_labels, test_labels, label_info = _classes(
+        y_train, y_test, x_train.shape[0], x_test.shape[0], names=names,
+        class_names=class_names)
+  mean, std = normalization or _statistics(train_images,
+                                          x_train.label or names[0])
+  info = DatasetInfo(
+      name=os.path.basename(source.rstrip("/")) or "arrays",
+      image_shape=train_images.shape[1:], num_train=len(train_labels),
+      num_test=len(test_labels), mean=tuple(mean), std=tuple(std),
+      class_names=class_names, image_dtype=train_images.dtype.name,
+      **label_info)
+  return Splits(train=_source(x_train, train_images, train_labels),
+                test=_source(x_test, test_images, test_labels), info=info)
+
+
+def _classes(y_train, y_test, num_train: int, num_test: int, *,
+             names: list[str], class_names: tuple):
+  """Class ids, checked against each other and the class names: (train,
+  test, DatasetInfo's fields for them)."""
+  train_labels = _checked_labels(y_train, names[1], num_train, names[0])
+  test_labels = _checked_labels(y_test, names[3], num_test, names[2])
   num_classes = len(class_names) or int(train_labels.max(initial=0)) + 1
   if not class_names and num_classes > max(len(train_labels), 2):
     # A damaged label file, most likely: a model (and confusion matrix) of
@@ -299,16 +335,32 @@ def _splits(x_train, y_train, x_test, y_test, *, source: str,
                 f"{names[1]}'s labels go up to {num_classes - 1}")
       raise UserError(f"{array.label or name}: label {labels.max()} is out "
                       f"of range ({reason})")
-  mean, std = normalization or _statistics(train_images,
-                                          x_train.label or names[0])
-  info = DatasetInfo(
-      name=os.path.basename(source.rstrip("/")) or "arrays",
-      image_shape=train_images.shape[1:], num_classes=num_classes,
-      num_train=len(train_labels), num_test=len(test_labels),
-      mean=tuple(mean), std=tuple(std), class_names=class_names,
-      image_dtype=train_images.dtype.name)
-  return Splits(train=_source(x_train, train_images, train_labels),
-                test=_source(x_test, test_images, test_labels), info=info)
+  return train_labels, test_labels, dict(num_classes=num_classes)
+
+
+def _targets(y_train, y_test, num_train: int, num_test: int, *,
+             source: str, names: list[str]):
+  """Float targets N x K, as many a row in both splits: (train, test,
+  DatasetInfo's fields for them)."""
+  train_targets = _checked_targets(y_train, names[1], num_train, names[0])
+  test_targets = _checked_targets(y_test, names[3], num_test, names[2])
+  if train_targets.shape[1] != test_targets.shape[1]:
+    raise UserError(f"{source}: {train_targets.shape[1]} targets a row in "
+                    f"{names[1]}, {test_targets.shape[1]} in {names[3]}")
+  return train_targets, test_targets, dict(
+      num_classes=0, label_shape=train_targets.shape[1:],
+      label_dtype="float32")
+
+
+def _masks(y_train, y_test, train_shape: tuple, test_shape: tuple, *,
+           names: list[str], class_names: tuple):
+  """A class per pixel, N x H x W as the images: (train, test,
+  DatasetInfo's fields for them)."""
+  train_masks = _checked_masks(y_train, names[1], train_shape, names[0])
+  test_masks = _checked_masks(y_test, names[3], test_shape, names[2])
+  return train_masks, test_masks, dict(
+      num_classes=len(class_names) or int(train_masks.max(initial=0)) + 1,
+      label_shape=train_masks.shape[1:], label_dtype=train_masks.dtype.name)
 
 
 def _source(stored, images: _Images, labels: np.ndarray):
@@ -326,6 +378,59 @@ def _checked_images(array, name: str) -> _Images:
     raise UserError(f"{label}: images of type {array.dtype}; give uint8 or "
                     "float images")
   return _Images(array)
+
+
+def _are_targets(array) -> bool:
+  """Labels that are no class ids: several a row, or floats that are not
+  whole numbers."""
+  if len(array.shape) == 2 and array.shape[1] > 1:
+    return True
+  values = array.all()
+  return (np.issubdtype(values.dtype, np.floating)
+          and not np.all(np.mod(values, 1) == 0))
+
+
+def _checked_targets(array, name: str, num_images: int,
+                     images_name: str) -> np.ndarray:
+  """Float targets, N x K (N, one a row, becomes N x 1)."""
+  label = array.label or name
+  if len(array.shape) not in (1, 2) or 0 in array.shape[1:]:
+    raise UserError(f"{label}: targets of shape {list(array.shape)}; give "
+                    "N x K float targets, or N for one a row")
+  values = array.all()
+  if not (np.issubdtype(values.dtype, np.floating)
+          or np.issubdtype(values.dtype, np.integer)):
+    raise UserError(f"{label}: targets of type {values.dtype}; give numbers")
+  values = values.astype(np.float32).reshape(len(values), -1)
+  if len(values) != num_images:
+    raise UserError(f"{label}: {len(values)} targets for {num_images} "
+                    f"images in {images_name}; give one row per image")
+  finite = np.isfinite(values).all(axis=1)
+  if not finite.all():
+    raise UserError(f"{label}: row {np.flatnonzero(~finite)[0]} has NaN or "
+                    "infinite targets; replace or drop it")
+  return values
+
+
+def _checked_masks(array, name: str, images_shape: tuple,
+                   images_name: str) -> np.ndarray:
+  """Integer masks N x H x W, one per image, as uint8 (or int32 for more
+  than 256 classes)."""
+  label = array.label or name
+  num, height, width = images_shape[:3]
+  if tuple(array.shape) != (num, height, width):
+    raise UserError(f"{label}: masks of shape {list(array.shape)} for "
+                    f"{num} images of {height}x{width} in {images_name}; "
+                    f"give [{num}, {height}, {width}], a class per pixel")
+  values = array.all()
+  if not np.issubdtype(values.dtype, np.integer):
+    raise UserError(f"{label}: masks of type {values.dtype}; give integer "
+                    "class ids")
+  if values.size and values.min() < 0:
+    raise UserError(f"{label}: mask value {values.min()} is out of range; "
+                    "masks are class ids from 0")
+  return values.astype(np.uint8 if values.max(initial=0) < 256
+                       else np.int32)
 
 
 def _checked_labels(array, name: str, num_images: int,

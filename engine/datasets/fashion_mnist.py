@@ -4,6 +4,7 @@
 DEFAULT_DIR. Nothing is downloaded: a missing directory is an error that says
 how to get the files.
 """
+import dataclasses
 import os
 
 import numpy as np
@@ -20,12 +21,16 @@ FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 NUM_CLASSES = 10
+# Of 0-255: a pixel brighter than this is the garment's, in masks().
+MASK_THRESHOLD = 25
 # From the data set's README, in label order.
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 
 
-def load(data_dir: str) -> Splits:
+def load(data_dir: str, labels: str = "classes") -> Splits:
+  """The data set; with `labels="masks"` (--task=segmentation), each image's
+  mask instead of its class (`masks`)."""
   data_dir = data_dir or DEFAULT_DIR
   if not os.path.isdir(data_dir):
     hint = ("install it with: apt-get install dataset-fashion-mnist"
@@ -43,7 +48,25 @@ def load(data_dir: str) -> Splits:
       num_classes=NUM_CLASSES, num_train=len(train_x), num_test=len(test_x),
       mean=(float(pixels.mean()),), std=(float(pixels.std()),),
       class_names=CLASS_NAMES)
-  return Splits(train=Examples(train_x, train_y), test=Examples(test_x, test_y),
+  splits = Splits(train=Examples(train_x, train_y),
+                  test=Examples(test_x, test_y), info=info)
+  return masks(splits) if labels == "masks" else splits
+
+
+def masks(splits: Splits) -> Splits:
+  """Fashion-MNIST for segmentation: each pixel of the garment (brighter
+  than MASK_THRESHOLD) labelled with the image's class + 1, the background
+  0. Masks are uint8, as the images: 47 MB for the training set."""
+  def masked(examples: Examples) -> Examples:
+    garment = examples.images[..., 0] > MASK_THRESHOLD
+    return Examples(examples.images, np.where(
+        garment, examples.labels[:, None, None] + 1, 0).astype(np.uint8))
+
+  info = dataclasses.replace(
+      splits.info, num_classes=NUM_CLASSES + 1,
+      class_names=("background", *CLASS_NAMES),
+      label_shape=splits.info.image_shape[:2], label_dtype="uint8")
+  return Splits(train=masked(splits.train), test=masked(splits.test),
                 info=info)
 
 

@@ -12,9 +12,10 @@ of them the same way:
   (engine/datasets/image_folder.py).
 * `RecordFiles`: TFRecord files of encoded images, streamed file by file.
 
-`DatasetInfo` says what the model and the export need to know: the image
-shape and dtype, the classes and their names, and the training set's
-per-channel statistics that normalize every image.
+`DatasetInfo` says what the model, the task and the export need to know:
+the image shape and dtype, the labels' shape and dtype, the classes and
+their names, and the training set's per-channel statistics that normalize
+every image.
 """
 import dataclasses
 from typing import Any
@@ -45,6 +46,12 @@ class DatasetInfo:
   class_names: tuple[str, ...] = ()
   # How images are stored, and so what the exported model takes.
   image_dtype: str = "uint8"
+  # One example's label: () for a class id; (k,) for k float targets.
+  label_shape: tuple[int, ...] = ()
+  label_dtype: str = "int64"
+  # Float targets' mean and std each, of the training set (regression).
+  label_mean: tuple[float, ...] = ()
+  label_std: tuple[float, ...] = ()
 
   def classes(self) -> tuple[str, ...]:
     """The name of each class, in label order."""

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from engine import data, datasets, distributed, ema, optimizers, precision
 from engine import step as steps
+from engine.tasks import classification
 from engine import train as engine_train
 import models
 from tests import fixtures
@@ -83,7 +84,7 @@ def full_split_figures(model, config) -> tuple[float, float]:
   for images, labels in data.eval_batches(splits.test, splits.info, rank=0,
                                           world_size=1, batch_size=64):
     logits = model(images, training=False)
-    losses += steps.cross_entropy(labels, logits).numpy().tolist()
+    losses += classification.cross_entropy(labels, logits).numpy().tolist()
     correct += int(tf.reduce_sum(tf.cast(
         tf.argmax(logits, -1) == labels, tf.int32)))
   return float(np.mean(losses)), correct / len(losses)

@@ -1,0 +1,95 @@
+"""Single-label classification: the engine's first task, and its default.
+
+Cross-entropy on logits, accuracy, and the confusion matrix (per-class
+accuracy in engine.evaluate, and its image in TensorBoard). Views of the
+same images (--eval_flip, --eval_shift) are averaged as probabilities.
+"""
+import numpy as np
+import tensorflow as tf
+
+from engine import report
+from engine.tasks.task import Task
+
+
+class Classification(Task):
+  """Integer class labels [batch]; float32 logits [batch, classes]."""
+
+  best_metric = "accuracy:max"
+  labels = "classes"
+
+  def __init__(self, info=None, *, label_smoothing: float = 0.0,
+               num_classes: int = 0):
+    """`num_classes`: without `info`, the number of classes (or 0: the
+    logits' width, for a model that is called before `sums`)."""
+    super().__init__(info)
+    self.label_smoothing = label_smoothing
+    self.num_classes = num_classes or (info.num_classes if info else 0)
+
+  def output_shape(self) -> tuple:
+    return (self.num_classes,)
+
+  def loss(self, labels, outputs):
+    if self.label_smoothing:
+      return smoothed_cross_entropy(labels, outputs, self.label_smoothing)
+    return cross_entropy(labels, outputs)
+
+  def sums(self):
+    return {"loss": (), "correct": (),
+            "confusion": (self.num_classes, self.num_classes)}
+
+  def batch_sums(self, labels, outputs, loss):
+    # The figure is the plain cross-entropy, comparable with validation's,
+    # whatever --label_smoothing makes the objective.
+    if self.label_smoothing:
+      loss = cross_entropy(labels, outputs)
+    predictions = tf.argmax(outputs, axis=-1, output_type=labels.dtype)
+    return {"loss": tf.reduce_sum(tf.cast(loss, tf.float64)),
+            "correct": tf.reduce_sum(tf.cast(predictions == labels,
+                                             tf.float64)),
+            "confusion": tf.math.confusion_matrix(
+                labels, predictions, self.num_classes, dtype=tf.float64)}
+
+  def figures(self, sums):
+    examples = max(float(sums["examples"]), 1.0)
+    return {"loss": float(sums["loss"]) / examples,
+            "accuracy": float(sums["correct"]) / examples}
+
+  def average_views(self, outputs):
+    """Logits whose softmax is the views' mean probabilities."""
+    return tf.math.log(tf.add_n([tf.nn.softmax(view) for view in outputs])
+                       / len(outputs))
+
+  def serve(self, outputs):
+    classes = tf.argmax(outputs, axis=-1)
+    names = tf.constant(self.info.classes())
+    return {"logits": outputs, "probabilities": tf.nn.softmax(outputs),
+            "classes": classes, "class_names": tf.gather(names, classes)}
+
+  def summary_images(self, sums):
+    return {"confusion_matrix": (
+        report.confusion_image(sums["confusion"]),
+        "Rows: true class, columns: predicted class, in label order "
+        "(classes.txt); each row normalized, white 0 to dark blue 1.")}
+
+
+def per_class_accuracy(counts: np.ndarray) -> np.ndarray:
+  """Each class's share of its examples predicted right (nan: none)."""
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return np.diag(counts) / counts.sum(axis=1)
+
+
+def cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+  """Per-example loss; logits are float32 whatever the compute dtype."""
+  return tf.keras.losses.sparse_categorical_crossentropy(
+      labels, logits, from_logits=True)
+
+
+def smoothed_cross_entropy(labels: tf.Tensor, logits: tf.Tensor,
+                           smoothing: float) -> tf.Tensor:
+  """Per-example cross-entropy against targets with `smoothing` of the
+  probability spread evenly over the classes (Szegedy et al. 2016): the
+  objective under --label_smoothing. The figures reported stay the plain
+  cross-entropy, comparable with validation's."""
+  uniform = -tf.reduce_mean(tf.nn.log_softmax(logits), axis=-1)
+  return ((1.0 - smoothing) * cross_entropy(labels, logits)
+          + smoothing * uniform)

@@ -1,0 +1,94 @@
+"""Regression: float targets per image, one or several.
+
+The model predicts standardized targets (each target minus its training
+mean, over its training std, the statistics recorded in model_dir as the
+images' are), so the loss weighs targets of different units alike and a
+model's usual initialization fits. Every figure is reported in the
+targets' own units: MAE, RMSE and R², overall (the mean over targets)
+and, for several targets, per target as `mae/<target>` (named by the data
+set's class_names), from sums of errors, squared errors, targets and
+squared targets.
+"""
+import numpy as np
+import tensorflow as tf
+
+from engine.errors import UserError
+from engine.tasks.task import Task
+
+LOSSES = ("mse", "mae", "huber")
+
+
+class Regression(Task):
+  """Float32 targets [batch, k]; float32 outputs [batch, k]."""
+
+  best_metric = "mae:min"
+  labels = "targets"
+
+  def __init__(self, info, *, loss: str = ""):
+    """`loss` (--loss): mse (the default), mae or huber (quadratic within
+    one std of the target, linear beyond)."""
+    super().__init__(info)
+    self.loss_name = loss or "mse"
+    if self.loss_name not in LOSSES:
+      raise UserError(f"--loss={loss}: the regression task's losses are "
+                      f"{', '.join(LOSSES)}")
+    (self.targets,) = info.label_shape
+    self._mean = tf.constant(info.label_mean or [0.0] * self.targets,
+                             tf.float32)
+    self._std = tf.constant(info.label_std or [1.0] * self.targets,
+                            tf.float32)
+
+  def output_shape(self):
+    return (self.targets,)
+
+  def loss(self, labels, outputs):
+    error = outputs - (labels - self._mean) / self._std
+    if self.loss_name == "mae":
+      each = tf.abs(error)
+    elif self.loss_name == "huber":
+      each = tf.keras.losses.huber(error[..., None], 0.0)
+    else:
+      each = tf.square(error)
+    return tf.reduce_mean(each, axis=-1)
+
+  def predictions(self, outputs):
+    """In the targets' units."""
+    return outputs * self._std + self._mean
+
+  def sums(self):
+    k = (self.targets,)
+    return {"loss": (), "absolute_error": k, "squared_error": k,
+            "target": k, "squared_target": k}
+
+  def batch_sums(self, labels, outputs, loss):
+    labels = tf.cast(labels, tf.float64)
+    error = tf.cast(self.predictions(outputs), tf.float64) - labels
+    return {"loss": tf.reduce_sum(tf.cast(loss, tf.float64)),
+            "absolute_error": tf.reduce_sum(tf.abs(error), axis=0),
+            "squared_error": tf.reduce_sum(tf.square(error), axis=0),
+            "target": tf.reduce_sum(labels, axis=0),
+            "squared_target": tf.reduce_sum(tf.square(labels), axis=0)}
+
+  def figures(self, sums):
+    n = max(float(sums["examples"]), 1.0)
+    mae = sums["absolute_error"] / n
+    mse = sums["squared_error"] / n
+    # The targets' variance about their mean over the same examples.
+    variance = sums["squared_target"] / n - np.square(sums["target"] / n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+      r2 = np.where(variance > 0, 1.0 - mse / variance, np.nan)
+    figures = {"loss": float(sums["loss"]) / n, "mae": float(mae.mean()),
+               "rmse": float(np.sqrt(mse.mean())), "r2": float(r2.mean())}
+    if self.targets > 1:
+      for name, *each in zip(self._target_names(), mae, np.sqrt(mse), r2):
+        figures.update({f"{figure}/{name}": float(value) for figure, value
+                        in zip(("mae", "rmse", "r2"), each)})
+    return figures
+
+  def _target_names(self) -> tuple:
+    names = self.info.class_names
+    return names if len(names) == self.targets else tuple(
+        map(str, range(self.targets)))
+
+  def serve(self, outputs):
+    return {"predictions": self.predictions(outputs)}

@@ -1,0 +1,109 @@
+"""A task: what a run learns, and how it is judged; the engine does the rest.
+
+The engine owns everything that makes training distributed, exact and
+resumable: the input pipeline, the step and its allreduce, the checkpoints,
+the reporting. A task owns what differs from one problem to the next,
+in the shape of Orbit's Task (official/core/base_task.py):
+
+* `output_shape()`: what the model outputs per example; the built-in
+  models size their heads by its last dimension.
+* `loss(labels, outputs)`: the loss of each example, float32 [batch]. The
+  engine averages it, adds the model's own losses (weight decay), scales it
+  under float16 and averages the gradients across ranks.
+* `sums()` and `batch_sums(labels, outputs, loss)`: the metrics, declared as
+  sums (a name and a shape each) and counted per batch inside the step.
+  Each rank adds up its own; when a figure is read, the sums are added
+  across ranks once, and `figures(sums)` turns them into the figures
+  (ratios of sums: a mean, a root mean square, R², mean IoU). So every
+  figure is exactly the whole split's, whatever the number of ranks.
+  The engine counts `examples` itself.
+* `best_metric`: the validation figure that decides best/, early stopping
+  and --target, and whether higher or lower is better.
+* `serve(outputs)`: what the exported SavedModel returns.
+
+A task is built with the data set's DatasetInfo, and with whichever of the
+task flags (--label_smoothing, --loss, ...) its __init__ declares.
+"""
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from engine.datasets import DatasetInfo
+
+
+class Task:
+  """The base of every task. Subclasses override `loss`, `sums`,
+  `batch_sums` and `figures`, and usually `best_metric`."""
+
+  # "<figure>:max" or "<figure>:min", a name `figures` returns: the
+  # validation figure that decides best/, --target and early stopping.
+  best_metric = "loss:min"
+  # What the task learns from, which loaders that read several kinds of
+  # labels take (--dataset=arrays): "classes" (an integer class id per
+  # image), "targets" (float values, [k] per image), "masks" (a class id
+  # per pixel, [H, W] per image), or "any".
+  labels = "any"
+
+  def __init__(self, info: Optional[DatasetInfo] = None):
+    self.info = info
+
+  @property
+  def name(self) -> str:
+    return type(self).__name__.lower()
+
+  # The model.
+
+  def output_shape(self) -> tuple:
+    """The model's output for one example, without the batch dimension:
+    by default one value per label (or per class, for class labels)."""
+    if self.info.label_shape:
+      return tuple(self.info.label_shape)
+    return (self.info.num_classes,)
+
+  def label_shape(self) -> tuple:
+    """One example's label, without the batch dimension."""
+    return tuple(self.info.label_shape) if self.info else ()
+
+  def label_dtype(self) -> tf.DType:
+    return tf.as_dtype(self.info.label_dtype if self.info else "int64")
+
+  # The loss and the metrics.
+
+  def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+    """Each example's loss, float32 [batch]."""
+    raise NotImplementedError
+
+  def sums(self) -> dict[str, tuple]:
+    """The sums the metrics are made of: their names and shapes."""
+    raise NotImplementedError
+
+  def batch_sums(self, labels: tf.Tensor, outputs: tf.Tensor,
+                 loss: tf.Tensor) -> dict[str, tf.Tensor]:
+    """One batch's share of each sum in `sums()`; runs inside the step.
+    `loss` is what `loss` returned for the batch."""
+    raise NotImplementedError
+
+  def figures(self, sums: dict[str, np.ndarray]) -> dict[str, float]:
+    """The figures, from sums over a whole split (or an epoch's steps) on
+    every rank; `sums["examples"]` counts the examples. A figure named
+    `group/detail` (mae/<target>) goes to metrics.jsonl and TensorBoard
+    (grouped with `group`) but not to the log line."""
+    raise NotImplementedError
+
+  # Evaluation and serving.
+
+  def average_views(self, outputs: list[tf.Tensor]) -> tf.Tensor:
+    """One output from the outputs of several views of the same examples
+    (--eval_flip, --eval_shift); tasks that have no such average leave
+    this and the engine refuses those flags."""
+    raise NotImplementedError
+
+  def serve(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
+    """What the exported SavedModel returns for a batch of outputs."""
+    return {"outputs": outputs}
+
+  def summary_images(self, sums: dict[str, np.ndarray]) -> dict:
+    """TensorBoard images of the validation sums: {tag: (image [1, H, W,
+    3] uint8, description)}."""
+    return {}

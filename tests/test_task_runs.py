@@ -1,0 +1,180 @@
+"""Tasks other than classification keep every guarantee, on two processes.
+
+Two launches of `horovodrun -np 2`: the worker (tests/workers/task_runs.py:
+regression runs in one process each, resumed, diverged), and the command
+line with a user's task from a file (examples/focal_task.py), whose
+model_dir the tests read with TensorBoard's reader, engine.runs, the
+SavedModel loader and engine.evaluate.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from engine import runs
+from tests import fixtures
+
+WORKER = os.path.join(fixtures.REPO, "tests", "workers", "task_runs.py")
+FOCAL = "examples/focal_task.py:FocalLoss"
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory):
+  out = tmp_path_factory.mktemp("tasks")
+  arrays = fixtures.write_regression_arrays(str(out / "targets.npz"),
+                                           num_train=193)
+  result = fixtures.launch([WORKER, str(out), arrays], processes=2)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return out, [json.loads((out / f"rank{r}.json").read_text())
+               for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def focal(tmp_path_factory):
+  out = tmp_path_factory.mktemp("focal")
+  data_dir = fixtures.write_fashion_mnist(str(out / "data"), 301, 53)
+  model_dir = out / "run"
+  result = fixtures.launch(
+      ["-m", "engine.train", f"--task={FOCAL}", f"--data_dir={data_dir}",
+       "--epochs=2", "--batch_size=16", "--filters=4", "--progress=none",
+       f"--model_dir={model_dir}"], processes=2)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return model_dir, result
+
+
+def test_regression_weights_are_identical_on_every_rank(regression):
+  _, ranks = regression
+  assert [r["max_weight_difference_across_ranks"] for r in ranks] == [0, 0]
+
+
+def test_regression_figures_are_exactly_the_whole_test_splits(regression):
+  _, ranks = regression
+  for rank in ranks:
+    reported = rank["history"][-1]
+    for name, value in rank["whole_split"].items():
+      assert reported[f"val_{name}"] == pytest.approx(value, rel=1e-5), name
+    assert {"val_mae", "val_rmse", "val_r2", "val_mae/brightness",
+            "val_r2/top"} <= reported.keys()
+    assert reported["best_metric"] == "val_mae:min"
+  figures = [[{k: v for k, v in record.items()
+               if k.startswith(("train_", "val_"))}
+              for record in rank["history"]] for rank in ranks]
+  assert figures[0] == figures[1]
+
+
+def test_regression_learns_the_targets_the_images_carry(regression):
+  _, ranks = regression
+  first, *_, last = ranks[0]["history"]
+  assert last["val_mae"] < first["val_mae"]
+  assert last["val_r2"] > max(first["val_r2"], 0.1)
+
+
+def test_a_resumed_regression_continues_exactly(regression):
+  out, ranks = regression
+  assert [r["resumed_weight_difference"] for r in ranks] == [0, 0]
+  exact = ("epoch", "train_loss", "train_mae", "val_mae", "val_r2/top",
+           "global_step")
+  straight, resumed = ([[r[k] for k in exact] for r in
+                        runs.read_run(str(out / name)).records]
+                       for name in ("regression", "resumed"))
+  assert len(straight) == 3 and resumed == straight
+
+
+def test_a_diverging_regression_stops_on_every_rank(regression):
+  out, ranks = regression
+  for rank in ranks:
+    assert rank["diverged"].startswith("training diverged at global step")
+  records = runs.read_run(str(out / "diverged"))
+  assert records.state == "diverged"
+
+
+def test_the_regression_model_dir_records_the_targets_statistics(
+    regression):
+  out, _ = regression
+  recorded = json.loads((out / "regression" / "normalization.json")
+                        .read_text())
+  targets = np.load(out / "targets.npz")["y_train"].astype(np.float64)
+  np.testing.assert_allclose(recorded["target_mean"], targets.mean(axis=0))
+  np.testing.assert_allclose(recorded["target_std"], targets.std(axis=0))
+
+
+def test_the_regression_export_serves_predictions_in_the_targets_units(
+    regression):
+  out, ranks = regression
+  exported = tf.saved_model.load(str(out / "regression" / "export" /
+                                     "final"))
+  arrays = np.load(out / "targets.npz")
+  served = exported.signatures["serving_default"](
+      images=tf.constant(arrays["x_test"][..., None]))
+  predictions = served["predictions"].numpy()
+  assert predictions.shape == (31, 2)
+  mae = np.abs(predictions - arrays["y_test"]).mean()
+  assert mae == pytest.approx(ranks[0]["history"][-1]["val_mae"], rel=1e-4)
+
+
+def scalar_tags(model_dir, run):
+  tags = set()
+  for path in (model_dir / "tensorboard" / run).glob("events.*"):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      tags |= {value.tag for value in event.summary.value}
+  return tags
+
+
+def test_a_users_task_reaches_every_report(focal):
+  model_dir, result = focal
+  records = [json.loads(line) for line in
+             (model_dir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["epoch"] for r in records] == [1, 2]
+  assert {"train_top2_accuracy", "val_top2_accuracy"} <= records[-1].keys()
+  assert records[-1]["best_metric"] == "val_top2_accuracy:max"
+  assert "epoch_top2_accuracy" in scalar_tags(model_dir, "train")
+  assert "epoch_top2_accuracy" in scalar_tags(model_dir, "validation")
+  assert "best_val_top2_accuracy" in scalar_tags(model_dir, "")
+  assert "top2_accuracy" in result.stderr.split("epoch 2/2")[1]
+  assert f"--task={FOCAL}" in (model_dir / "flags.txt").read_text()
+
+
+def test_the_hparams_carry_the_task(focal):
+  model_dir, _ = focal
+  [path] = (model_dir / "tensorboard").glob("events.*")
+  plugin_data = b"".join(
+      value.metadata.plugin_data.content
+      for event in tf.compat.v1.train.summary_iterator(str(path))
+      for value in event.summary.value
+      if value.metadata.plugin_data.plugin_name == "hparams")
+  assert FOCAL.encode() in plugin_data
+
+
+def test_the_runs_table_shows_the_deciding_figure(focal, regression):
+  model_dir, _ = focal
+  out, _ = regression
+  found = runs.find_runs([str(model_dir), str(out / "regression")])
+  table = runs.table({label: runs.read_run(path)
+                      for label, path in found.items()})
+  header, *rows = table.splitlines()
+  assert "metric" in header.split()
+  assert any("val_top2_accuracy" in row for row in rows)
+  assert any("val_mae" in row for row in rows)
+
+
+def test_the_users_task_exports_without_its_code_and_evaluates(focal):
+  model_dir, _ = focal
+  served = fixtures.launch(["-c", (
+      "import sys, numpy as np, tensorflow as tf\n"
+      f"m = tf.saved_model.load({str(model_dir / 'export' / 'best')!r})\n"
+      "out = m.signatures['serving_default'](\n"
+      "    images=tf.zeros([3, 28, 28, 1], tf.uint8))\n"
+      "print(sorted(out), out['outputs'].shape)\n"
+      "assert 'user_code' not in ' '.join(sys.modules)\n")])
+  assert served.returncode == 0, served.stderr[-2000:]
+  assert "['outputs'] (3, 10)" in served.stdout
+  evaluated = fixtures.launch(["-m", "engine.evaluate",
+                               f"--model_dir={model_dir}",
+                               "--checkpoint=best"])
+  assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+  records = [json.loads(line) for line in
+             (model_dir / "metrics.jsonl").read_text().splitlines()]
+  best = max(r["val_top2_accuracy"] for r in records)
+  assert f"test top2_accuracy {best:.4f} (53 examples)" in evaluated.stdout

@@ -1,0 +1,355 @@
+"""engine.tasks: the task interface, its checks, and the built-in tasks'
+figures, in one process (tests/test_task_runs.py trains them on two)."""
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from engine import build
+from engine import metrics
+from engine import stopping
+from engine import tasks
+from engine.datasets import DatasetInfo
+from engine.datasets import arrays
+from engine.errors import UserError
+from tests import fixtures
+
+CLASSES = DatasetInfo(name="shapes", image_shape=(8, 8, 1), num_classes=3,
+                      num_train=10, num_test=5, mean=(0.0,), std=(1.0,))
+TARGETS = DatasetInfo(name="gauges", image_shape=(8, 8, 1), num_classes=0,
+                      num_train=10, num_test=5, mean=(0.0,), std=(1.0,),
+                      label_shape=(2,), label_dtype="float32",
+                      label_mean=(10.0, -3.0), label_std=(2.0, 0.5),
+                      class_names=("speed", "angle"))
+
+
+def dense_model(outputs: int) -> tf.keras.Model:
+  inputs = tf.keras.Input((8, 8, 1))
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(outputs)(
+      tf.keras.layers.Flatten()(inputs)))
+
+
+def test_regression_figures_are_the_whole_sets_over_uneven_batches():
+  task = tasks.build("regression", TARGETS)
+  rng = np.random.default_rng(0)
+  labels = rng.normal([10.0, -3.0], [2.0, 0.5], (23, 2)).astype(np.float32)
+  outputs = rng.normal(size=(23, 2)).astype(np.float32)
+  totals = metrics.Totals("regression", task)
+  for batch in np.split(np.arange(23), [7, 16]):  # 7, 9 and 7 examples
+    loss = task.loss(labels[batch], outputs[batch])
+    totals.update(tf.constant(labels[batch]), tf.constant(outputs[batch]),
+                  loss)
+  figures = totals.result_of(totals.local_sums()).figures
+  predictions = outputs * [2.0, 0.5] + [10.0, -3.0]  # in the targets' units
+  error = predictions - labels
+  r2 = 1 - (error ** 2).sum(0) / ((labels - labels.mean(0)) ** 2).sum(0)
+  standardized = (labels - [10.0, -3.0]) / [2.0, 0.5]
+  assert figures["loss"] == pytest.approx(
+      ((outputs - standardized) ** 2).mean(), rel=1e-5)
+  assert figures["mae"] == pytest.approx(np.abs(error).mean(), rel=1e-5)
+  assert figures["rmse"] == pytest.approx(np.sqrt((error ** 2).mean()),
+                                          rel=1e-5)
+  assert figures["r2"] == pytest.approx(r2.mean(), rel=1e-4)
+  assert figures["mae/angle"] == pytest.approx(np.abs(error[:, 1]).mean(),
+                                               rel=1e-5)
+  assert figures["r2/speed"] == pytest.approx(r2[0], rel=1e-4)
+
+
+@pytest.mark.parametrize("loss, expected", [
+    ("mae", 1.5), ("huber", (0.5 + 1.5) / 2), ("mse", (1.0 + 4.0) / 2)])
+def test_regression_losses_on_standardized_targets(loss, expected):
+  task = tasks.build("regression", TARGETS, loss=loss)
+  # Outputs 1 and 2 stds from the targets.
+  labels = tf.constant([[10.0, -3.0]])
+  assert float(task.loss(labels, tf.constant([[1.0, -2.0]]))[0]) == \
+      pytest.approx(expected)
+
+
+def test_an_unknown_regression_loss_is_one_line():
+  with pytest.raises(UserError, match=r"--loss=hinge: the regression task's "
+                     "losses are mse, mae, huber"):
+    tasks.build("regression", TARGETS, loss="hinge")
+
+
+def test_the_deciding_figure_and_its_direction():
+  regression = tasks.build("regression", TARGETS)
+  assert str(tasks.Decider.of("val_mae:min", regression)) == "val_mae:min"
+  assert tasks.Decider.of("mae", regression).minimize  # the task's own
+  assert not tasks.Decider.of("val_r2:max", regression).minimize
+  with pytest.raises(UserError, match="--best_metric=val_r2: give a "
+                     "validation figure and whether higher or lower"):
+    tasks.Decider.of("val_r2", regression, flag="best_metric")
+  decider = tasks.Decider.of("val_mae:min", regression)
+  assert decider.score(0.5) > decider.score(0.7)
+  assert decider.reached(0.1, 0.2) and not decider.reached(0.3, 0.2)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(best_metric="val_accuracy:max"), r"--best_metric=val_accuracy:max:"
+     r" the regression task's figures are val_loss, val_mae, val_rmse"),
+    (dict(target=0.9, target_accuracy=True), "--target_accuracy: this run "
+     "is decided by val_mae; give its target as --target"),
+])
+def test_flags_a_task_cannot_honour_are_one_line(flags, message):
+  config = fixtures.train_config(task="regression", **flags)
+  with pytest.raises(UserError, match=message):
+    build.decider(config, tasks.build("regression", TARGETS))
+
+
+def test_early_stopping_at_a_target_below_which_to_get():
+  stop = stopping.Target(0.2, patience=2, minimize=True)
+  stops = [stop.update(epoch=epoch, value=value,
+                       cumulative_seconds=float(epoch))
+           for epoch, value in enumerate([0.5, 0.2, 0.3, 0.1, 0.15], 1)]
+  assert stops == [False, False, False, False, True]
+  assert stop.first_reached_epoch == 2
+
+
+@pytest.mark.parametrize("task, info, message", [
+    ("regression", CLASSES, r"--task=regression learns float targets "
+     r"\[N, k\]; shapes gives class ids"),
+    ("classification", TARGETS, "--task=classification learns from class "
+     r"ids, one integer per image; gauges gives labels of shape \[N, 2\] "
+     "float32"),
+])
+def test_labels_of_the_wrong_kind_for_the_task_are_one_line(task, info,
+                                                            message):
+  with pytest.raises(UserError, match=message):
+    tasks.build(task, info)
+
+
+def test_views_are_not_averaged_for_a_task_without_an_average():
+  from engine import step as steps  # pylint: disable=import-outside-toplevel
+  with pytest.raises(UserError, match="--eval_flip, --eval_shift: the "
+                     "regression task has no average"):
+    steps.EvalStep(model=dense_model(2),
+                   task=tasks.build("regression", TARGETS), flip=True)
+
+
+GOOD_TASK = '''
+import tensorflow as tf
+from engine.tasks import Task
+
+
+class Mean(Task):
+  labels = "classes"
+
+  def output_shape(self):
+    return (3,)
+
+  def loss(self, labels, outputs):
+    return __LOSS__
+
+  def sums(self):
+    return __SUMS__
+
+  def batch_sums(self, labels, outputs, loss):
+    return __BATCH_SUMS__
+
+  def figures(self, sums):
+    return __FIGURES__
+'''
+GOOD = dict(LOSS="tf.reduce_mean(tf.square(outputs), axis=-1)",
+            SUMS='{"loss": ()}',
+            BATCH_SUMS='{"loss": tf.reduce_sum(loss)}',
+            FIGURES='{"loss": sums["loss"] / sums["examples"]}')
+
+
+def user_task(tmp_path, **changes) -> str:
+  source = GOOD_TASK
+  for name, value in {**GOOD, **changes}.items():
+    source = source.replace(f"__{name}__", value)
+  (tmp_path / "mine.py").write_text(source)
+  return f"{tmp_path / 'mine.py'}:Mean"
+
+
+def checked(spec):
+  task = tasks.build(spec, CLASSES)
+  tasks.check(task, spec, dense_model(3), (8, 8, 1))
+  return task
+
+
+def test_a_good_user_task_passes_its_checks(tmp_path):
+  assert checked(user_task(tmp_path)).best_metric == "loss:min"
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(LOSS="tf.reduce_mean(tf.square(outputs))"), r"loss must return "
+     r"each example's float32 loss, \[batch\]; it returned float32 of shape "
+     r"\[\] for a batch of 2"),
+    (dict(LOSS="tf.cast(outputs[:, 0], tf.float64)"), "loss must return "
+     r"each example's float32 loss, \[batch\]; it returned float64"),
+    (dict(LOSS="outputs.nope"), r"loss\(\) raised AttributeError"),
+    (dict(BATCH_SUMS='{"loss": loss}'), r"batch_sums gives 'loss' of "
+     r"float32 of shape \[2\]; sums\(\) declares shape \[\]"),
+    (dict(BATCH_SUMS='{"losses": tf.reduce_sum(loss)}'), r"batch_sums "
+     r"returned \['losses'\]; it must return the sums declared by sums\(\): "
+     r"\['loss'\]"),
+    (dict(SUMS='{"loss": (), "examples": ()}'), "sums declares 'examples', "
+     "which the engine counts itself"),
+    (dict(FIGURES='{"mean": 1.0}'), r"figures returned \{'mean': 1.0\}; it "
+     "must return a dict of figures including 'loss'"),
+], ids=["scalar_loss", "float64_loss", "raises", "sum_shape", "sum_names",
+        "examples", "no_deciding_figure"])
+def test_a_bad_user_task_is_one_line_naming_it(tmp_path, changes, message):
+  spec = user_task(tmp_path, **changes)
+  with pytest.raises(UserError, match=f"--task={spec}: {message}"):
+    checked(spec)
+
+
+def test_a_user_task_missing_a_method_is_one_line(tmp_path):
+  path = tmp_path / "partial.py"
+  path.write_text("from engine.tasks import Task\n\n\n"
+                  "class Partial(Task):\n"
+                  "  def loss(self, labels, outputs):\n"
+                  "    return outputs[:, 0]\n")
+  with pytest.raises(UserError, match=f"--task={path}:Partial: Partial does "
+                     "not define sums, batch_sums, figures"):
+    tasks.build(f"{path}:Partial", CLASSES)
+
+
+def test_arrays_of_float_targets_are_read_as_targets(tmp_path):
+  path = fixtures.write_regression_arrays(str(tmp_path / "t.npz"))
+  splits = arrays.load(data_dir=path, array_keys=[], labels="targets")
+  assert splits.info.label_shape == (2,)
+  assert splits.info.label_dtype == "float32"
+  assert splits.info.class_names == ("brightness", "top")
+  assert splits.train.labels.shape == (97, 2)
+
+
+def test_a_column_of_targets_is_one_target_a_row(tmp_path):
+  path = str(tmp_path / "one.npz")
+  np.savez(path, x_train=np.zeros((4, 8, 8), np.uint8),
+           y_train=np.arange(4.0), x_test=np.zeros((2, 8, 8), np.uint8),
+           y_test=np.arange(2.0))
+  splits = arrays.load(data_dir=path, array_keys=[], labels="targets")
+  assert splits.info.label_shape == (1,)
+
+
+@pytest.mark.parametrize("y_test, message", [
+    (np.zeros((2, 3)), "2 targets a row in y_train, 3 in y_test"),
+    (np.array([[1.0, np.nan], [0.0, 0.0]]), "y_test: row 0 has NaN or "
+     "infinite targets"),
+    (np.zeros(3), "3 targets for 2 images in x_test"),
+])
+def test_bad_targets_are_one_line(tmp_path, y_test, message):
+  path = str(tmp_path / "bad.npz")
+  np.savez(path, x_train=np.zeros((4, 8, 8), np.uint8),
+           y_train=np.zeros((4, 2)), x_test=np.zeros((2, 8, 8), np.uint8),
+           y_test=y_test)
+  with pytest.raises(UserError, match=message):
+    arrays.load(data_dir=path, array_keys=[], labels="targets")
+
+
+def test_the_wrong_task_for_the_data_is_one_line_and_writes_nothing(
+    tmp_path):
+  data_dir = fixtures.write_fashion_mnist(str(tmp_path / "data"), 40, 10)
+  model_dir = tmp_path / "run"
+  result = fixtures.launch(["-m", "engine.train", "--task=regression",
+                            f"--data_dir={data_dir}",
+                            f"--model_dir={model_dir}"])
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1] == (
+      "engine.train: error: --task=regression learns float targets [N, k]; "
+      "fashion_mnist gives class ids (arrays: float y_train and y_test)")
+  assert not os.path.exists(model_dir)
+
+
+MASKS = DatasetInfo(name="pets", image_shape=(4, 4, 1), num_classes=3,
+                    num_train=10, num_test=5, mean=(0.0,), std=(1.0,),
+                    label_shape=(4, 4), label_dtype="uint8",
+                    class_names=("background", "cat", "dog"))
+
+
+def test_segmentation_figures_from_the_pixels_confusion_matrix():
+  task = tasks.build("segmentation", MASKS, ignore_label=255)
+  labels = np.array([[[0, 0, 1, 1]] * 4, [[2, 2, 255, 255]] * 4], np.uint8)
+  predicted = np.array([[[0, 1, 1, 1]] * 4, [[2, 0, 1, 1]] * 4])
+  outputs = tf.one_hot(predicted, 3) * 10.0
+  totals = metrics.Totals("segmentation", task)
+  totals.update(tf.constant(labels), outputs,
+                task.loss(tf.constant(labels), outputs))
+  figures = totals.result_of(totals.local_sums()).figures
+  # 24 labelled pixels (the 8 of 255 ignored): 12 + 4 right.
+  assert figures["pixel_accuracy"] == pytest.approx(16 / 24)
+  # background: 4 right, 4 predicted from cat, 4 from dog: 4/12;
+  # cat: 8 of 8 right and 4 more predicted: 8/12; dog: 4 of 8: 4/8.
+  assert figures["iou/background"] == pytest.approx(4 / 12)
+  assert figures["iou/cat"] == pytest.approx(8 / 12)
+  assert figures["mean_iou"] == pytest.approx((4 / 12 + 8 / 12 + 4 / 8) / 3)
+  # Keras' MeanIoU over the same pixels agrees.
+  keras = tf.keras.metrics.MeanIoU(3)
+  keep = labels != 255
+  keras.update_state(labels[keep], predicted[keep])
+  assert figures["mean_iou"] == pytest.approx(float(keras.result()))
+  # The loss: the mean over each image's labelled pixels only.
+  assert task.loss(tf.constant(labels), outputs).shape == (2,)
+
+
+def test_fashion_mnist_masks_label_each_garment_pixel_with_its_class(
+    tmp_path):
+  from engine.datasets import fashion_mnist  # pylint: disable=import-outside-toplevel
+  data_dir = fixtures.write_fashion_mnist(str(tmp_path), 20, 10)
+  classes = fashion_mnist.load(data_dir)
+  splits = fashion_mnist.load(data_dir, labels="masks")
+  assert splits.info.num_classes == 11
+  assert splits.info.class_names[:2] == ("background", "T-shirt/top")
+  masks, images = splits.train.labels, splits.train.images[..., 0]
+  garment = images > fashion_mnist.MASK_THRESHOLD
+  assert (masks[~garment] == 0).all()
+  assert (masks == np.where(garment, classes.train.labels[:, None, None] + 1,
+                            0)).all()
+
+
+def test_masks_are_flipped_and_shifted_with_their_images():
+  from engine import data  # pylint: disable=import-outside-toplevel
+  from engine.datasets import Examples  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 3, (32, 4, 4, 1)).astype(np.uint8) * 100
+  masks = (images[..., 0] > 0).astype(np.uint8)
+  info = dataclasses.replace(MASKS, num_train=32, shift_fill="constant")
+  batches = data.train_batches(
+      Examples(images, masks), info, rank=0, world_size=1, batch_size=8,
+      steps=4, seed=1, first_epoch=0, flip=True, shift=0.5)
+  stored = {mask.tobytes() for mask in masks}
+  moved = 0
+  for batch_images, batch_masks in batches.take(4):
+    assert ((batch_images.numpy()[..., 0] > 0) ==
+            (batch_masks.numpy() == 1)).all()
+    moved += sum(mask.tobytes() not in stored for mask in batch_masks.numpy())
+  assert moved > 8  # flipped or shifted: no longer any stored mask
+
+
+@pytest.mark.parametrize("y_test, message", [
+    (np.zeros((2, 8, 4), np.int64), r"y_test: masks of shape \[2, 8, 4\] "
+     r"for 2 images of 8x8 in x_test; give \[2, 8, 8\]"),
+    (np.zeros((2, 8, 8)) + 0.5, "y_test: masks of type float64; give "
+     "integer class ids"),
+    (np.zeros((2, 8, 8), np.int64) - 1, "y_test: mask value -1 is out of "
+     "range"),
+])
+def test_bad_masks_are_one_line(tmp_path, y_test, message):
+  path = str(tmp_path / "bad.npz")
+  np.savez(path, x_train=np.zeros((4, 8, 8), np.uint8),
+           y_train=np.zeros((4, 8, 8), np.int64),
+           x_test=np.zeros((2, 8, 8), np.uint8), y_test=y_test)
+  with pytest.raises(UserError, match=message):
+    arrays.load(data_dir=path, array_keys=[], labels="masks")
+
+
+def test_segmentation_on_class_labels_is_one_line():
+  with pytest.raises(UserError, match=r"--task=segmentation learns integer "
+                     r"masks \[N, 8, 8\], a class per pixel of the images; "
+                     "shapes gives class ids"):
+    tasks.build("segmentation", CLASSES)
+
+
+def test_the_unet_outputs_a_class_per_pixel():
+  import models  # pylint: disable=import-outside-toplevel
+  model = models.build("unet", input_shape=(28, 28, 1), num_classes=11,
+                       output_shape=(28, 28, 11), filters=4)
+  assert model.output_shape == (None, 28, 28, 11)
+  assert [models.unet.levels(size) for size in
+          ((28, 28), (32, 32), (7, 7), (256, 512))] == [2, 3, 0, 4]
