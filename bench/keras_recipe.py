@@ -11,6 +11,8 @@ flagfile from flags/), this trains with `model.fit` and
 - the same optimizer and learning-rate schedule object (warmup, decay, rate
   scaled with the processes), wrapped in `hvd.DistributedOptimizer`;
 - label smoothing through `CategoricalCrossentropy(label_smoothing=...)`;
+- for --task=segmentation, per-pixel `SparseCategoricalCrossentropy` and
+  Keras' `MeanIoU` as its metric;
 - a moving average of the weights through the optimizer's own `use_ema`;
 - Horovod's callbacks: rank 0's weights broadcast, metrics averaged.
 
@@ -20,7 +22,8 @@ in, the views --eval_flip and --eval_shift ask for, each rank its
 shard, summed exactly) and rank 0 appends a record to
 `--model_dir`/metrics.jsonl, in the engine's shape, so engine.runs reads
 both alike:
-`epoch`, `val_accuracy`, `images_per_sec` (training steps only) and
+`epoch`, the task's `val_<figure>`s, `images_per_sec` (training steps
+only) and
 `cumulative_seconds` (training and evaluation since `fit` began, as the
 engine's clock counts training, evaluation and checkpoints).
 
@@ -44,6 +47,7 @@ from engine import optimizers
 from engine import report
 from engine import step as steps
 from engine.config import config_from_flags
+from engine.tasks import Segmentation
 
 
 def main(argv):
@@ -54,13 +58,21 @@ def main(argv):
   steps_per_epoch = data.steps_per_epoch(
       num_train=info.num_train, batch_size=config.batch_size,
       world_size=world.size, requested=config.steps_per_epoch)
-  one_hot = lambda images, labels: (images,
-                                    tf.one_hot(labels, info.num_classes))
+  segmentation = isinstance(task, Segmentation)
   batches = data.train_batches(
       splits.train, info, rank=world.rank, world_size=world.size,
       batch_size=config.batch_size, steps=steps_per_epoch, seed=config.seed,
-      first_epoch=0, flip=config.random_flip,
-      shift=config.random_shift).map(one_hot)
+      first_epoch=0, flip=config.random_flip, shift=config.random_shift)
+  if segmentation:
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    metric = tf.keras.metrics.MeanIoU(info.num_classes, sparse_y_pred=False,
+                                      name="train_metric")
+  else:
+    batches = batches.map(lambda images, labels: (
+        images, tf.one_hot(labels, info.num_classes)))
+    loss = tf.keras.losses.CategoricalCrossentropy(
+        from_logits=True, label_smoothing=config.label_smoothing)
+    metric = tf.keras.metrics.CategoricalAccuracy(name="train_metric")
 
   learning_rate = build.learning_rate_schedule(config)
   learning_rate.set_world(world_size=world.size,
@@ -77,9 +89,7 @@ def main(argv):
   optimizer.learning_rate = learning_rate
   model.compile(
       optimizer=optimizer,
-      loss=tf.keras.losses.CategoricalCrossentropy(
-          from_logits=True, label_smoothing=config.label_smoothing),
-      metrics=["categorical_accuracy"])
+      loss=loss, metrics=[metric])
   model.fit(batches, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
             verbose=0, callbacks=[
                 hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -109,7 +119,8 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
     self._started = time.perf_counter()
     self._eval_step = steps.EvalStep(
         model=self.model, task=self._task,
-        image_shape=self._splits.info.image_shape, flip=self._config.eval_flip, shift=build.eval_shift_pixels(
+        image_shape=self._splits.info.image_shape,
+        flip=self._config.eval_flip, shift=build.eval_shift_pixels(
             self._config, self._splits.info.image_shape))
     if distributed.is_chief():
       os.makedirs(self._config.model_dir, exist_ok=True)
@@ -130,8 +141,10 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
         world_size=self._world.size, batch_size=self._config.batch_size))
     self.model.set_weights(own)
     record = {"epoch": epoch + 1, "epochs": self._config.epochs,
-              "train_accuracy": float(logs["categorical_accuracy"]),
-              "val_accuracy": val.accuracy, "val_loss": val.loss,
+              # Keras' own figure, averaged over ranks by Horovod's callback.
+              "train_keras_metric": float(logs["train_metric"]),
+              **{f"val_{name}": value for name, value in val.figures.items()},
+              "best_metric": f"val_{self._task.best_metric}",
               "images_per_sec": self._images_per_epoch / train_seconds,
               "train_seconds": train_seconds,
               "cumulative_seconds": time.perf_counter() - self._started,

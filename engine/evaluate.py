@@ -24,6 +24,7 @@ from engine import cli
 from engine import data
 from engine import distributed
 from engine import ema
+from engine import report
 from engine import runs
 from engine import step as steps
 from engine.config import TrainConfig
@@ -98,9 +99,8 @@ def main(argv):
   except UserError as e:
     cli.exit_with_error(str(e), e.exit_code, program=PROGRAM)
   if distributed.is_chief():
-    figures = ", ".join(f"test {name} {value:.4f}"
-                        for name, value in result.figures.items())
-    print(f"{path}: {figures} ({result.examples} examples)")
+    print(f"{path}: {report.in_words(result.figures, details=True)} "
+          f"({result.examples} examples)")
     if not classes:
       return
     per_class, names = classes

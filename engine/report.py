@@ -58,9 +58,22 @@ def _figures(record: dict, prefix: str) -> str:
   the details, as mae/<target>)."""
   return " ".join(
       f"{_SHORT_NAMES.get(key[len(prefix):], key[len(prefix):])} "
-      f"{value:.4f}" for key, value in record.items()
+      f"{shown(value)}" for key, value in record.items()
       if key.startswith(prefix) and key != "train_examples"
       and "/" not in key)
+
+
+def in_words(figures: dict, details: bool = False) -> str:
+  """A task's figures of the test split in words ("test loss 0.3120, test
+  accuracy 0.8811"); the details (iou/<class>) only with `details`."""
+  return ", ".join(f"test {name} {shown(value)}"
+                   for name, value in figures.items()
+                   if details or "/" not in name)
+
+
+def shown(value: Optional[float]) -> str:
+  """A figure as logged: 4 decimals, or "-" where undefined (None)."""
+  return "-" if value is None else f"{value:.4f}"
 
 
 def configure_logging(chief: bool) -> None:
@@ -139,7 +152,8 @@ class Reporter:
     with self._tensorboard(TRAIN) as writer:
       with writer.as_default(step=global_step):
         for name, value in scalars.items():
-          tf.summary.scalar(STEP_TAG_PREFIX + name, value)
+          if value is not None:  # a figure undefined over these steps
+            tf.summary.scalar(STEP_TAG_PREFIX + name, value)
 
   def epoch(self, record: dict, images: Optional[dict] = None) -> None:
     """`images`: the task's TensorBoard images of the validation figures,

@@ -89,11 +89,9 @@ class Session:
 
   def say_how_it_ended(self) -> None:
     if self.val:
-      figures = ", ".join(f"test {name} {value:.4f}"
-                          for name, value in self.val.figures.items()
-                          if "/" not in name)  # details: metrics.jsonl
-      logging.info("final %s (%d examples); metrics in %s", figures,
-                   self.val.examples, self.reporter.metrics_path)
+      logging.info("final %s (%d examples); metrics in %s",
+                   report.in_words(self.val.figures), self.val.examples,
+                   self.reporter.metrics_path)
     elif not self.history:
       logging.info("%s has finished its %d epochs already; pass a larger "
                    "--epochs to train on, or another --model_dir for a new "

@@ -42,6 +42,9 @@ from engine.run_state import RunState
 from engine.run_state import starting_point
 from engine.session import Session
 
+# Test examples the task draws in TensorBoard each evaluated epoch.
+SAMPLES = 4
+
 
 @dataclasses.dataclass
 class TrainResult:
@@ -154,9 +157,10 @@ class _TrainLoop:
         except steps.NonFinite as nonfinite:
           epoch = self._diverged(session, nonfinite)
           continue
-        val = (self._evaluate(session) if self._config.evaluates(epoch)
-               else None)
-        if self._end_epoch(session, epoch, train, val, train_seconds):
+        val, pictures = (self._evaluate(session)
+                         if self._config.evaluates(epoch) else (None, {}))
+        if self._end_epoch(session, epoch, train, val, pictures,
+                           train_seconds):
           break
         epoch += 1
     finally:
@@ -291,8 +295,12 @@ class _TrainLoop:
       if not session.optimizer_state_broadcast:
         # Once per start, after the first update: whatever state an
         # optimizer creates at its first step rather than in
-        # optimizers.build_state becomes rank 0's too.
-        distributed.broadcast_from_chief(self.variables())
+        # optimizers.build_state becomes rank 0's too. The optimizer's
+        # only: BatchNorm's moving statistics differ between ranks by
+        # design until evaluation averages them, and replacing rank 1's
+        # mid-epoch would make a resumed run differ from one straight
+        # through.
+        distributed.broadcast_from_chief(optimizers.state(self._optimizer))
         session.optimizer_state_broadcast = True
       self._after_step(session, epoch, done, stop_agreed)
       session.progress.step(done)
@@ -338,23 +346,39 @@ class _TrainLoop:
                               session.times.step_seconds),
           learning_rate=float(self._learning_rate(global_step - 1))))
 
-  def _evaluate(self, session: Session) -> metrics.Result:
-    """The whole test split, each rank its shard, reduced exactly."""
+  def _evaluate(self, session: Session) -> tuple[metrics.Result, dict]:
+    """The whole test split, each rank its shard, reduced exactly; and on
+    rank 0 the task's pictures of the first few test examples."""
     # BatchNorm's moving statistics are updated from each rank's own
     # batches and drift apart; average them so every rank evaluates (and
     # ends with) one model.
     distributed.average_across_ranks(self._model.non_trainable_variables)
+    pictures = {}
     with ema.averaged(self._weight_average):
       session.val = steps.evaluate(self._eval_step, data.eval_batches(
           self._splits.test, self._splits.info, rank=session.world.rank,
           world_size=session.world.size, batch_size=self._config.batch_size))
-    return session.val
+      if session.directory:
+        pictures = self._pictures()
+    return session.val, pictures
+
+  def _pictures(self) -> dict:
+    """The task's TensorBoard pictures of the first SAMPLES test examples
+    (segmentation: image, true and predicted masks)."""
+    info = self._splits.info
+    images, labels = next(iter(data.eval_batches(
+        self._splits.test, info, rank=0, world_size=1,
+        batch_size=SAMPLES)))
+    outputs = self._model(images, training=False)
+    return self._eval_step.task.sample_images(
+        data.denormalize(images, info).numpy(), labels.numpy(),
+        outputs.numpy())
 
   def _end_epoch(self, session: Session, epoch: int,
                  train: metrics.Result, val: Optional[metrics.Result],
-                 train_seconds: float) -> bool:
-    """Records, saves and commits the epoch (`val` None: not evaluated);
-    returns whether to stop."""
+                 pictures: dict, train_seconds: float) -> bool:
+    """Records, saves and commits the epoch (`val` None: not evaluated),
+    with the task's TensorBoard `pictures`; returns whether to stop."""
     config = self._config
     global_step = (epoch + 1) * session.steps_per_epoch
     record = session.end_epoch(
@@ -375,7 +399,8 @@ class _TrainLoop:
                                 seconds=record["cumulative_seconds"])
     session.on_chief(lambda directory: directory.end_epoch(
         session.reporter, record,
-        self._eval_step.task.summary_images(val.sums) if val else {},
+        {**self._eval_step.task.summary_images(val.sums), **pictures}
+        if val else {},
         position, global_step), name="end_epoch")
     self._commit(session.run_state(position))
     if stop_now:

@@ -21,14 +21,29 @@ FOCAL = "examples/focal_task.py:FocalLoss"
 
 
 @pytest.fixture(scope="module")
-def regression(tmp_path_factory):
+def worker(tmp_path_factory):
   out = tmp_path_factory.mktemp("tasks")
   arrays = fixtures.write_regression_arrays(str(out / "targets.npz"),
                                            num_train=193)
-  result = fixtures.launch([WORKER, str(out), arrays], processes=2)
+  fashion_mnist = fixtures.write_fashion_mnist(str(out / "fashion_mnist"),
+                                               101, 37)
+  result = fixtures.launch([WORKER, str(out), arrays, fashion_mnist],
+                           processes=2)
   assert result.returncode == 0, result.stderr[-3000:]
   return out, [json.loads((out / f"rank{r}.json").read_text())
                for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def regression(worker):
+  out, ranks = worker
+  return out, [rank["regression"] for rank in ranks]
+
+
+@pytest.fixture(scope="module", params=["regression", "segmentation"])
+def each_task(worker, request):
+  out, ranks = worker
+  return out, request.param, [rank[request.param] for rank in ranks]
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +59,28 @@ def focal(tmp_path_factory):
   return model_dir, result
 
 
-def test_regression_weights_are_identical_on_every_rank(regression):
-  _, ranks = regression
+def test_weights_are_identical_on_every_rank(each_task):
+  _, _, ranks = each_task
   assert [r["max_weight_difference_across_ranks"] for r in ranks] == [0, 0]
 
 
-def test_regression_figures_are_exactly_the_whole_test_splits(regression):
-  _, ranks = regression
+def test_figures_are_exactly_the_whole_test_splits(each_task):
+  _, task, ranks = each_task
+  named = {"regression": {"val_mae", "val_rmse", "val_r2",
+                          "val_mae/brightness", "val_r2/top"},
+           "segmentation": {"val_pixel_accuracy", "val_mean_iou",
+                            "val_iou/background", "val_iou/Ankle boot"}}
   for rank in ranks:
     reported = rank["history"][-1]
     for name, value in rank["whole_split"].items():
-      assert reported[f"val_{name}"] == pytest.approx(value, rel=1e-5), name
-    assert {"val_mae", "val_rmse", "val_r2", "val_mae/brightness",
-            "val_r2/top"} <= reported.keys()
-    assert reported["best_metric"] == "val_mae:min"
+      if value is None:  # the IoU of a class in no mask nor prediction
+        assert reported[f"val_{name}"] is None, name
+      else:
+        assert reported[f"val_{name}"] == pytest.approx(value, rel=1e-5), \
+            name
+    assert named[task] <= reported.keys()
+  assert ranks[0]["history"][-1]["best_metric"] == {
+      "regression": "val_mae:min", "segmentation": "val_mean_iou:max"}[task]
   figures = [[{k: v for k, v in record.items()
                if k.startswith(("train_", "val_"))}
               for record in rank["history"]] for rank in ranks]
@@ -71,15 +94,15 @@ def test_regression_learns_the_targets_the_images_carry(regression):
   assert last["val_r2"] > max(first["val_r2"], 0.1)
 
 
-def test_a_resumed_regression_continues_exactly(regression):
-  out, ranks = regression
+def test_a_resumed_run_continues_exactly(each_task):
+  out, task, ranks = each_task
   assert [r["resumed_weight_difference"] for r in ranks] == [0, 0]
-  exact = ("epoch", "train_loss", "train_mae", "val_mae", "val_r2/top",
-           "global_step")
-  straight, resumed = ([[r[k] for k in exact] for r in
-                        runs.read_run(str(out / name)).records]
-                       for name in ("regression", "resumed"))
-  assert len(straight) == 3 and resumed == straight
+  straight, resumed = (
+      [{k: v for k, v in r.items() if k.startswith(("train_", "val_"))
+        or k in ("epoch", "global_step")} for r in
+       runs.read_run(str(out / name)).records]
+      for name in (task, task + "_resumed"))
+  assert len(straight) == len(ranks[0]["history"]) and resumed == straight
 
 
 def test_a_diverging_regression_stops_on_every_rank(regression):
@@ -178,3 +201,15 @@ def test_the_users_task_exports_without_its_code_and_evaluates(focal):
              (model_dir / "metrics.jsonl").read_text().splitlines()]
   best = max(r["val_top2_accuracy"] for r in records)
   assert f"test top2_accuracy {best:.4f} (53 examples)" in evaluated.stdout
+
+
+def test_segmentation_draws_test_masks_in_tensorboard_each_epoch(worker):
+  out, _ = worker
+  [events] = (out / "segmentation" / "tensorboard" / "validation").glob(
+      "events.*")
+  drawn = [(value.tag, event.step) for event in
+           tf.compat.v1.train.summary_iterator(str(events))
+           for value in event.summary.value
+           if value.metadata.plugin_data.plugin_name == "images"]
+  assert sorted(drawn) == [("confusion_matrix", 1), ("confusion_matrix", 2),
+                           ("masks", 1), ("masks", 2)]

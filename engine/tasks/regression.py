@@ -78,10 +78,10 @@ class Regression(Task):
     with np.errstate(divide="ignore", invalid="ignore"):
       r2 = np.where(variance > 0, 1.0 - mse / variance, np.nan)
     figures = {"loss": float(sums["loss"]) / n, "mae": float(mae.mean()),
-               "rmse": float(np.sqrt(mse.mean())), "r2": float(r2.mean())}
+               "rmse": float(np.sqrt(mse.mean())), "r2": _defined(r2.mean())}
     if self.targets > 1:
       for name, *each in zip(self._target_names(), mae, np.sqrt(mse), r2):
-        figures.update({f"{figure}/{name}": float(value) for figure, value
+        figures.update({f"{figure}/{name}": _defined(value) for figure, value
                         in zip(("mae", "rmse", "r2"), each)})
     return figures
 
@@ -92,3 +92,8 @@ class Regression(Task):
 
   def serve(self, outputs):
     return {"predictions": self.predictions(outputs)}
+
+
+def _defined(value) -> float | None:
+  """None for a figure that is undefined (R² of a constant target)."""
+  return None if np.isnan(value) else float(value)

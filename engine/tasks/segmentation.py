@@ -14,6 +14,12 @@ import tensorflow as tf
 from engine import report
 from engine.tasks.task import Task
 
+# Tableau's 10 colours; the background (class 0) is black.
+_PALETTE = np.array([
+    [0, 0, 0], [31, 119, 180], [255, 127, 14], [44, 160, 44],
+    [214, 39, 40], [148, 103, 189], [140, 86, 75], [227, 119, 194],
+    [127, 127, 127], [188, 189, 34], [23, 190, 207]], np.uint8)
+
 
 class Segmentation(Task):
   """Integer masks [batch, H, W]; float32 logits [batch, H, W, classes]."""
@@ -70,7 +76,8 @@ class Segmentation(Task):
         "loss": float(sums["loss"]) / max(float(sums["examples"]), 1.0),
         "pixel_accuracy": float(hits.sum() / max(confusion.sum(), 1.0)),
         "mean_iou": float(iou[present].mean()) if present.any() else 0.0}
-    figures.update({f"iou/{name}": float(value)
+    # None: a class in no mask and no prediction, whose IoU is undefined.
+    figures.update({f"iou/{name}": None if np.isnan(value) else float(value)
                     for name, value in zip(self.info.classes(), iou)})
     return figures
 
@@ -78,8 +85,38 @@ class Segmentation(Task):
     return {"logits": outputs,
             "masks": tf.argmax(outputs, axis=-1, output_type=tf.int32)}
 
+  def sample_images(self, images, labels, outputs):
+    return {"masks": (
+        masks_picture(images, labels, outputs.argmax(axis=-1),
+                      self.ignore_label),
+        "Each row a test example: the image, its true mask, the predicted "
+        "mask; a colour per class (background black, ignored white).")}
+
   def summary_images(self, sums):
     return {"confusion_matrix": (
         report.confusion_image(sums["confusion"]),
         "Pixels. Rows: true class, columns: predicted class, in label "
         "order (classes.txt); each row normalized, white 0 to dark blue 1.")}
+
+
+def masks_picture(images: np.ndarray, true: np.ndarray, predicted: np.ndarray,
+                  ignore_label: int = -1, scale: int = 0) -> np.ndarray:
+  """A [1, H', W', 3] uint8 picture: a row per example, its image (0-255
+  scale), true mask and predicted mask side by side; small images scaled
+  up to about 96 pixels high."""
+  scale = scale or max(1, 96 // images.shape[1])
+
+  def coloured(masks):
+    pixels = _PALETTE[np.asarray(masks) % len(_PALETTE)]
+    pixels[np.asarray(masks) == ignore_label] = 255
+    return pixels
+
+  if images.max(initial=0) <= 1.0:  # float images on a 0-1 scale
+    images = images * 255.0
+  shown = np.clip(images, 0, 255).astype(np.uint8)
+  if shown.shape[-1] == 1:
+    shown = np.repeat(shown, 3, axis=-1)
+  rows = np.concatenate([shown[..., :3], coloured(true), coloured(predicted)],
+                        axis=2)
+  picture = np.concatenate(list(rows), axis=0)
+  return np.kron(picture, np.ones((scale, scale, 1), np.uint8))[None]

@@ -86,7 +86,8 @@ class Task:
 
   def figures(self, sums: dict[str, np.ndarray]) -> dict[str, float]:
     """The figures, from sums over a whole split (or an epoch's steps) on
-    every rank; `sums["examples"]` counts the examples. A figure named
+    every rank; `sums["examples"]` counts the examples. A figure that is
+    undefined (the IoU of a class nowhere) is None. A figure named
     `group/detail` (mae/<target>) goes to metrics.jsonl and TensorBoard
     (grouped with `group`) but not to the log line."""
     raise NotImplementedError
@@ -106,4 +107,12 @@ class Task:
   def summary_images(self, sums: dict[str, np.ndarray]) -> dict:
     """TensorBoard images of the validation sums: {tag: (image [1, H, W,
     3] uint8, description)}."""
+    return {}
+
+  def sample_images(self, images: np.ndarray, labels: np.ndarray,
+                    outputs: np.ndarray) -> dict:
+    """TensorBoard images of a few test examples, their labels and the
+    model's outputs, drawn each evaluated epoch on rank 0: {tag: (image
+    [1, H, W, 3] uint8, description)}. `images` are on their stored scale
+    (0-255 for uint8 images)."""
     return {}

@@ -2,10 +2,11 @@
 the engine gives classifiers, for other tasks. Each rank writes what it
 observed to OUT/rank<r>.json.
 
-1. Regression on arrays of float targets (--deterministic): the weights
-   after training, on every rank; the reported validation figures against
-   the whole test split evaluated by this rank alone; and a run stopped
-   after epoch 1 and resumed, against the run straight through.
+1. Regression on arrays of float targets, and segmentation of Fashion-
+   MNIST files' masks (--deterministic): the weights after training, on
+   every rank; the reported validation figures against the whole test
+   split evaluated by this rank alone; and a run stopped after epoch 1 and
+   resumed, against the run straight through.
 2. Regression with a learning rate that diverges: the error every rank
    raises.
 """
@@ -21,7 +22,6 @@ import tensorflow as tf
 from engine import data, datasets, metrics
 from engine import train as engine_train
 from engine.errors import Diverged
-from engine.tasks import Regression
 from tests import fixtures
 
 
@@ -29,18 +29,39 @@ def weights(model) -> np.ndarray:
   return np.concatenate([v.numpy().ravel() for v in model.variables])
 
 
-def whole_split_figures(model, config) -> dict:
+def whole_split_figures(result, config) -> dict:
   """The task's figures over the whole test split, by this rank alone."""
+  task = result.eval_step.task
   splits = datasets.load(config.dataset, data_dir=config.data_dir,
-                         model_dir=config.model_dir, labels="targets",
+                         model_dir=config.model_dir, labels=task.labels,
                          **config.data_params)
-  task = Regression(splits.info)
   totals = metrics.Totals("whole_split", task)
   for images, labels in data.eval_batches(splits.test, splits.info, rank=0,
                                           world_size=1, batch_size=7):
-    outputs = model(images, training=False)
+    outputs = result.model(images, training=False)
     totals.update(labels, outputs, task.loss(labels, outputs))
   return totals.result_of(totals.local_sums()).figures
+
+
+def straight_and_resumed(config, name: str) -> dict:
+  """`config`'s run straight through, and stopped after epoch 1 and
+  resumed: what the test compares."""
+  straight = engine_train.train(config)
+  flat = weights(straight.model)
+  everyone = hvd.allgather(tf.constant(flat[None]), name=name).numpy()
+  stopped = dataclasses.replace(
+      config, epochs=1, model_dir=config.model_dir + "_resumed")
+  engine_train.train(stopped)
+  resumed = engine_train.train(dataclasses.replace(stopped,
+                                                   epochs=config.epochs))
+  return {
+      "max_weight_difference_across_ranks":
+          float(np.abs(everyone - everyone[0]).max()),
+      "history": straight.history,
+      "whole_split": whole_split_figures(straight, config),
+      "resumed_weight_difference":
+          float(np.abs(weights(resumed.model) - flat).max()),
+  }
 
 
 def regression(out_dir: str, arrays: str) -> dict:
@@ -48,35 +69,31 @@ def regression(out_dir: str, arrays: str) -> dict:
       dataset="arrays", data_dir=arrays, task="regression", model="cnn",
       model_params={**fixtures.train_config().model_params, "filters": 4},
       batch_size=4, epochs=3, base_lr=0.01, deterministic=True,
-      eval_every_epochs=1, progress="none",
-      model_dir=os.path.join(out_dir, "regression"))
-  straight = engine_train.train(config)
-  flat = weights(straight.model)
-  everyone = hvd.allgather(tf.constant(flat[None]), name="regression").numpy()
-  stopped = dataclasses.replace(
-      config, epochs=1, model_dir=os.path.join(out_dir, "resumed"))
-  engine_train.train(stopped)
-  resumed = engine_train.train(dataclasses.replace(stopped, epochs=3))
+      progress="none", model_dir=os.path.join(out_dir, "regression"))
+  observed = straight_and_resumed(config, "regression")
   try:
     engine_train.train(dataclasses.replace(
         config, optimizer="sgd", base_lr=1e12,
         model_dir=os.path.join(out_dir, "diverged")))
-    diverged = None
+    observed["diverged"] = None
   except Diverged as e:
-    diverged = str(e)
-  return {
-      "max_weight_difference_across_ranks":
-          float(np.abs(everyone - everyone[0]).max()),
-      "history": straight.history,
-      "whole_split": whole_split_figures(straight.model, config),
-      "resumed_weight_difference":
-          float(np.abs(weights(resumed.model) - flat).max()),
-      "diverged": diverged,
-  }
+    observed["diverged"] = str(e)
+  return observed
 
 
-def main(out_dir: str, arrays: str) -> None:
-  observed = regression(out_dir, arrays)
+def segmentation(out_dir: str, fashion_mnist: str) -> dict:
+  """Masks flipped and shifted with their images, BatchNorm (U-Net)."""
+  return straight_and_resumed(fixtures.train_config(
+      data_dir=fashion_mnist, task="segmentation", model="unet",
+      model_params={**fixtures.train_config().model_params, "filters": 4},
+      random_flip=True, random_shift=0.1, batch_size=8, epochs=2,
+      steps_per_epoch=5, deterministic=True, progress="none",
+      model_dir=os.path.join(out_dir, "segmentation")), "segmentation")
+
+
+def main(out_dir: str, arrays: str, fashion_mnist: str) -> None:
+  observed = {"regression": regression(out_dir, arrays),
+              "segmentation": segmentation(out_dir, fashion_mnist)}
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump(observed, f)
 

@@ -1,0 +1,86 @@
+r"""The engine's training throughput at two git revisions, interleaved.
+
+  .venv/bin/python -m bench.revisions --before=a738f32 [--after=HEAD] \
+      --repeats=4 -- --model=cnn --epochs=4 --steps_per_epoch=100
+
+Each revision is checked out once (`git worktree`, under --work_dir) and
+trained by the same command line, `horovodrun -np --processes` with this
+checkout's virtualenv, one run at a time in interleaved rounds
+(bench/interleaved.py); a run's figures are the images/s of its epochs
+after the first. It prints each run's figures, each revision's median,
+and after / before per round: a change that costs speed shows in every
+round, the machine's drift in some.
+"""
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+from bench import interleaved
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("before", "", "The revision to compare against.")
+flags.DEFINE_string("after", "HEAD", "The revision measured against it.")
+flags.DEFINE_integer("repeats", 4, "Rounds; each runs both revisions.",
+                     lower_bound=1)
+flags.DEFINE_integer("processes", 2, "Processes per run.", lower_bound=1)
+flags.DEFINE_string("work_dir", "/tmp/bench_revisions",
+                    "Where the revisions are checked out and run.")
+
+
+def checkout(revision: str) -> str:
+  """A worktree of `revision` under --work_dir, using this virtualenv."""
+  sha = subprocess.run(["git", "rev-parse", "--short", revision],
+                       cwd=interleaved.REPO, check=True, text=True,
+                       capture_output=True).stdout.strip()
+  path = os.path.join(FLAGS.work_dir, sha)
+  if not os.path.isdir(path):
+    subprocess.run(["git", "worktree", "add", "--detach", path, sha],
+                   cwd=interleaved.REPO, check=True, capture_output=True)
+  return path
+
+
+def main(argv):
+  if not FLAGS.before:
+    sys.exit("--before=REVISION is required")
+  engine_flags = argv[1:]
+  trees = {name: checkout(revision) for name, revision in
+           (("before", FLAGS.before), ("after", FLAGS.after))}
+
+  def measure(name: str, round_: int) -> list[float]:
+    model_dir = os.path.join(FLAGS.work_dir, "runs", f"{name}_{round_}")
+    shutil.rmtree(model_dir, ignore_errors=True)
+    subprocess.run(
+        [interleaved.HOROVODRUN, "--gloo", "-np", str(FLAGS.processes),
+         interleaved.PYTHON, "-m", "engine.train", f"--model_dir={model_dir}",
+         "--progress=none", *engine_flags],
+        cwd=trees[name], env=dict(interleaved.engine_env(),
+                                  PYTHONPATH=trees[name]),
+        check=True, capture_output=True)
+    return interleaved.images_per_sec(model_dir)
+
+  print(f"{FLAGS.before} (before) and {FLAGS.after} (after), "
+        f"{FLAGS.processes} processes: {' '.join(engine_flags)}")
+  per_round = {name: [] for name in trees}
+
+  def measured(name: str, round_: int) -> list[float]:
+    found = measure(name, round_)
+    per_round[name].append(statistics.median(found))
+    return found
+
+  figures = interleaved.rounds(list(trees), measured, FLAGS.repeats)
+  for name, found in figures.items():
+    print(f"{name}: median {statistics.median(found):.0f} img/s over "
+          f"{len(found)} epochs")
+  ratios = [after / before for before, after in
+            zip(per_round["before"], per_round["after"])]
+  print("after / before by round: " + ", ".join(f"{r:.3f}" for r in ratios)
+        + f"; geometric mean {statistics.geometric_mean(ratios):.3f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
