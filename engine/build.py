@@ -53,10 +53,12 @@ def prepare(config: TrainConfig) -> tuple[distributed.World, datasets.Splits,
     # The same seed everywhere, then rank 0's weights win anyway.
     tf.keras.utils.set_random_seed(config.seed)
     precision.set_policy(config.mixed_precision)
-    output_shape = task.output_shape()
-    model = models.build(config.model, input_shape=splits.info.image_shape,
-                         num_classes=output_shape[-1],
-                         output_shape=output_shape, **config.model_params)
+    def flags_model(output_shape):  # --model's, for the task's outputs
+      return models.build(config.model, input_shape=splits.info.image_shape,
+                          num_classes=output_shape[-1],
+                          output_shape=output_shape, **config.model_params)
+
+    model = tasks.build_model(task, config.task, flags_model)
     tasks.check(task, config.task, model, splits.info.image_shape)
     decider(config, task)  # a --best_metric the task cannot give: now
     return splits, task, model
@@ -107,11 +109,23 @@ def optimizer_and_step(config: TrainConfig, task: tasks.Task,
   """The optimizer the flags ask for, at `learning_rate` (a schedule of the
   step), and the train step that applies it to `model` for `task` (and
   updates `weight_average`, an ema.WeightAverage)."""
-  optimizer = precision.with_loss_scaling(
-      optimizers.build(config.optimizer, learning_rate=learning_rate,
-                       momentum=config.momentum, nesterov=config.nesterov,
-                       xla=config.xla), config.mixed_precision)
-  return optimizer, steps.TrainStep(
+  def optimizer():
+    return optimizers.build(config.optimizer, learning_rate=learning_rate,
+                            momentum=config.momentum,
+                            nesterov=config.nesterov, xla=config.xla)
+
+  if task.optimizers:  # the task's own step applies several
+    if config.mixed_precision == "float16":
+      raise UserError("--mixed_precision=float16: a task with its own train "
+                      "step has no loss scaling; use bfloat16 or none")
+    optimizer = optimizers.Several({name: optimizer()
+                                    for name in task.optimizers})
+    step = steps.TaskTrainStep
+  else:
+    optimizer = precision.with_loss_scaling(optimizer(),
+                                            config.mixed_precision)
+    step = steps.TrainStep
+  return optimizer, step(
       model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
       compression=config.gradient_compression,
       accumulation_steps=config.grad_accum_steps, task=task,

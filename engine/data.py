@@ -369,9 +369,3 @@ def normalize(images: tf.Tensor, info: DatasetInfo) -> tf.Tensor:
   std = tf.constant(info.std, tf.float32)
   return (tf.cast(images, tf.float32) - mean) / std
 
-
-def denormalize(images: tf.Tensor, info: DatasetInfo) -> tf.Tensor:
-  """Normalized images back on their stored scale (0-255 for uint8), as
-  float32: for pictures of them."""
-  return (images * tf.constant(info.std, tf.float32)
-          + tf.constant(info.mean, tf.float32))

@@ -17,7 +17,6 @@ import os
 from absl import logging
 import tensorflow as tf
 
-from engine import data
 from engine import ema
 from engine import storage
 from engine.errors import first_line
@@ -34,12 +33,7 @@ def save(model: tf.keras.Model, task: Task, path: str) -> None:
   25 s of a MobileNetV2's export, and a user of the signature needs none
   of it.
   """
-  info = task.info
-
-  @tf.function(input_signature=[tf.TensorSpec(
-      [None, *info.image_shape], info.image_dtype, name="images")])
-  def serve(images):
-    return task.serve(model(data.normalize(images, info), training=False))
+  serve = task.serving(model)
 
   module = tf.Module()
   module.model_variables = list(model.variables)

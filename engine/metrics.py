@@ -51,8 +51,13 @@ class Totals:
   def update(self, labels: tf.Tensor, outputs: tf.Tensor,
              loss: tf.Tensor) -> None:
     """Adds one batch; meant to run inside the step's tf.function."""
-    sums = dict(self._task.batch_sums(labels, outputs, loss))
-    sums[tasks_lib.EXAMPLES] = tf.shape(outputs)[0]
+    self.add(self._task.batch_sums(labels, outputs, loss),
+             tf.shape(outputs)[0])
+
+  def add(self, batch_sums: dict, examples: tf.Tensor) -> None:
+    """Adds one batch's sums (as the task's batch_sums gives them) of
+    `examples` examples; inside the step's tf.function."""
+    sums = {**batch_sums, tasks_lib.EXAMPLES: examples}
     self._sums.assign_add(tf.concat(
         [tf.reshape(tf.cast(sums[key], tf.float64), [-1])
          for key in self._shapes], axis=0))

@@ -66,6 +66,39 @@ def state(optimizer) -> list[tf.Variable]:
   return list(variables() if callable(variables) else variables)
 
 
+class Several(tf.Module):
+  """Named optimizers for a task's own train step (a GAN's generator and
+  discriminator), each built from the optimizer flags: checkpointed,
+  restored and broadcast as one optimizer is. Each applies its update once
+  a step, so their step counters (and learning rates) go alike."""
+
+  def __init__(self, by_name: dict):
+    super().__init__(name="optimizers")
+    self.by_name = dict(by_name)
+
+  def build(self, variables: dict) -> None:
+    """`variables`: each optimizer's name -> the variables it updates."""
+    for name, optimizer in self.by_name.items():
+      build_state(optimizer, variables[name])
+
+  @property
+  def variables(self) -> list[tf.Variable]:
+    return [v for optimizer in self.by_name.values() for v in state(optimizer)]
+
+  @property
+  def iterations(self) -> tf.Variable:
+    """The step counter (the first optimizer's; the others' go alike)."""
+    return next(iter(self.by_name.values())).iterations
+
+
+def set_step(optimizer, step: int) -> None:
+  """Sets the step counter (of each of Several optimizers), which the
+  learning-rate schedule reads."""
+  for each in (optimizer.by_name.values() if isinstance(optimizer, Several)
+               else [optimizer]):
+    each.iterations.assign(step)
+
+
 def _tensorflow_addons():
   """Imported only for the optimizers that need it: it is slow to import and
   warns at import time that it is in maintenance mode, which we know."""

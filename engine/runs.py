@@ -239,9 +239,10 @@ def table(runs: dict[str, Run]) -> str:
 
 
 def plot(runs: dict[str, Run], path: str) -> None:
-  """Draws each run's validation accuracy against its training time
-  (cumulative_seconds) into the PNG file `path`: how fast each run gets
-  how far, which the table's figures only sum up."""
+  """Draws each run's validation accuracy (or the figure its task decides
+  by) against its training time (cumulative_seconds) into the PNG file
+  `path`: how fast each run gets how far, which the table's figures only
+  sum up."""
   # Here, not at the top: matplotlib takes longer to import than the rest
   # of the table takes to make.
   from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -251,18 +252,23 @@ def plot(runs: dict[str, Run], path: str) -> None:
   FigureCanvasAgg(figure)
   axes = figure.add_subplot()
   drawn = False
+  metrics = {decided_by(run.records)[0] for run in runs.values()}
   for label, run in runs.items():
-    points = [(r["cumulative_seconds"], r["val_accuracy"])
+    metric = decided_by(run.records)[0]
+    points = [(r["cumulative_seconds"], r[metric])
               for r in run.records if _is_finite(r.get("cumulative_seconds"))
-              and _is_finite(r.get("val_accuracy"))]
+              and _is_finite(r.get(metric))]
     if points:
-      seconds, accuracies = zip(*points)
-      axes.plot(seconds, accuracies, marker="o", label=label)
+      seconds, values = zip(*points)
+      axes.plot(seconds, values, marker="o", label=(
+          label if len(metrics) == 1 else f"{label} ({metric})"))
       drawn = True
-  axes.set_title("Validation accuracy against training time")
+  shown = (metrics.pop().replace("val_", "validation ", 1).replace("_", " ")
+           if len(metrics) == 1 else "validation figure")
+  axes.set_title(f"{shown[0].upper()}{shown[1:]} against training time")
   axes.set_xlabel("seconds of training, evaluation and saving "
                   "(cumulative_seconds)")
-  axes.set_ylabel("validation accuracy")
+  axes.set_ylabel(shown)
   axes.grid(True, alpha=0.4)
   if drawn:
     axes.legend()

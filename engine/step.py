@@ -80,7 +80,7 @@ class TrainStep:
     self.task = task or _classification_of(model)
     self._weight_average = weight_average
     self.optimizer = optimizer
-    optimizers.build_state(optimizer, model.trainable_variables)
+    self._build_optimizer_state()
     self.totals = metrics.Totals("train_totals", self.task)
     self.traces = 0
     self.skipped_steps = 0  # by the float16 loss scaler; reset per epoch
@@ -107,6 +107,9 @@ class TrainStep:
     # Tensors, not Python floats: a Python argument would be traced in.
     self._flags = {False: tf.constant(0.0), True: tf.constant(1.0)}
     self._step = tf.function(self._train_step)
+
+  def _build_optimizer_state(self) -> None:
+    optimizers.build_state(self.optimizer, self.model.trainable_variables)
 
   def __call__(self, images: tf.Tensor, labels: tf.Tensor,
                stop_requested: bool = False) -> bool:
@@ -193,20 +196,23 @@ class TrainStep:
         lambda: hvd.allreduce(flags, op=hvd.Average, name="step_flags"),
         lambda: flags)
 
-  def _reduced_together(self, local, flags):
-    """The local gradients and the step's flags, averaged over ranks in one
-    grouped allreduce; a process alone skips Horovod's queue."""
+  def _reduced_together(self, local, flags=None):
+    """The local gradients and the step's flags (if given), averaged over
+    ranks in one grouped allreduce; a process alone skips Horovod's
+    queue."""
     present = [i for i, gradient in enumerate(local) if gradient is not None]
     # Dense: a grouped allreduce takes tensors, not IndexedSlices.
-    tensors = [tf.convert_to_tensor(local[i]) for i in present] + [flags]
+    tensors = [tf.convert_to_tensor(local[i]) for i in present]
+    if flags is not None:
+      tensors.append(flags)
     reduced = tf.cond(
         hvd.size_op() > 1,
         lambda: hvd.grouped_allreduce(tensors, **self._allreduce),
         lambda: tensors)
     gradients = list(local)  # a variable the loss does not use keeps None
-    for i, gradient in zip(present, reduced[:-1]):
+    for i, gradient in zip(present, reduced):
       gradients[i] = gradient
-    return gradients, reduced[-1]
+    return gradients, reduced[-1] if flags is not None else None
 
   def _nonfinite(self, outcome) -> None:
     """Counts a step the loss scaler skipped, or raises NonFinite."""
@@ -228,20 +234,25 @@ class TrainStep:
                    f"{float(outcome['loss']):g})")
     finite = outcome["gradients_finite"].numpy()
     if not finite.all():
-      names = [v.name.rpartition(":")[0] or v.name
-               for v, ok in zip(self.model.trainable_variables, finite)
-               if not ok]
-      shown = ", ".join(names[:_NAMES_SHOWN])
-      more = ", ..." if len(names) > _NAMES_SHOWN else ""
-      parts.append(f"the gradients of {len(names)} of {len(finite)} "
-                   f"variables were non-finite ({shown}{more})")
+      parts.append(self._describe_gradients(finite))
     return " and ".join(parts)
+
+  def _describe_gradients(self, finite) -> str:
+    """Which variables' gradients were not finite (the first few)."""
+    names = [v.name.rpartition(":")[0] or v.name
+             for v, ok in zip(self.model.trainable_variables, finite)
+             if not ok]
+    shown = ", ".join(names[:_NAMES_SHOWN])
+    more = ", ..." if len(names) > _NAMES_SHOWN else ""
+    return (f"the gradients of {len(names)} of {len(finite)} variables were "
+            f"non-finite ({shown}{more})")
 
   def _loss(self, images, labels):
     """The batch's loss to differentiate (times the loss scale under
     float16); counts the batch in the epoch's totals."""
-    per_example_loss, outputs, loss = self._forward(images, labels)
-    self.totals.update(labels, outputs, per_example_loss)
+    inputs, targets = self.task.inputs_and_targets(images, labels)
+    per_example_loss, outputs, loss = self._forward(inputs, targets)
+    self.totals.update(targets, outputs, per_example_loss)
     if self._scales_loss:
       return self.optimizer.get_scaled_loss(loss)
     return loss
@@ -280,6 +291,81 @@ class TrainStep:
       loss_sum += tf.cast(loss, tf.float32)
       sums = [s + g for s, g in zip(sums, tape.gradient(loss, variables))]
     return [s / k for s in sums], loss_sum / k
+
+
+class TaskTrainStep(TrainStep):
+  """The step of a task with a train step of its own: several models (one
+  Keras model holding them) and several optimizers (optimizers.Several),
+  several tapes, as a GAN's. The task computes and applies its updates
+  with two helpers, `average_gradients` and `apply_gradients`; the engine
+  keeps the rest of the step: the stop flag and the non-finite check
+  agreed across ranks, the metrics' sums, the weights' average, the
+  trace count.
+
+  A non-finite gradient is not applied (the optimizer's step counter still
+  counts it), and the step raises NonFinite on every rank afterwards, as
+  the built-in step does. Not with gradient accumulation, nor float16
+  (engine.build refuses it: a loss scale is one optimizer's).
+  """
+
+  def __init__(self, **options):
+    if options.get("accumulation_steps", 1) > 1:
+      raise UserError("--grad_accum_steps: a task with its own train step "
+                      "accumulates nothing; leave it at 1")
+    self._gradients_finite = tf.Variable(True, trainable=False)
+    super().__init__(**options)
+
+  def _build_optimizer_state(self) -> None:
+    optimizers.build_state(self.optimizer,
+                           self.task.optimized_variables(self.model))
+
+  def average_gradients(self, tape: tf.GradientTape, loss: tf.Tensor,
+                        variables: list) -> list:
+    """The gradients of `loss`, averaged across ranks as the built-in step
+    averages them: each as the backward pass has it (GPU,
+    hvd.DistributedGradientTape), or all in one grouped allreduce (CPU)."""
+    if not self._reduce_together:
+      return hvd.DistributedGradientTape(tape, **self._allreduce).gradient(
+          loss, variables)
+    gradients, _ = self._reduced_together(tape.gradient(loss, variables))
+    return gradients
+
+  def apply_gradients(self, optimizer, gradients: list,
+                      variables: list) -> None:
+    """Applies averaged gradients, unless one is not finite (the same on
+    every rank: the gradients are)."""
+    finite = tf.reduce_all(tf.stack([_is_finite(g) for g in gradients]))
+    self._gradients_finite.assign(
+        tf.logical_and(self._gradients_finite, finite))
+
+    def apply():
+      optimizer.apply_gradients(zip(gradients, variables))
+
+    def skip():
+      optimizer.iterations.assign_add(1, read_value=False)
+
+    tf.cond(finite, apply, skip)
+
+  def _train_step(self, images, labels, stop_requested):
+    self.traces += 1  # Python side effect: runs only while tracing.
+    self._gradients_finite.assign(True)
+    loss, sums = self.task.train_step(self.model, self.optimizer.by_name,
+                                      images, labels, self)
+    self.totals.add(sums, tf.shape(images)[0])
+    if self._weight_average:
+      self._weight_average.update()
+    shares = self._averaged_alone(_step_flags(stop_requested, loss))
+    gradients_finite = self._gradients_finite.read_value()
+    finite = tf.logical_and(shares[1] == 0, gradients_finite)
+    status = (tf.cast(shares[0] > 0, tf.int32) * _STOP_AGREED
+              + tf.cast(tf.logical_not(finite), tf.int32) * _NONFINITE)
+    return dict(status=status, loss=tf.cast(loss, tf.float32),
+                nonfinite_loss_share=shares[1],
+                gradients_finite=gradients_finite[None],
+                loss_scale=tf.constant(0.0))
+
+  def _describe_gradients(self, finite) -> str:
+    return "the gradients of the task's step were non-finite"
 
 
 class EvalStep:
@@ -331,6 +417,7 @@ class EvalStep:
 
   def _eval_step(self, images, labels):
     self.traces += 1
+    images, labels = self.task.inputs_and_targets(images, labels)
     views = [images]
     if self._flip:
       views.append(tf.image.flip_left_right(images))

@@ -34,6 +34,7 @@ from engine import report
 from engine import schedules
 from engine import step as steps
 from engine import stopping
+from engine import tasks
 from engine.config import TrainConfig
 from engine.errors import Diverged
 from engine.model_dir import RunDirectory
@@ -256,7 +257,7 @@ class _TrainLoop:
     config = self._config
     self._learning_rate.set_world(world_size=world.size,
                                   steps_per_epoch=steps_per_epoch)
-    self._optimizer.iterations.assign(global_step)
+    optimizers.set_step(self._optimizer, global_step)
     logging.info("learning rate %g x %d processes (%s) = %g%s",
                  config.base_lr, world.size, config.lr_scaling,
                  self._learning_rate.peak_lr,
@@ -364,15 +365,16 @@ class _TrainLoop:
 
   def _pictures(self) -> dict:
     """The task's TensorBoard pictures of the first SAMPLES test examples
-    (segmentation: image, true and predicted masks)."""
-    info = self._splits.info
-    images, labels = next(iter(data.eval_batches(
-        self._splits.test, info, rank=0, world_size=1,
-        batch_size=SAMPLES)))
-    outputs = self._model(images, training=False)
-    return self._eval_step.task.sample_images(
-        data.denormalize(images, info).numpy(), labels.numpy(),
-        outputs.numpy())
+    (segmentation: image, true and predicted masks; reconstruction: image,
+    noisy image, reconstruction)."""
+    task = self._eval_step.task
+    if type(task).sample_images is tasks.Task.sample_images:
+      return {}  # the task draws none
+    for images, labels in data.eval_batches(
+        self._splits.test, self._splits.info, rank=0, world_size=1,
+        batch_size=SAMPLES).take(1):
+      return task.sample_images(self._model, images, labels)
+    return {}  # an empty test split
 
   def _end_epoch(self, session: Session, epoch: int,
                  train: metrics.Result, val: Optional[metrics.Result],
@@ -455,7 +457,7 @@ class _TrainLoop:
         position, session.steps_per_epoch, session.global_batch,
         session.world.size)
     first_global_step = first_epoch * session.steps_per_epoch + first_step
-    self._optimizer.iterations.assign(first_global_step)
+    optimizers.set_step(self._optimizer, first_global_step)
     session.read_from(first_epoch, first_step)
     session.history = [r for r in session.history
                        if r["epoch"] <= first_epoch]

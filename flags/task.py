@@ -31,4 +31,9 @@ flags.DEFINE_integer(
 flags.DEFINE_string(
     "loss", "",
     "The task's loss, where it offers several: regression mse, mae or "
-    "huber. Empty: the task's default (mse).")
+    "huber; reconstruction mse or mae. Empty: the task's default (mse).")
+flags.DEFINE_float(
+    "noise", 0.5,
+    "reconstruction: the standard deviation of the Gaussian noise added to "
+    "each (normalized) input image, which the model removes; 0: a plain "
+    "autoencoder.", lower_bound=0.0)

@@ -40,7 +40,9 @@ def regression(worker):
   return out, [rank["regression"] for rank in ranks]
 
 
-@pytest.fixture(scope="module", params=["regression", "segmentation"])
+@pytest.fixture(scope="module",
+                params=["regression", "segmentation", "reconstruction",
+                        "gan"])
 def each_task(worker, request):
   out, ranks = worker
   return out, request.param, [rank[request.param] for rank in ranks]
@@ -69,7 +71,9 @@ def test_figures_are_exactly_the_whole_test_splits(each_task):
   named = {"regression": {"val_mae", "val_rmse", "val_r2",
                           "val_mae/brightness", "val_r2/top"},
            "segmentation": {"val_pixel_accuracy", "val_mean_iou",
-                            "val_iou/background", "val_iou/Ankle boot"}}
+                            "val_iou/background", "val_iou/Ankle boot"},
+           "reconstruction": {"val_mse", "val_mae", "val_psnr"},
+           "gan": {"val_fooled", "val_real_accuracy", "train_generator_loss"}}
   for rank in ranks:
     reported = rank["history"][-1]
     for name, value in rank["whole_split"].items():
@@ -80,7 +84,8 @@ def test_figures_are_exactly_the_whole_test_splits(each_task):
             name
     assert named[task] <= reported.keys()
   assert ranks[0]["history"][-1]["best_metric"] == {
-      "regression": "val_mae:min", "segmentation": "val_mean_iou:max"}[task]
+      "regression": "val_mae:min", "segmentation": "val_mean_iou:max",
+      "reconstruction": "val_psnr:max", "gan": "val_fooled:max"}[task]
   figures = [[{k: v for k, v in record.items()
                if k.startswith(("train_", "val_"))}
               for record in rank["history"]] for rank in ranks]
@@ -203,13 +208,43 @@ def test_the_users_task_exports_without_its_code_and_evaluates(focal):
   assert f"test top2_accuracy {best:.4f} (53 examples)" in evaluated.stdout
 
 
-def test_segmentation_draws_test_masks_in_tensorboard_each_epoch(worker):
+@pytest.mark.parametrize("task, pictures", [
+    ("segmentation", ["confusion_matrix", "masks"]),
+    ("reconstruction", ["reconstructions"]), ("gan", ["samples"])])
+def test_the_task_draws_test_examples_in_tensorboard_each_epoch(
+    worker, task, pictures):
   out, _ = worker
-  [events] = (out / "segmentation" / "tensorboard" / "validation").glob(
-      "events.*")
+  [events] = (out / task / "tensorboard" / "validation").glob("events.*")
   drawn = [(value.tag, event.step) for event in
            tf.compat.v1.train.summary_iterator(str(events))
            for value in event.summary.value
            if value.metadata.plugin_data.plugin_name == "images"]
-  assert sorted(drawn) == [("confusion_matrix", 1), ("confusion_matrix", 2),
-                           ("masks", 1), ("masks", 2)]
+  assert sorted(drawn) == [(tag, epoch) for tag in pictures
+                           for epoch in (1, 2)]
+
+
+def test_the_denoiser_exports_restored_images(worker):
+  out, _ = worker
+  exported = tf.saved_model.load(str(out / "reconstruction" / "export" /
+                                     "final"))
+  served = exported.signatures["serving_default"](
+      images=tf.fill([2, 28, 28, 1], tf.constant(200, tf.uint8)))
+  restored = served["images"].numpy()
+  assert restored.shape == (2, 28, 28, 1)
+  assert 0 <= restored.min() and restored.max() <= 255
+
+
+def test_the_gan_exports_its_generator(worker):
+  out, _ = worker
+  exported = tf.saved_model.load(str(out / "gan" / "export" / "best"))
+  served = exported.signatures["serving_default"](
+      noise=tf.random.normal([3, 8]))
+  assert served["images"].shape == (3, 28, 28, 1)
+
+
+def test_the_gan_checkpoints_both_optimizers(worker):
+  out, _ = worker
+  names = [name for name, _ in tf.train.list_variables(
+      str(out / "gan" / "checkpoints"))]
+  for optimizer in ("generator", "discriminator"):
+    assert any(f"optimizer/by_name/{optimizer}/" in name for name in names)

@@ -353,3 +353,130 @@ def test_the_unet_outputs_a_class_per_pixel():
   assert model.output_shape == (None, 28, 28, 11)
   assert [models.unet.levels(size) for size in
           ((28, 28), (32, 32), (7, 7), (256, 512))] == [2, 3, 0, 4]
+
+
+def test_a_task_class_given_to_a_script_is_named_for_flags_txt():
+  from engine import user_code  # pylint: disable=import-outside-toplevel
+  from engine.tasks.segmentation import Segmentation  # pylint: disable=import-outside-toplevel
+  spec = user_code.spec_of(Segmentation)
+  assert spec == "engine.tasks.segmentation:Segmentation"
+  assert isinstance(tasks.build(spec, MASKS), Segmentation)
+
+
+PICTURES = DatasetInfo(name="faces", image_shape=(4, 4, 1), num_classes=2,
+                       num_train=10, num_test=5, mean=(100.0,), std=(50.0,))
+
+
+def test_each_image_has_its_own_noise_wherever_it_is():
+  task = tasks.build("reconstruction", PICTURES, noise=0.5)
+  images = tf.constant(np.random.default_rng(0).normal(size=(5, 4, 4, 1)),
+                       tf.float32)
+  noisy = task.noisy(images).numpy()
+  # The same images, in another order and batch: the same noise each.
+  again = task.noisy(tf.gather(images, [4, 2, 0])).numpy()
+  np.testing.assert_array_equal(again, noisy[[4, 2, 0]])
+  noise = noisy - images.numpy()
+  assert 0.3 < noise.std() < 0.7
+  assert not np.allclose(noise[0], noise[1])
+  inputs, targets = task.inputs_and_targets(images, tf.zeros([5], tf.int64))
+  np.testing.assert_array_equal(targets.numpy(), images.numpy())
+  assert tasks.build("reconstruction", PICTURES, noise=0.0).noisy(
+      images) is images
+
+
+def test_reconstruction_figures_are_on_the_images_scale():
+  task = tasks.build("reconstruction", PICTURES)
+  rng = np.random.default_rng(1)
+  targets = rng.normal(size=(6, 4, 4, 1)).astype(np.float32)
+  outputs = rng.normal(size=(6, 4, 4, 1)).astype(np.float32)
+  totals = metrics.Totals("reconstruction", task)
+  for batch in (slice(0, 4), slice(4, 6)):
+    totals.update(tf.constant(targets[batch]), tf.constant(outputs[batch]),
+                  task.loss(targets[batch], outputs[batch]))
+  figures = totals.result_of(totals.local_sums()).figures
+  error = (outputs - targets) * 50.0  # on the 0-255 scale
+  assert figures["mse"] == pytest.approx((error ** 2).mean(), rel=1e-5)
+  assert figures["mae"] == pytest.approx(np.abs(error).mean(), rel=1e-5)
+  assert figures["psnr"] == pytest.approx(
+      10 * np.log10(255.0 ** 2 / (error ** 2).mean()), rel=1e-5)
+  assert figures["loss"] == pytest.approx(((outputs - targets) ** 2).mean(),
+                                          rel=1e-5)
+
+
+SMALL = DatasetInfo(name="small", image_shape=(8, 8, 1), num_classes=2,
+                    num_train=10, num_test=5, mean=(0.0,), std=(1.0,))
+
+
+def tiny_gan_step():
+  import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+  from engine import optimizers  # pylint: disable=import-outside-toplevel
+  from engine import step as steps  # pylint: disable=import-outside-toplevel
+  hvd.init()
+  spec = "tests/workers/tiny_gan.py:TinyDCGAN"
+  task = tasks.build(spec, SMALL)
+  model = task.build_model(build=None)
+  tasks.check(task, spec, model, SMALL.image_shape)
+  optimizer = optimizers.Several({name: tf.keras.optimizers.Adam(1e-3)
+                                  for name in task.optimizers})
+  return model, optimizer, steps.TaskTrainStep(model=model,
+                                               optimizer=optimizer, task=task)
+
+
+def test_a_tasks_own_step_updates_each_model_with_its_optimizer():
+  model, optimizer, step = tiny_gan_step()
+  before = [v.numpy().copy() for v in model.trainable_variables]
+  images = tf.random.normal([6, 8, 8, 1])
+  for _ in range(2):
+    assert step(images, tf.zeros([6], tf.int64)) is False
+  assert step.traces == 1
+  assert all(not np.array_equal(old, new.numpy())
+             for old, new in zip(before, model.trainable_variables))
+  assert [int(o.iterations) for o in optimizer.by_name.values()] == [2, 2]
+  result = step.totals.result()
+  assert result.examples == 12
+  assert set(result.figures) == {"loss", "generator_loss", "real_accuracy",
+                                 "fake_accuracy", "fooled"}
+
+
+def test_a_tasks_own_step_applies_no_nonfinite_gradient():
+  from engine import step as steps  # pylint: disable=import-outside-toplevel
+  model, optimizer, step = tiny_gan_step()
+  discriminator = model.discriminator.trainable_variables
+  before = [v.numpy().copy() for v in discriminator]
+  # Real images of NaN: the discriminator's gradients are NaN (the
+  # generator's, from its fakes alone, are not, and are applied).
+  with pytest.raises(steps.NonFinite, match="the loss was non-finite on 1 "
+                     "of 1 processes .* and the gradients of the task's "
+                     "step were non-finite"):
+    step(tf.fill([6, 8, 8, 1], np.nan), tf.zeros([6], tf.int64))
+  for old, new in zip(before, discriminator):
+    np.testing.assert_array_equal(old, new.numpy())
+  # Each optimizer counted the step it skipped, as the built-in step does.
+  assert [int(o.iterations) for o in optimizer.by_name.values()] == [1, 1]
+
+
+def test_a_task_with_optimizers_but_no_step_is_one_line(tmp_path):
+  path = tmp_path / "half.py"
+  path.write_text(GOOD_TASK.replace("class Mean(Task):",
+                                    "class Mean(Task):\n  optimizers = ('a',)")
+                  .replace("__LOSS__", GOOD["LOSS"])
+                  .replace("__SUMS__", GOOD["SUMS"])
+                  .replace("__BATCH_SUMS__", GOOD["BATCH_SUMS"])
+                  .replace("__FIGURES__", GOOD["FIGURES"]))
+  with pytest.raises(UserError, match="Mean does not define "
+                     "optimized_variables, train_step"):
+    tasks.build(f"{path}:Mean", CLASSES)
+
+
+def test_a_tasks_own_step_refuses_float16_and_accumulation():
+  config = fixtures.train_config(task="tests/workers/tiny_gan.py:TinyDCGAN",
+                                 mixed_precision="float16")
+  task = tasks.build(config.task, SMALL)
+  with pytest.raises(UserError, match="--mixed_precision=float16: a task "
+                     "with its own train step has no loss scaling"):
+    build.optimizer_and_step(config, task, task.build_model(None), 0.001)
+  config = dataclasses.replace(config, mixed_precision="none",
+                               grad_accum_steps=2)
+  with pytest.raises(UserError, match="--grad_accum_steps: a task with its "
+                     "own train step accumulates nothing"):
+    build.optimizer_and_step(config, task, task.build_model(None), 0.001)

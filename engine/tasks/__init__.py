@@ -17,12 +17,14 @@ from engine.errors import UserError
 from engine.errors import first_line
 from engine.registry import Registry
 from engine.tasks.classification import Classification
+from engine.tasks.reconstruction import Reconstruction
 from engine.tasks.regression import Regression
 from engine.tasks.segmentation import Segmentation
 from engine.tasks.task import Task
 
 _TASKS = Registry("task", {
     "classification": Classification,
+    "reconstruction": Reconstruction,
     "regression": Regression,
     "segmentation": Segmentation,
 }, kind="Class")
@@ -30,8 +32,16 @@ names = _TASKS.names
 is_known = _TASKS.is_known
 # What a task must define; a Task subclass inherits only stubs of them.
 _REQUIRED = ("loss", "sums", "batch_sums", "figures")
+# What a task with optimizers of its own (a train step of its own) defines.
+_OWN_STEP = ("optimized_variables", "train_step")
 # The sum the engine counts itself.
 EXAMPLES = "examples"
+
+
+def build_model(task: Task, spec: str, build) -> tf.keras.Model:
+  """The task's model (`build(output_shape)` builds --model's); a failure
+  of the task's own build_model is one line."""
+  return _called(f"--task={spec}", "build_model", task.build_model, build)
 
 
 def task_class(spec: str) -> type:
@@ -48,6 +58,9 @@ def build(spec: str, info: DatasetInfo, **params) -> Task:
   missing = [name for name in _REQUIRED
              if not callable(getattr(task, name, None))
              or getattr(type(task), name, None) is getattr(Task, name)]
+  if task.optimizers:
+    missing += [name for name in _OWN_STEP
+                if getattr(type(task), name) is getattr(Task, name)]
   if missing:
     raise UserError(f"--task={spec}: {type(task).__name__} does not define "
                     f"{', '.join(missing)} (docs/your-task.md)")
@@ -81,8 +94,12 @@ def check(task: Task, spec: str, model: tf.keras.Model,
   """The task's methods on the model's outputs for two blank images and
   two blank labels, or a UserError naming what is wrong."""
   where = f"--task={spec}"
-  outputs = model(tf.zeros((2, *input_shape)), training=False)
-  labels = tf.zeros((2, *task.label_shape()), task.label_dtype())
+  inputs, labels = _called(
+      where, "inputs_and_targets", task.inputs_and_targets,
+      tf.zeros((2, *input_shape)),
+      tf.zeros((2, *task.label_shape()), task.label_dtype()))
+  outputs = _called(where, "the model's call",
+                    lambda images: model(images, training=False), inputs)
   loss = _called(where, "loss", task.loss, labels, outputs)
   if getattr(loss, "dtype", None) != tf.float32 or tuple(loss.shape) != (2,):
     raise UserError(f"{where}: loss must return each example's float32 "

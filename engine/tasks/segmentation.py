@@ -85,9 +85,11 @@ class Segmentation(Task):
     return {"logits": outputs,
             "masks": tf.argmax(outputs, axis=-1, output_type=tf.int32)}
 
-  def sample_images(self, images, labels, outputs):
+  def sample_images(self, model, images, labels):
+    outputs = model(images, training=False).numpy()
     return {"masks": (
-        masks_picture(images, labels, outputs.argmax(axis=-1),
+        masks_picture(self.stored(images), labels.numpy(),
+                      outputs.argmax(axis=-1),
                       self.ignore_label),
         "Each row a test example: the image, its true mask, the predicted "
         "mask; a colour per class (background black, ignored white).")}

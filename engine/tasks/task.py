@@ -21,6 +21,13 @@ in the shape of Orbit's Task (official/core/base_task.py):
   and --target, and whether higher or lower is better.
 * `serve(outputs)`: what the exported SavedModel returns.
 
+Optional hooks widen the contract: `inputs_and_targets` (a denoiser's noisy
+inputs), `sample_images` (pictures in TensorBoard), `build_model` and
+`serving` (a GAN's two models and its generator's export), and, for steps
+one loss cannot say, `optimizers`, `optimized_variables` and `train_step`:
+the task's own step, with the engine's helpers to average gradients across
+ranks and apply them (engine/step.py, TaskTrainStep).
+
 A task is built with the data set's DatasetInfo, and with whichever of the
 task flags (--label_smoothing, --loss, ...) its __init__ declares.
 """
@@ -29,6 +36,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from engine import data
 from engine.datasets import DatasetInfo
 
 
@@ -44,6 +52,10 @@ class Task:
   # image), "targets" (float values, [k] per image), "masks" (a class id
   # per pixel, [H, W] per image), or "any".
   labels = "any"
+  # A task with a train step of its own names the optimizers it applies
+  # (a GAN: "generator", "discriminator"); the engine builds each from the
+  # optimizer flags, and checkpoints and broadcasts them.
+  optimizers: tuple = ()
 
   def __init__(self, info: Optional[DatasetInfo] = None):
     self.info = info
@@ -53,6 +65,12 @@ class Task:
     return type(self).__name__.lower()
 
   # The model.
+
+  def build_model(self, build) -> tf.keras.Model:
+    """The model: by default --model's, `build(self.output_shape())`. A
+    task with several models returns one Keras model holding them (its
+    call is what evaluation runs)."""
+    return build(self.output_shape())
 
   def output_shape(self) -> tuple:
     """The model's output for one example, without the batch dimension:
@@ -67,6 +85,14 @@ class Task:
 
   def label_dtype(self) -> tf.DType:
     return tf.as_dtype(self.info.label_dtype if self.info else "int64")
+
+  def inputs_and_targets(self, images: tf.Tensor, labels: tf.Tensor
+                         ) -> tuple[tf.Tensor, tf.Tensor]:
+    """What the model is given and what `loss` compares its outputs with,
+    from a batch (normalized images, labels); inside the step, in training
+    and evaluation alike. By default the images and the labels; a denoising
+    autoencoder gives noisy images and the images."""
+    return images, labels
 
   # The loss and the metrics.
 
@@ -92,6 +118,24 @@ class Task:
     (grouped with `group`) but not to the log line."""
     raise NotImplementedError
 
+  # A train step of the task's own, for steps one loss cannot say.
+
+  def optimized_variables(self, model: tf.keras.Model) -> dict[str, list]:
+    """With `optimizers`: each optimizer's name -> the variables it
+    updates."""
+    raise NotImplementedError
+
+  def train_step(self, model: tf.keras.Model, optimizers: dict,
+                 images: tf.Tensor, labels: tf.Tensor, step
+                 ) -> tuple[tf.Tensor, dict]:
+    """With `optimizers`: one step on this rank's batch, inside the
+    compiled step. Computes each update under its own tape, averages the
+    gradients across ranks with `step.average_gradients(tape, loss,
+    variables)` and applies them with `step.apply_gradients(optimizer,
+    gradients, variables)`. Returns the step's loss (a scalar, checked for
+    being finite on every rank) and the batch's share of `sums()`."""
+    raise NotImplementedError
+
   # Evaluation and serving.
 
   def average_views(self, outputs: list[tf.Tensor]) -> tf.Tensor:
@@ -104,15 +148,34 @@ class Task:
     """What the exported SavedModel returns for a batch of outputs."""
     return {"outputs": outputs}
 
+  def serving(self, model: tf.keras.Model):
+    """The exported SavedModel's function: images as stored (uint8, or
+    float32 for float arrays) in, normalized as in training, `serve` of
+    the model's outputs out. A GAN's takes noise instead."""
+    info = self.info
+
+    @tf.function(input_signature=[tf.TensorSpec(
+        [None, *info.image_shape], info.image_dtype, name="images")])
+    def serve(images):
+      return self.serve(model(data.normalize(images, info), training=False))
+
+    return serve
+
   def summary_images(self, sums: dict[str, np.ndarray]) -> dict:
     """TensorBoard images of the validation sums: {tag: (image [1, H, W,
     3] uint8, description)}."""
     return {}
 
-  def sample_images(self, images: np.ndarray, labels: np.ndarray,
-                    outputs: np.ndarray) -> dict:
-    """TensorBoard images of a few test examples, their labels and the
-    model's outputs, drawn each evaluated epoch on rank 0: {tag: (image
-    [1, H, W, 3] uint8, description)}. `images` are on their stored scale
-    (0-255 for uint8 images)."""
+  def sample_images(self, model: tf.keras.Model, images: tf.Tensor,
+                    labels: tf.Tensor) -> dict:
+    """TensorBoard images of the model on a few test examples (normalized
+    images and their labels, as the pipeline gives them), drawn each
+    evaluated epoch on rank 0: {tag: (image [1, H, W, 3] uint8,
+    description)}. `stored` gives images back on their stored scale."""
     return {}
+
+  def stored(self, images: tf.Tensor) -> np.ndarray:
+    """Normalized images on their stored scale (0-255 for uint8 images),
+    for pictures of them."""
+    return (np.asarray(images) * np.array(self.info.std)
+            + np.array(self.info.mean))

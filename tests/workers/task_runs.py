@@ -2,8 +2,9 @@
 the engine gives classifiers, for other tasks. Each rank writes what it
 observed to OUT/rank<r>.json.
 
-1. Regression on arrays of float targets, and segmentation of Fashion-
-   MNIST files' masks (--deterministic): the weights after training, on
+1. Regression on arrays of float targets, segmentation of Fashion-MNIST
+   files' masks, their denoising (reconstruction) and a GAN's own step
+   (examples/dcgan.py; all --deterministic): the weights after training, on
    every rank; the reported validation figures against the whole test
    split evaluated by this rank alone; and a run stopped after epoch 1 and
    resumed, against the run straight through.
@@ -38,8 +39,9 @@ def whole_split_figures(result, config) -> dict:
   totals = metrics.Totals("whole_split", task)
   for images, labels in data.eval_batches(splits.test, splits.info, rank=0,
                                           world_size=1, batch_size=7):
-    outputs = result.model(images, training=False)
-    totals.update(labels, outputs, task.loss(labels, outputs))
+    inputs, targets = task.inputs_and_targets(images, labels)
+    outputs = result.model(inputs, training=False)
+    totals.update(targets, outputs, task.loss(targets, outputs))
   return totals.result_of(totals.local_sums()).figures
 
 
@@ -91,9 +93,30 @@ def segmentation(out_dir: str, fashion_mnist: str) -> dict:
       model_dir=os.path.join(out_dir, "segmentation")), "segmentation")
 
 
+def reconstruction(out_dir: str, fashion_mnist: str) -> dict:
+  """Each image's own noise, whatever rank and batch it is in."""
+  return straight_and_resumed(fixtures.train_config(
+      data_dir=fashion_mnist, task="reconstruction", model="unet",
+      model_params={**fixtures.train_config().model_params, "filters": 4},
+      task_params={**fixtures.train_config().task_params, "noise": 0.5},
+      random_flip=True, batch_size=8, epochs=2, steps_per_epoch=5,
+      deterministic=True, progress="none",
+      model_dir=os.path.join(out_dir, "reconstruction")), "reconstruction")
+
+
+def gan(out_dir: str, fashion_mnist: str) -> dict:
+  """examples/dcgan.py: a task's own step, two models, two optimizers."""
+  return straight_and_resumed(fixtures.train_config(
+      data_dir=fashion_mnist, task="tests/workers/tiny_gan.py:TinyDCGAN",
+      batch_size=8, epochs=2, steps_per_epoch=5, deterministic=True,
+      progress="none", model_dir=os.path.join(out_dir, "gan")), "gan")
+
+
 def main(out_dir: str, arrays: str, fashion_mnist: str) -> None:
   observed = {"regression": regression(out_dir, arrays),
-              "segmentation": segmentation(out_dir, fashion_mnist)}
+              "segmentation": segmentation(out_dir, fashion_mnist),
+              "reconstruction": reconstruction(out_dir, fashion_mnist),
+              "gan": gan(out_dir, fashion_mnist)}
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump(observed, f)
 
