@@ -117,7 +117,7 @@ def eval_batches(source: Source, info: DatasetInfo, *,
     batches = tf.data.Dataset.from_tensor_slices(
         (list(source.paths), source.labels)).shard(world_size, rank).map(
             lambda path, label: (image_folder.decode(path, info.image_shape),
-                                 label),
+                                 _decoded_label(label, info)),
             num_parallel_calls=_decode_parallelism()).batch(batch_size)
   elif isinstance(source, ArrayRows):
     read = _row_reader(source, info)
@@ -215,13 +215,20 @@ def _decoded_batches(indices: tf.data.Dataset, source: ImageFiles,
   def decoded(key, step, row):
     return (key, step, image_folder.decode(tf.gather(paths, row),
                                            info.image_shape),
-            tf.gather(labels, row))
+            _decoded_label(tf.gather(labels, row), info))
 
   return (indices.map(per_example).unbatch()
           .map(decoded, num_parallel_calls=_decode_parallelism())
           .batch(batch_size, drop_remainder=True)
           .map(lambda keys, steps, images, labels:
                (keys[0], steps[0], images, labels)))
+
+
+def _decoded_label(label: tf.Tensor, info: DatasetInfo) -> tf.Tensor:
+  """An image file's label: its class id, or its mask's file decoded."""
+  if is_mask(info):
+    return image_folder.decode_mask(label, info.image_shape[:2])
+  return label
 
 
 def _record_train_batches(source: RecordFiles, info: DatasetInfo, *,

@@ -275,6 +275,33 @@ def write_regression_arrays(path: str, *, num_train: int = 97,
   return path
 
 
+def write_mask_folder(directory: str, *, counts=(9, 5), size=(12, 12),
+                      seed: int = 0) -> str:
+  """train/ and validation/, each images/NAME.png (RGB) with
+  masks/NAME.png (class ids 0-2, mode L), and classes.txt: a bright square
+  (class 1) or a dark one (class 2) on a grey background (class 0)."""
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  for split, count in zip(("train", "validation"), counts):
+    for kind in ("images", "masks"):
+      os.makedirs(os.path.join(directory, split, kind), exist_ok=True)
+    for i in range(count):
+      mask = np.zeros(size, np.uint8)
+      top, left = rng.integers(0, size[0] // 2, 2)
+      label = 1 + i % 2
+      mask[top:top + size[0] // 2, left:left + size[1] // 2] = label
+      image = np.full((*size, 3), 128, np.uint8)
+      image[mask == 1] = 250
+      image[mask == 2] = 10
+      Image.fromarray(image).save(
+          os.path.join(directory, split, "images", f"{i:03d}.png"))
+      Image.fromarray(mask, mode="L").save(
+          os.path.join(directory, split, "masks", f"{i:03d}.png"))
+  with open(os.path.join(directory, "classes.txt"), "w") as f:
+    f.write("background\nbright\ndark\n")
+  return directory
+
+
 # A user's own model, in a file of its own: BatchNorm, dropout, a custom
 # layer, a loss of its own (model.losses); and the same as a subclassed
 # model, which Keras can neither clone nor describe before it is called.

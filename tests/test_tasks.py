@@ -480,3 +480,72 @@ def test_a_tasks_own_step_refuses_float16_and_accumulation():
   with pytest.raises(UserError, match="--grad_accum_steps: a task with its "
                      "own train step accumulates nothing"):
     build.optimizer_and_step(config, task, task.build_model(None), 0.001)
+
+
+def test_an_image_folder_with_masks_beside_its_images(tmp_path):
+  from engine import data  # pylint: disable=import-outside-toplevel
+  from engine.datasets import image_folder  # pylint: disable=import-outside-toplevel
+  directory = fixtures.write_mask_folder(str(tmp_path))
+  splits = image_folder.load(data_dir=directory, image_size=24, channels=3,
+                             validation_split=0.0, skip_bad_files=False,
+                             labels="masks")
+  info = splits.info
+  assert (info.num_classes, info.class_names) == (3, ("background", "bright",
+                                                      "dark"))
+  assert (info.label_shape, info.label_dtype) == ((24, 24), "uint8")
+  assert (info.num_train, info.num_test) == (9, 5)
+  # Masks resized (nearest) and flipped and shifted with their images.
+  batches = data.train_batches(
+      splits.train, info, rank=0, world_size=1, batch_size=3, steps=3,
+      seed=0, first_epoch=0, flip=True, shift=0.2)
+  for images, masks in batches.take(3):
+    pixels = images.numpy()[..., 0] * info.std[0] + info.mean[0]
+    masks = masks.numpy()
+    assert set(np.unique(masks)) <= {0, 1, 2}
+    # Edges blend with the grey (images resize bilinearly, masks nearest).
+    assert (pixels[masks == 1] > 160).all() and (pixels[masks == 2] < 100).all()
+  [(images, masks)] = data.eval_batches(splits.test, info, rank=0,
+                                        world_size=1, batch_size=5)
+  assert masks.shape == (5, 24, 24) and masks.dtype == tf.uint8
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("missing", r"train/masks/003.png: missing, the mask of .*images/003.png"),
+    ("size", r"train/masks/003.png: 5x5 pixels, but its image .* is 12x12"),
+    ("palette", r"train/masks/003.png: a PNG image in mode P; masks are "
+     "single-channel PNGs"),
+    ("classes", r"classes.txt: missing; masks' classes are named there"),
+])
+def test_a_mask_folders_damage_is_one_line(tmp_path, damage, message):
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from engine.datasets import image_folder  # pylint: disable=import-outside-toplevel
+  directory = fixtures.write_mask_folder(str(tmp_path))
+  mask = tmp_path / "train" / "masks" / "003.png"
+  if damage == "missing":
+    mask.unlink()
+  elif damage == "size":
+    Image.fromarray(np.zeros((5, 5), np.uint8), mode="L").save(mask)
+  elif damage == "palette":
+    Image.open(mask).convert("P").save(mask)
+  else:
+    (tmp_path / "classes.txt").unlink()
+  with pytest.raises(UserError, match=message):
+    image_folder.load(data_dir=directory, image_size=12, channels=3,
+                      validation_split=0.0, skip_bad_files=False,
+                      labels="masks")
+
+
+def test_segmentation_trains_on_an_image_folder_with_masks(tmp_path):
+  directory = fixtures.write_mask_folder(str(tmp_path / "data"))
+  model_dir = tmp_path / "run"
+  result = fixtures.launch([
+      "-m", "engine.train", "--task=segmentation", "--model=unet",
+      "--filters=4", "--dataset=image_folder", f"--data_dir={directory}",
+      "--image_size=16", "--channels=3", "--batch_size=3", "--epochs=1",
+      "--random_flip", "--progress=none", f"--model_dir={model_dir}"])
+  assert result.returncode == 0, result.stderr[-2000:]
+  import json  # pylint: disable=import-outside-toplevel
+  [record] = [json.loads(line) for line in
+              (model_dir / "metrics.jsonl").read_text().splitlines()]
+  assert 0 <= record["val_mean_iou"] <= 1
+  assert record["train_examples"] == 9

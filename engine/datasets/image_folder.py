@@ -6,7 +6,16 @@ The layout of Keras' `image_dataset_from_directory` and torchvision's
   data_dir/train/<class>/*.jpg|.jpeg|.png|.bmp|.gif
   data_dir/validation/<class>/...     (or val/ or test/)
 
-Labels are the class folders' names, sorted. Without a validation folder,
+Labels are the class folders' names, sorted. For segmentation
+(--task=segmentation), the Oxford-IIIT Pet and Cityscapes way, each image
+has a mask of the same name beside it, a single-channel PNG whose values
+are class ids, and classes.txt names the classes in label order:
+
+  data_dir/train/images/NAME.jpg    data_dir/train/masks/NAME.png
+  data_dir/validation/images/...    data_dir/validation/masks/...
+  data_dir/classes.txt
+
+Masks are resized with their images, nearest neighbour. Without a validation folder,
 `--validation_split=F` holds out a fraction F of each class's files, chosen
 by a hash of each file's path: the same files on every rank, on every
 rerun, and mostly the same files when some are added.
@@ -22,13 +31,16 @@ import os
 
 from absl import logging
 import numpy as np
+from PIL import Image
 import tensorflow as tf
 
-from engine.datasets.splits import DatasetInfo, ImageFiles, Splits
+from engine.datasets.splits import (CLASSES_FILE, DatasetInfo, ImageFiles,
+                                    Splits)
 from engine.errors import UserError
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TRAIN_DIR = "train"
+IMAGES_DIR, MASKS_DIR = "images", "masks"  # segmentation's layout
 VALIDATION_DIRS = ("validation", "val", "test")
 # Training images decoded at start-up for the normalization statistics.
 STATS_SAMPLE = 512
@@ -37,8 +49,12 @@ _MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"GIF87a", b"GIF89a")
 
 def load(*, data_dir: str, image_size: int, channels: int,
          validation_split: float, skip_bad_files: bool,
-         normalization=None) -> Splits:
-  """`normalization` is (mean, std) to use rather than the sample's."""
+         normalization=None, labels: str = "classes") -> Splits:
+  """`normalization` is (mean, std) to use rather than the sample's;
+  `labels="masks"` reads the images/ and masks/ layout."""
+  if labels == "masks":
+    return _masks_splits(data_dir, (image_size, image_size, channels),
+                         normalization)
   class_names, train, validation = list_files(
       data_dir, validation_split=validation_split,
       skip_bad_files=skip_bad_files)
@@ -109,6 +125,90 @@ def decode(path: tf.Tensor, image_shape) -> tf.Tensor:
                     lambda: tf.image.rgb_to_grayscale(image), lambda: image)
   image = tf.image.resize(image, [height, width])
   return tf.ensure_shape(image, image_shape)
+
+
+def decode_mask(path: tf.Tensor, size) -> tf.Tensor:
+  """A mask PNG as uint8 class ids [H, W], resized to `size` (nearest)."""
+  mask = tf.io.decode_png(tf.io.read_file(path), channels=1)
+  mask = tf.image.resize(mask, size, method="nearest")
+  return tf.ensure_shape(tf.cast(mask[..., 0], tf.uint8), size)
+
+
+def _masks_splits(data_dir: str, image_shape, normalization) -> Splits:
+  """The images/ and masks/ layout: each split's (image, mask) pairs, the
+  classes from classes.txt."""
+  train_dir = _train_dir(data_dir)
+  validation_dir = next((os.path.join(data_dir, name)
+                         for name in VALIDATION_DIRS
+                         if os.path.isdir(os.path.join(data_dir, name))),
+                        None)
+  if validation_dir is None:
+    raise UserError(f"--data_dir={data_dir}: no validation/ folder; add one "
+                    "with images/ and masks/ as train/ has")
+  names_path = os.path.join(data_dir, CLASSES_FILE)
+  if not os.path.isfile(names_path):
+    raise UserError(f"{names_path}: missing; masks' classes are named there, "
+                    "one a line in label order (the name of 0 first)")
+  with open(names_path) as f:
+    class_names = tuple(line.strip() for line in f if line.strip())
+  splits = []
+  for split_dir in (train_dir, validation_dir):
+    images, masks = zip(*_mask_pairs(split_dir))
+    splits.append(ImageFiles(images, np.array(masks), image_shape[-1]))
+  mean, std = normalization or _statistics(splits[0], image_shape)
+  info = DatasetInfo(
+      name=os.path.basename(os.path.abspath(data_dir)),
+      image_shape=image_shape, num_classes=len(class_names),
+      num_train=len(splits[0].paths), num_test=len(splits[1].paths),
+      mean=tuple(mean), std=tuple(std), class_names=class_names,
+      label_shape=image_shape[:2], label_dtype="uint8")
+  return Splits(train=splits[0], test=splits[1], info=info)
+
+
+def _mask_pairs(split_dir: str) -> list[tuple[str, str]]:
+  """(image, mask) paths of a split, sorted by name; an image without its
+  mask, a mask of another size than its image, or a mask that is not a
+  single-channel PNG is one line."""
+  images_dir = os.path.join(split_dir, IMAGES_DIR)
+  masks_dir = os.path.join(split_dir, MASKS_DIR)
+  for folder in (images_dir, masks_dir):
+    if not os.path.isdir(folder):
+      raise UserError(f"{folder}: no such folder; segmentation data has "
+                      f"{IMAGES_DIR}/ and {MASKS_DIR}/ in each split")
+  pairs = []
+  for name in sorted(os.listdir(images_dir)):
+    if name.startswith(".") or not name.lower().endswith(EXTENSIONS):
+      continue
+    image = os.path.join(images_dir, name)
+    mask = os.path.join(masks_dir, os.path.splitext(name)[0] + ".png")
+    problem = _problem(image) or _mask_problem(image, mask)
+    if problem:
+      raise UserError(problem)
+    pairs.append((image, mask))
+  if not pairs:
+    raise UserError(f"{images_dir}: no images")
+  return pairs
+
+
+def _mask_problem(image: str, mask: str) -> str:
+  """What is wrong with an image's mask, in a line naming it, or ''."""
+  if not os.path.isfile(mask):
+    return f"{mask}: missing, the mask of {image}"
+  try:
+    with Image.open(image) as opened:
+      image_size = opened.size
+    with Image.open(mask) as opened:
+      mask_size, mode, kind = opened.size, opened.mode, opened.format
+  except (OSError, ValueError) as e:
+    return f"{mask} or its image: unreadable ({e})"
+  if kind != "PNG" or mode not in ("L", "I", "I;16"):
+    return (f"{mask}: a {kind} image in mode {mode}; masks are "
+            "single-channel PNGs whose values are class ids (convert a "
+            "palette PNG to mode L)")
+  if mask_size != image_size:
+    return (f"{mask}: {mask_size[0]}x{mask_size[1]} pixels, but its image "
+            f"{image} is {image_size[0]}x{image_size[1]}")
+  return ""
 
 
 def _train_dir(data_dir: str) -> str:

@@ -83,7 +83,8 @@ class ImageFiles:
   """One split as image files (JPEG, PNG, BMP, GIF), one example each.
 
   Decoded to `channels` channels and resized to the image shape as they
-  are read; labels are int64 [N], in the order of `paths`.
+  are read; labels are int64 [N], in the order of `paths`, or for
+  segmentation the paths of their masks (PNG files, decoded as read).
   """
   paths: tuple[str, ...]
   labels: np.ndarray
