@@ -15,6 +15,7 @@ from engine import metrics
 from engine import optimizers
 from engine import precision
 from engine.errors import UserError
+from engine import tasks
 from engine.tasks import Task
 from engine.tasks.classification import Classification
 
@@ -167,15 +168,8 @@ class TrainStep:
     if self._scales_loss:
       self._update(gradients, variables)
       return
-
-    def apply():
-      self._update(gradients, variables)
-
-    def skip():
-      # As the loss scaler does: the step counter still counts the step.
-      self.optimizer.iterations.assign_add(1, read_value=False)
-
-    tf.cond(finite, apply, skip)
+    _apply_if(finite, self.optimizer,
+              lambda: self._update(gradients, variables))
 
   def _update(self, gradients, variables) -> None:
     self.optimizer.apply_gradients(zip(gradients, variables))
@@ -337,14 +331,8 @@ class TaskTrainStep(TrainStep):
     finite = tf.reduce_all(tf.stack([_is_finite(g) for g in gradients]))
     self._gradients_finite.assign(
         tf.logical_and(self._gradients_finite, finite))
-
-    def apply():
-      optimizer.apply_gradients(zip(gradients, variables))
-
-    def skip():
-      optimizer.iterations.assign_add(1, read_value=False)
-
-    tf.cond(finite, apply, skip)
+    _apply_if(finite, optimizer,
+              lambda: optimizer.apply_gradients(zip(gradients, variables)))
 
   def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
@@ -397,8 +385,7 @@ class EvalStep:
     if shift and 2 * shift >= image_shape[1]:
       raise UserError(f"--eval_shift_pixels={shift}: must be less than half "
                       f"the images' width ({image_shape[1]})")
-    if (flip or shift) and (type(self.task).average_views
-                            is Task.average_views):
+    if (flip or shift) and not tasks.defines(self.task, "average_views"):
       raise UserError(f"--eval_flip, --eval_shift: the {self.task.name} "
                       "task has no average of several views' outputs; "
                       "leave them out")
@@ -438,6 +425,18 @@ def _shifted(images: tf.Tensor, pixels: int) -> tf.Tensor:
     return tf.concat([edge, images[:, :, :-pixels]], axis=2)
   edge = tf.repeat(images[:, :, -1:], -pixels, axis=2)
   return tf.concat([images[:, :, -pixels:], edge], axis=2)
+
+
+def _apply_if(finite: tf.Tensor, optimizer, update) -> None:
+  """`update()` if `finite`; else the update is skipped, and as the loss
+  scaler does, the optimizer's step counter still counts the step."""
+  def apply():  # what update() returns is not an output of the cond
+    update()
+
+  def skip():
+    optimizer.iterations.assign_add(1, read_value=False)
+
+  tf.cond(finite, apply, skip)
 
 
 def _step_flags(stop_requested, loss) -> tf.Tensor:

@@ -368,7 +368,7 @@ class _TrainLoop:
     (segmentation: image, true and predicted masks; reconstruction: image,
     noisy image, reconstruction)."""
     task = self._eval_step.task
-    if type(task).sample_images is tasks.Task.sample_images:
+    if not tasks.defines(task, "sample_images"):
       return {}  # the task draws none
     for images, labels in data.eval_batches(
         self._splits.test, self._splits.info, rank=0, world_size=1,

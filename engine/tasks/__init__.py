@@ -44,6 +44,13 @@ def build_model(task: Task, spec: str, build) -> tf.keras.Model:
   return _called(f"--task={spec}", "build_model", task.build_model, build)
 
 
+def defines(task: Task, method: str) -> bool:
+  """Whether `task` has `method` of its own, not the base class's stub
+  (or, for a task that is no Task subclass, at all)."""
+  own = getattr(type(task), method, None)
+  return callable(own) and own is not getattr(Task, method, None)
+
+
 def task_class(spec: str) -> type:
   """The class `spec` names: what data it learns from (`labels`) is read
   before the data are loaded."""
@@ -55,12 +62,11 @@ def build(spec: str, info: DatasetInfo, **params) -> Task:
   (the task flags) its __init__ declares."""
   _check_labels(spec, getattr(task_class(spec), "labels", "any"), info)
   task = _TASKS.build(spec, info, **params)
-  missing = [name for name in _REQUIRED
-             if not callable(getattr(task, name, None))
-             or getattr(type(task), name, None) is getattr(Task, name)]
-  if task.optimizers:
-    missing += [name for name in _OWN_STEP
-                if getattr(type(task), name) is getattr(Task, name)]
+  if not isinstance(task, Task):
+    raise UserError(f"--task={spec}: {type(task).__name__} is no task; "
+                    "subclass engine.tasks.Task (docs/your-task.md)")
+  required = _REQUIRED + (_OWN_STEP if task.optimizers else ())
+  missing = [name for name in required if not defines(task, name)]
   if missing:
     raise UserError(f"--task={spec}: {type(task).__name__} does not define "
                     f"{', '.join(missing)} (docs/your-task.md)")
