@@ -245,15 +245,14 @@ def test_bad_targets_are_one_line(tmp_path, y_test, message):
 
 def test_the_wrong_task_for_the_data_is_one_line_and_writes_nothing(
     tmp_path):
-  data_dir = fixtures.write_fashion_mnist(str(tmp_path / "data"), 40, 10)
   model_dir = tmp_path / "run"
   result = fixtures.launch(["-m", "engine.train", "--task=regression",
-                            f"--data_dir={data_dir}",
+                            "--dataset=synthetic", "--image_size=8",
                             f"--model_dir={model_dir}"])
   assert result.returncode == 2
   assert result.stderr.strip().splitlines()[-1] == (
       "engine.train: error: --task=regression learns float targets [N, k]; "
-      "fashion_mnist gives class ids (arrays: float y_train and y_test)")
+      "synthetic gives class ids (arrays: float y_train and y_test)")
   assert not os.path.exists(model_dir)
 
 
@@ -549,3 +548,40 @@ def test_segmentation_trains_on_an_image_folder_with_masks(tmp_path):
               (model_dir / "metrics.jsonl").read_text().splitlines()]
   assert 0 <= record["val_mean_iou"] <= 1
   assert record["train_examples"] == 9
+
+
+def test_fashion_mnist_for_regression_turns_each_image_by_its_target(
+    tmp_path):
+  from engine.datasets import Examples, Splits  # pylint: disable=import-outside-toplevel
+  from engine.datasets import fashion_mnist  # pylint: disable=import-outside-toplevel
+  # A bright horizontal bar through the centre of each image.
+  images = np.zeros((40, 28, 28, 1), np.uint8)
+  images[:, 13:15, 2:26] = 255
+  bars = Examples(images, np.zeros(40, np.int64))
+  info = dataclasses.replace(PICTURES, image_shape=(28, 28, 1), num_train=40,
+                             num_test=40, num_classes=10)
+  splits = fashion_mnist.angles(Splits(train=bars, test=bars, info=info))
+  assert (splits.info.label_shape, splits.info.label_dtype) == ((1,),
+                                                                "float32")
+  assert splits.info.class_names == ("angle",)
+  degrees = splits.train.labels[:, 0]
+  assert np.abs(degrees).max() <= fashion_mnist.MAX_ANGLE
+  assert degrees.std() > 15  # spread over the range
+  assert not np.array_equal(splits.test.labels, splits.train.labels)
+  # Each bar's direction (its bright pixels' principal axis) is its angle,
+  # one way round.
+  for image, angle in zip(splits.train.images[..., 0], degrees):
+    y, x = np.nonzero(image > 128)
+    axis = np.linalg.eigh(np.cov(np.stack([x - x.mean(), y - y.mean()])))[1]
+    found = np.degrees(np.arctan2(axis[1, -1], axis[0, -1]))
+    found = (found + 90) % 180 - 90  # a direction, not a heading
+    assert abs(abs(found) - abs(angle)) < 4, (found, angle)
+  signs = []
+  for image, angle in zip(splits.train.images[..., 0], degrees):
+    y, x = np.nonzero(image > 128)
+    slope = np.polyfit(x - x.mean(), y - y.mean(), 1)[0]
+    if abs(angle) > 5:
+      signs.append(np.sign(slope) == np.sign(angle))
+  assert all(signs) or not any(signs)  # the same way round for all
+  again = fashion_mnist.angles(Splits(train=bars, test=bars, info=info))
+  np.testing.assert_array_equal(again.train.labels, splits.train.labels)

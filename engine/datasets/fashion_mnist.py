@@ -8,6 +8,7 @@ import dataclasses
 import os
 
 import numpy as np
+import tensorflow as tf
 
 from engine.datasets import idx
 from engine.datasets.splits import DatasetInfo, Examples, Splits
@@ -23,6 +24,8 @@ FILES = {
 NUM_CLASSES = 10
 # Of 0-255: a pixel brighter than this is the garment's, in masks().
 MASK_THRESHOLD = 25
+# The largest turn, in degrees either way, of an image in angles().
+MAX_ANGLE = 45.0
 # From the data set's README, in label order.
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
@@ -30,7 +33,8 @@ CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
 
 def load(data_dir: str, labels: str = "classes") -> Splits:
   """The data set; with `labels="masks"` (--task=segmentation), each image's
-  mask instead of its class (`masks`)."""
+  mask instead of its class (`masks`); with `labels="targets"`
+  (--task=regression), each image turned by an angle to tell (`angles`)."""
   data_dir = data_dir or DEFAULT_DIR
   if not os.path.isdir(data_dir):
     hint = ("install it with: apt-get install dataset-fashion-mnist"
@@ -50,7 +54,11 @@ def load(data_dir: str, labels: str = "classes") -> Splits:
       class_names=CLASS_NAMES)
   splits = Splits(train=Examples(train_x, train_y),
                   test=Examples(test_x, test_y), info=info)
-  return masks(splits) if labels == "masks" else splits
+  if labels == "masks":
+    return masks(splits)
+  if labels == "targets":
+    return angles(splits)
+  return splits
 
 
 def masks(splits: Splits) -> Splits:
@@ -68,6 +76,38 @@ def masks(splits: Splits) -> Splits:
       label_shape=splits.info.image_shape[:2], label_dtype="uint8")
   return Splits(train=masked(splits.train), test=masked(splits.test),
                 info=info)
+
+
+def angles(splits: Splits) -> Splits:
+  """Fashion-MNIST for regression: each image turned about its centre by
+  an angle drawn uniformly from +-MAX_ANGLE degrees (from a fixed seed per
+  split: the same angles on every rank and rerun), the angle its target.
+  The corners come in black, as the background. Flips negate an angle:
+  train without --random_flip."""
+  def turned(examples: Examples, seed: int) -> Examples:
+    count, height, width, _ = examples.images.shape
+    degrees = np.random.default_rng(seed).uniform(-MAX_ANGLE, MAX_ANGLE,
+                                                  count)
+    theta = np.radians(degrees)
+    cos, sin = np.cos(theta), np.sin(theta)
+    # Output pixel (x, y) samples the input at R(theta) about the centre.
+    cx, cy = (width - 1) / 2, (height - 1) / 2
+    transforms = np.stack([cos, -sin, cx - cos * cx + sin * cy,
+                           sin, cos, cy - sin * cx - cos * cy,
+                           np.zeros(count), np.zeros(count)], axis=1)
+    images = tf.raw_ops.ImageProjectiveTransformV3(
+        images=examples.images, transforms=transforms.astype(np.float32),
+        output_shape=[height, width], fill_value=0.0,
+        interpolation="BILINEAR", fill_mode="CONSTANT").numpy()
+    return Examples(images, degrees.astype(np.float32)[:, None])
+
+  train, test = turned(splits.train, 0), turned(splits.test, 1)
+  pixels = train.images.astype(np.float64)
+  info = dataclasses.replace(
+      splits.info, num_classes=0, class_names=("angle",),
+      mean=(float(pixels.mean()),), std=(float(pixels.std()),),
+      label_shape=(1,), label_dtype="float32")
+  return Splits(train=train, test=test, info=info)
 
 
 def _find(data_dir: str, stem: str) -> str:
