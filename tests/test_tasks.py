@@ -585,3 +585,26 @@ def test_fashion_mnist_for_regression_turns_each_image_by_its_target(
   assert all(signs) or not any(signs)  # the same way round for all
   again = fashion_mnist.angles(Splits(train=bars, test=bars, info=info))
   np.testing.assert_array_equal(again.train.labels, splits.train.labels)
+
+
+def test_a_data_set_function_of_yours_gives_float_targets(tmp_path):
+  from engine import datasets  # pylint: disable=import-outside-toplevel
+  (tmp_path / "mine.py").write_text(
+      "import numpy as np\n"
+      "from engine.datasets import from_arrays\n\n\n"
+      "def load():\n"
+      "  rng = np.random.default_rng(0)\n"
+      "  images = rng.integers(0, 255, (20, 8, 8), dtype=np.uint8)\n"
+      "  targets = rng.normal(5.0, 2.0, (20, 3))\n"
+      "  return from_arrays(images, targets, images[:6], targets[:6])\n")
+  splits = datasets.load(f"{tmp_path}/mine.py:load", data_dir="",
+                         model_dir=str(tmp_path), labels="targets")
+  info = splits.info
+  assert (info.label_shape, info.label_dtype) == ((3,), "float32")
+  rng = np.random.default_rng(0)
+  rng.integers(0, 255, (20, 8, 8), dtype=np.uint8)
+  targets = rng.normal(5.0, 2.0, (20, 3)).astype(np.float32)
+  np.testing.assert_allclose(info.label_mean, targets.mean(axis=0),
+                             rtol=1e-6)
+  np.testing.assert_allclose(info.label_std, targets.std(axis=0), rtol=1e-6)
+  assert tasks.build("regression", info).output_shape() == (3,)
