@@ -7,7 +7,7 @@ the order of the building (the seed before the model, the precision policy
 before its layers) is written once.
 """
 import os
-from typing import Any
+from typing import Any, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -19,6 +19,7 @@ from engine import optimizers
 from engine import precision
 from engine import report
 from engine import schedules
+from engine import staging
 from engine import step as steps
 from engine import tasks
 from engine.config import TrainConfig
@@ -69,6 +70,32 @@ def prepare(config: TrainConfig) -> tuple[distributed.World, datasets.Splits,
   splits, task, model = distributed.agree(
       data_task_and_model, name="prepare", collective=not config.elastic)
   return world, splits, task, model
+
+
+def stage(config: TrainConfig, world: distributed.World,
+          splits: datasets.Splits) -> tuple[datasets.Splits, Optional[dict]]:
+  """With --stage_dir: the splits reading this rank's files from their
+  node-local copies (engine/staging.py), and the staging's record for
+  metrics.jsonl: files and bytes over all ranks, the bytes copied, and the
+  seconds until the slowest process had its share."""
+  if not config.stage_dir:
+    return splits, None
+  if config.elastic:
+    raise UserError("--stage_dir with --elastic: a process's share of the "
+                    "files changes with the workers; stage without --elastic")
+  splits, staged = distributed.agree(lambda: staging.stage(
+      splits, data_dir=config.data_dir, stage_dir=config.stage_dir,
+      rank=world.rank, world_size=world.size), name="stage")
+  files, size, copied = distributed.sum_across_ranks(
+      [staged.files, staged.bytes, staged.copied_bytes], name="staged")
+  seconds = distributed.max_across_ranks(staged.seconds, name="staging")
+  logging.info("staged %d files (%.1f MB, %.1f MB copied) to %s in %.1f s "
+               "(%.1f MB/s)", files, size / staging.MB, copied / staging.MB,
+               config.stage_dir, seconds,
+               copied / staging.MB / max(seconds, 1e-6))
+  return splits, dict(event="staged", stage_dir=config.stage_dir,
+                      files=int(files), bytes=int(size),
+                      copied_bytes=int(copied), seconds=round(seconds, 3))
 
 
 def decider(config: TrainConfig, task: tasks.Task) -> tasks.Decider:

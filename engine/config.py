@@ -31,6 +31,8 @@ class TrainConfig:
   eval_shift: float  # a fraction of the width, as random_shift
   eval_shift_pixels: int  # --eval_shift_pixels, deprecated; 0: not given
   random_shift: float
+  random_transpose: bool  # volumes: a random order of their axes
+  stage_dir: str  # node-local storage to copy TFRecord files to; "": none
   # Model
   model: str
   model_params: dict
@@ -135,9 +137,11 @@ def config_from_flags() -> TrainConfig:
       random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
       eval_flip=FLAGS.eval_flip, eval_shift=FLAGS.eval_shift,
       eval_shift_pixels=FLAGS.eval_shift_pixels,
+      random_transpose=FLAGS.random_transpose, stage_dir=FLAGS.stage_dir,
       model=FLAGS.model,
       model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
-                        filters=FLAGS.filters, dropout=FLAGS.dropout,
+                        filters=FLAGS.filters, conv_layers=FLAGS.conv_layers,
+                        dropout=FLAGS.dropout,
                         weight_decay=FLAGS.weight_decay),
       task=FLAGS.task,
       task_params=dict(label_smoothing=FLAGS.label_smoothing,
@@ -225,7 +229,10 @@ def _data_params_from_flags() -> dict:
               test_examples=FLAGS.test_examples,
               validation_split=FLAGS.validation_split,
               skip_bad_files=FLAGS.skip_bad_files,
-              array_keys=tuple(FLAGS.array_keys))
+              array_keys=tuple(FLAGS.array_keys),
+              tfrecord_features=FLAGS.tfrecord_features,
+              tfrecord_compression=FLAGS.tfrecord_compression,
+              log_transform=FLAGS.log_transform)
 
 
 def _normalization_from_flags() -> Optional[tuple]:

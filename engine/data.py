@@ -28,6 +28,8 @@ a parallel decode of the batch's files) rather than through a shuffle
 buffer filled one example at a time, so a resumed run skips to its step
 without reading what it skips.
 """
+import functools
+import itertools
 import math
 import os
 
@@ -35,7 +37,8 @@ import numpy as np
 import tensorflow as tf
 
 from engine.datasets import (ArrayRows, DatasetInfo, Examples, ImageFiles,
-                             RecordFiles, Source, image_folder)
+                             RecordFiles, Source, image_folder,
+                             record_features)
 from engine.errors import UserError
 
 # Fixed parallelism rather than tf.data's autotuning: our per-batch work (a
@@ -50,6 +53,9 @@ PREFETCH_BATCHES = 2
 # buffer (serialized, before decoding: about 110 KB each for ImageNet).
 PARALLEL_FILES = 4
 RECORD_SHUFFLE_BUFFER = 4096
+# Declared features' records may be large (a 128^3 x 4 int16 volume is
+# 16 MB): their buffer holds at most this many bytes.
+RECORD_SHUFFLE_BYTES = 64 << 20
 
 
 def _without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -76,16 +82,27 @@ def steps_per_epoch(*, num_train: int, batch_size: int, world_size: int,
 def train_batches(source: Source, info: DatasetInfo, *,
                   rank: int, world_size: int, batch_size: int, steps: int,
                   seed: int, first_epoch: int, flip: bool, shift: float,
+                  transpose: bool = False,
                   first_step: int = 0) -> tf.data.Dataset:
   """This rank's training batches from `first_epoch` on, `steps` per epoch.
 
-  Normalized float32 images and their labels (int64 class ids, float
-  targets, or masks flipped and shifted with their images), one stream for
-  the whole run.
+  Normalized float32 images (or volumes) and their labels (int64 class
+  ids, float targets, or masks flipped and shifted with their images), one
+  stream for the whole run. Images are flipped left and right and shifted;
+  volumes flipped along each spatial axis and, with `transpose`, their axes
+  put in a random order (`augment_volumes`).
   A run resumed mid-epoch starts at `first_step` of `first_epoch`, with the
   very batches an uninterrupted run would have had there.
   """
-  if isinstance(source, RecordFiles):
+  augmented = _augmentation(info, rank=rank, world_size=world_size,
+                            flip=flip, shift=shift, transpose=transpose)
+  if isinstance(source, RecordFiles) and source.features:
+    batches = _declared_train_batches(
+        source, rank=rank, world_size=world_size, batch_size=batch_size,
+        steps=steps, seed=seed, first_epoch=first_epoch,
+        first_step=first_step).map(augmented,
+                                   num_parallel_calls=PARALLEL_BATCHES)
+  elif isinstance(source, RecordFiles):
     batches = _record_train_batches(
         source, info, rank=rank, world_size=world_size, batch_size=batch_size,
         steps=steps, seed=seed, first_epoch=first_epoch, first_step=first_step,
@@ -93,8 +110,8 @@ def train_batches(source: Source, info: DatasetInfo, *,
   else:
     batches = _indexed_train_batches(
         source, info, rank=rank, world_size=world_size, batch_size=batch_size,
-        steps=steps, seed=seed, first_epoch=first_epoch, first_step=first_step,
-        flip=flip, shift=shift)
+        steps=steps, seed=seed, first_epoch=first_epoch,
+        first_step=first_step, augmented=augmented)
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
 
 
@@ -107,8 +124,14 @@ def eval_batches(source: Source, info: DatasetInfo, *,
   hold more examples than others. Figures are reduced as sums and counts, so
   the result is exactly the whole split's.
   """
-  if isinstance(source, RecordFiles):
-    files = _rank_files(source, rank, world_size)
+  if isinstance(source, RecordFiles) and source.features:
+    files = tf.data.Dataset.from_tensor_slices(
+        list(rank_files(source, rank, world_size)))
+    batches = _declared_records(files, source).map(
+        source.features.decode,
+        num_parallel_calls=_decode_parallelism()).batch(batch_size)
+  elif isinstance(source, RecordFiles):
+    files = rank_files(source, rank, world_size)
     examples = _records(tf.data.Dataset.from_tensor_slices(list(files))).map(
         lambda record: _decode_eval(record, info, source.label_offset),
         num_parallel_calls=_decode_parallelism())
@@ -136,12 +159,12 @@ def eval_batches(source: Source, info: DatasetInfo, *,
 def _indexed_train_batches(source: Examples | ArrayRows | ImageFiles,
                            info: DatasetInfo, *, rank: int, world_size: int,
                            batch_size: int, steps: int, seed: int,
-                           first_epoch: int, first_step: int, flip: bool,
-                           shift: float) -> tf.data.Dataset:
+                           first_epoch: int, first_step: int,
+                           augmented) -> tf.data.Dataset:
   """Batches of examples chosen by index: each epoch a stateless shuffle of
   this rank's indices, cut into `steps` batches; then each batch's
-  examples are read (`_row_reader`, or decoded file by file), augmented
-  and normalized."""
+  examples are read (`_row_reader`, or decoded file by file) and
+  `augmented` (which normalizes them too)."""
   shard = tf.range(rank, len(source.labels), world_size, dtype=tf.int64)
   per_epoch = steps * batch_size
   passes = math.ceil(per_epoch / len(shard))
@@ -157,16 +180,6 @@ def _indexed_train_batches(source: Examples | ArrayRows | ImageFiles,
     return tf.data.Dataset.from_tensor_slices(batches).enumerate().map(
         lambda step, indices: (key, step, indices))
 
-  def augmented(epoch_key, step, images, labels):
-    key = tf.random.experimental.stateless_fold_in(
-        epoch_key, step * world_size + rank)
-    batch = augment(images, key, flip=flip, shift=shift,
-                    fill=info.shift_fill)
-    if is_mask(info):  # moved as its image is: the same key
-      labels = augment(labels[..., None], key, flip=flip, shift=shift,
-                       fill=info.shift_fill)[..., 0]
-    return normalize(batch, info), labels
-
   indices = (tf.data.Dataset.counter(first_epoch)
              .flat_map(epoch_indices)
              .skip(first_step))  # indices only: skipping costs nothing
@@ -177,6 +190,33 @@ def _indexed_train_batches(source: Examples | ArrayRows | ImageFiles,
   return indices.map(
       lambda key, step, rows: augmented(key, step, *read(rows)),
       num_parallel_calls=PARALLEL_BATCHES)
+
+
+def _augmentation(info: DatasetInfo, *, rank: int, world_size: int,
+                  flip: bool, shift: float, transpose: bool):
+  """The function from an epoch's key, a step and its batch to the batch
+  augmented and normalized: the draws keyed by (epoch, step, rank)."""
+  volumes = len(info.image_shape) == 4
+  if transpose and not (volumes and len(set(info.image_shape[:3])) == 1):
+    raise UserError(
+        "--random_transpose puts a volume's three axes in a random order: "
+        "for cubic volumes (DxDxDxC); these examples are "
+        f"{'x'.join(map(str, info.image_shape))}")
+
+  def augmented(epoch_key, step, images, labels):
+    key = tf.random.experimental.stateless_fold_in(
+        epoch_key, step * world_size + rank)
+    if volumes:
+      return normalize(augment_volumes(images, key, flip=flip,
+                                       transpose=transpose), info), labels
+    batch = augment(images, key, flip=flip, shift=shift,
+                    fill=info.shift_fill)
+    if is_mask(info):  # moved as its image is: the same key
+      labels = augment(labels[..., None], key, flip=flip, shift=shift,
+                       fill=info.shift_fill)[..., 0]
+    return normalize(batch, info), labels
+
+  return augmented
 
 
 def _row_reader(source: Examples | ArrayRows, info: DatasetInfo):
@@ -243,7 +283,7 @@ def _record_train_batches(source: RecordFiles, info: DatasetInfo, *,
   shuffle buffer of records. A rank whose files run out before `steps`
   batches starts another pass over them, so every rank runs `steps` steps.
   """
-  files = tf.constant(_rank_files(source, rank, world_size))
+  files = tf.constant(rank_files(source, rank, world_size))
   root_key = tf.constant([seed, 1], tf.int64)
 
   def epoch_batches(epoch):
@@ -270,7 +310,56 @@ def _record_train_batches(source: RecordFiles, info: DatasetInfo, *,
                num_parallel_calls=PARALLEL_BATCHES))
 
 
-def _rank_files(source: RecordFiles, rank: int,
+def _declared_train_batches(source: RecordFiles, *, rank: int,
+                            world_size: int, batch_size: int, steps: int,
+                            seed: int, first_epoch: int,
+                            first_step: int) -> tf.data.Dataset:
+  """(epoch key, step, inputs, labels) of each training batch streamed
+  from this rank's files of declared features, as stored.
+
+  As `_record_train_batches`, each epoch reads this rank's files in an
+  order permuted by (seed, epoch), several at a time, through a shuffle
+  buffer, and a rank whose files run out starts another pass. One-sample
+  files (CosmoFlow's) are shuffled by their order alone; the buffer holds
+  at most RECORD_SHUFFLE_BYTES of records, whatever their size.
+  """
+  files = tf.constant(rank_files(source, rank, world_size))
+  root_key = tf.constant([seed, 1], tf.int64)
+  buffer = max(1, min(RECORD_SHUFFLE_BUFFER, RECORD_SHUFFLE_BYTES // max(
+      1, source.features.input.size() * tf.as_dtype(
+          source.features.input.dtype).size)))
+
+  def epoch_batches(epoch):
+    key = tf.random.experimental.stateless_fold_in(root_key, epoch)
+
+    def one_pass(index):
+      pass_key = tf.random.experimental.stateless_fold_in(key, index)
+      order = tf.random.experimental.stateless_shuffle(files, pass_key)
+      # Each pass its own shuffle of the records, too.
+      shuffle_seed = tf.random.stateless_uniform(
+          [], pass_key, minval=0, maxval=2 ** 62, dtype=tf.int64)
+      return _declared_records(tf.data.Dataset.from_tensor_slices(order),
+                               source).shuffle(buffer, seed=shuffle_seed)
+
+    examples = tf.data.Dataset.counter().flat_map(one_pass).map(
+        source.features.decode, num_parallel_calls=_decode_parallelism())
+    return (examples.batch(batch_size, drop_remainder=True).take(steps)
+            .enumerate().map(lambda step, batch: (key, step, *batch)))
+
+  return (tf.data.Dataset.counter(first_epoch).flat_map(epoch_batches)
+          .skip(first_step))  # a stream: the skipped records are still read
+
+
+def _declared_records(files: tf.data.Dataset,
+                      source: RecordFiles) -> tf.data.Dataset:
+  """(file, index, record) of the files' records, several files at once."""
+  return files.interleave(
+      lambda file: record_features.records(file, source.compression),
+      cycle_length=PARALLEL_FILES, num_parallel_calls=PARALLEL_FILES,
+      deterministic=True)
+
+
+def rank_files(source: RecordFiles, rank: int,
                 world_size: int) -> tuple[str, ...]:
   if len(source.files) < world_size:
     raise UserError(
@@ -370,9 +459,39 @@ def is_mask(info: DatasetInfo) -> bool:
   return tuple(info.label_shape) == tuple(info.image_shape[:2])
 
 
+def augment_volumes(volumes: tf.Tensor, key: tf.Tensor, *, flip: bool,
+                    transpose: bool) -> tf.Tensor:
+  """Random flips of a batch of volumes [B, D, H, W, C] along each spatial
+  axis and, with `transpose`, a random order of the three axes, each
+  example its own: the symmetries of a box of matter (CosmoFlow's
+  augmentation), which change no physical parameter."""
+  count = tf.shape(volumes)[0]
+  if flip:
+    flips = tf.random.stateless_uniform(
+        [3, count], tf.random.experimental.stateless_fold_in(key, 0)) < 0.5
+    for axis in range(3):
+      volumes = tf.where(flips[axis][:, None, None, None, None],
+                         tf.reverse(volumes, axis=[axis + 1]), volumes)
+  if transpose:
+    orders = tf.random.stateless_uniform(
+        [count], tf.random.experimental.stateless_fold_in(key, 1),
+        maxval=len(_AXIS_ORDERS), dtype=tf.int32)
+    volumes = tf.map_fn(
+        lambda each: tf.switch_case(each[1], [
+            functools.partial(tf.transpose, each[0], order + (3,))
+            for order in _AXIS_ORDERS]),
+        (volumes, orders), fn_output_signature=volumes.dtype)
+  return volumes
+
+
+_AXIS_ORDERS = tuple(itertools.permutations(range(3)))
+
+
 def normalize(images: tf.Tensor, info: DatasetInfo) -> tf.Tensor:
-  """Featurewise standardization with the training set's channel statistics."""
+  """Featurewise standardization with the training set's channel
+  statistics, of the stored values transformed as the data set says
+  (log(1 + x) of CosmoFlow's counts)."""
   mean = tf.constant(info.mean, tf.float32)
   std = tf.constant(info.std, tf.float32)
-  return (tf.cast(images, tf.float32) - mean) / std
+  return (info.transformed(tf.cast(images, tf.float32)) - mean) / std
 

@@ -165,6 +165,12 @@ def sum_across_ranks(values, name: str) -> np.ndarray:
   return hvd.allreduce(tensor, op=hvd.Sum, name=name).numpy()
 
 
+def max_across_ranks(value: float, name: str) -> float:
+  """The largest of every rank's `value`: the slowest rank's seconds."""
+  return float(hvd.allreduce(tf.constant(value, tf.float64), op=hvd.Max,
+                             name=name).numpy())
+
+
 def broadcast_from_chief(variables) -> None:
   """Makes every rank's copy of `variables` equal to rank 0's."""
   hvd.broadcast_variables(variables, root_rank=0)

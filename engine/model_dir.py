@@ -131,6 +131,13 @@ class RunDirectory:
         logging.info("best %s so far: %.4f", _described(self._decider.key),
                      value)
 
+  def record_event(self, record: dict) -> None:
+    """Something of this start's besides its epochs (the staging), in
+    metrics.jsonl."""
+    with self._writes():
+      report.Reporter(self.model_dir, chief=True,
+                      epochs=self._config.epochs).event(record)
+
   def record_end(self, error: BaseException) -> None:
     """How the run stopped, when it stopped before finishing: the end
     record engine.runs reads. Best effort: a full disk may refuse it."""

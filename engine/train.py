@@ -62,6 +62,8 @@ def train(config: TrainConfig) -> TrainResult:
   # Distributed setup (Horovod, this process's device and cores), the data
   # set every rank reads its own shard of, and the model.
   world, splits, task, model = build.prepare(config)
+  # With --stage_dir, each rank reads its files from node-local copies.
+  splits, staged = build.stage(config, world, splits)
   info = splits.info
   logging.info("%s: %d train, %d test examples of %s", info.name,
                info.num_train, info.num_test,
@@ -91,6 +93,7 @@ def train(config: TrainConfig) -> TrainResult:
                     optimizer=optimizer, learning_rate=learning_rate,
                     train_step=train_step, eval_step=eval_step,
                     weight_average=weight_average, decider=decider,
+                    staged=staged,
                     stop=stopping.Target(config.target, config.patience,
                                          minimize=decider.minimize))
   state = elastic.TrainingState(loop.variables, run_state=None)
@@ -122,7 +125,7 @@ class _TrainLoop:
                learning_rate: schedules.WarmupThenDecay,
                train_step: steps.TrainStep, eval_step: steps.EvalStep,
                weight_average: Optional[ema.WeightAverage],
-               decider, stop: stopping.Target):
+               decider, staged: Optional[dict], stop: stopping.Target):
     self._config = config
     self._world = world
     self._splits = splits
@@ -133,6 +136,7 @@ class _TrainLoop:
     self._eval_step = eval_step
     self._weight_average = weight_average
     self._decider = decider
+    self._staged = staged  # the staging's record, for metrics.jsonl
     self._stop = stop
     self._rollbacks = 0  # in this process's life (see --max_rollbacks)
     self._elastic_state = None  # the call's elastic.TrainingState
@@ -246,6 +250,8 @@ class _TrainLoop:
       return committed, False
     position = distributed.on_chief(directory.open if directory else None,
                                     name="resume")
+    if directory and self._staged:
+      directory.record_event(self._staged)
     distributed.broadcast_from_chief(self.variables())
     if position is None:
       return RunState.beginning(global_batch, world.size), True

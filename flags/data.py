@@ -39,7 +39,7 @@ flags.DEFINE_float("eval_shift", 0.0,
                    "with --random_shift, which takes the same unit. 0 "
                    "disables.", lower_bound=0.0, upper_bound=0.5)
 flags.DEFINE_float("random_shift", 0.1,
-                   "In-memory data sets: augment training images with random "
+                   "Augment training images (not volumes) with random "
                    "shifts of up to this fraction of height and width (the "
                    "Horovod lab uses 0.2; CIFAR's pad-4-and-crop is 0.125); "
                    "0 disables.", lower_bound=0.0, upper_bound=0.5)
@@ -92,6 +92,34 @@ flags.register_validator("num_classes", lambda num: num == 0 or num >= 2,
 flags.DEFINE_integer("label_offset", 0,
                      "tfrecord: subtracted from stored labels (1 for "
                      "ImageNet TFRecords, whose labels run 1..1000).")
+flags.DEFINE_string(
+    "tfrecord_features", "",
+    "tfrecord: the records' input and label fields, NAME:KIND[:SHAPE] each, "
+    "the input first: KIND raw_<dtype> for an array's raw bytes (int16, "
+    "uint8, float32, ...), float32 or int64 for a list of values; e.g. "
+    "CosmoFlow's x:raw_int16:128x128x128x4,y:float32:4. Inputs are images "
+    "HxWxC or volumes DxHxWxC. Empty: features.txt beside the files (one "
+    "entry a line), else ImageNet's layout of encoded images "
+    "(docs/your-data.md).")
+flags.DEFINE_enum("tfrecord_compression", "auto",
+                  ["auto", "none", "gzip", "zlib"],
+                  "tfrecord: how the files are compressed; auto: detected "
+                  "from the first file's first bytes.")
+flags.DEFINE_bool("log_transform", False,
+                  "tfrecord with declared features: each stored value x "
+                  "becomes log(1 + x) before normalization (CosmoFlow's "
+                  "apply_log, for counts spanning orders of magnitude); the "
+                  "statistics are measured after it.")
+flags.DEFINE_bool("random_transpose", False,
+                  "Volumes (DxDxDxC): augment training examples with a "
+                  "random order of their three spatial axes (--random_flip "
+                  "flips volumes along each of the three).")
+flags.DEFINE_string(
+    "stage_dir", "",
+    "TFRecord files: before training, each process copies the files it "
+    "reads (its share) into this node-local directory ($TMPDIR, /tmp, a "
+    "burst buffer) and reads them there; a rerun reuses the copies of the "
+    "same size. The directory must exist. Empty: read from --data_dir.")
 flags.DEFINE_integer("train_examples", 0,
                      "tfrecord: training examples in the train-* files; "
                      "synthetic: how many to generate. 0: count the files "

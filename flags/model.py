@@ -20,8 +20,13 @@ flags.DEFINE_integer("depth", 16, "wrn: depth, 6n+4 (16 in WRN-16-10).",
 flags.DEFINE_integer("width", 10, "wrn: widening factor (10 in WRN-16-10).",
                      lower_bound=1)
 flags.DEFINE_integer("filters", 32,
-                     "cnn: filters of the first convolution (doubled in the "
-                     "second).", lower_bound=1)
+                     "cnn, unet, cosmoflow: filters of the first convolution "
+                     "(doubled in the next; cosmoflow: in each next block).",
+                     lower_bound=1)
+flags.DEFINE_integer("conv_layers", 0,
+                     "cosmoflow: convolution blocks (Conv3D, LeakyReLU, "
+                     "MaxPool3D); 0: as many as the volume's size allows, "
+                     "at most 5 (the reference's).", lower_bound=0)
 flags.DEFINE_float("dropout", 0.0, "Dropout rate inside the model.",
                    lower_bound=0.0, upper_bound=0.95)
 flags.DEFINE_float("weight_decay", 0.0,

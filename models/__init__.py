@@ -16,10 +16,11 @@ import tensorflow as tf
 from engine.errors import UserError
 from engine.errors import first_line
 from engine.registry import Registry
-from models import cnn, resnet, resnet9, unet, wrn
+from models import cnn, cosmoflow, resnet, resnet9, unet, wrn
 
 _MODELS = Registry("model", {
     "cnn": cnn.build,
+    "cosmoflow": cosmoflow.build,
     "resnet50": resnet.resnet50,
     "resnet9": resnet9.build,
     "resnet_small": resnet.resnet_small,

@@ -58,7 +58,8 @@ def load(name: str, *args, model_dir: str = "",
   training did; otherwise `normalization` (from flags), or the loader's own
   (loaders that sample their statistics take `normalization` to skip it).
   So are float targets' (a regression's): each target's mean and std over
-  the training set, recorded, or computed here.
+  the training set, recorded, or the loader's (measured on a sample of
+  streamed records), or computed here.
   """
   normalization = recorded_normalization(model_dir) or normalization
   for key, default in _DEFAULT_SIZES_OF.get(name, _DEFAULT_SIZES).items():
@@ -75,10 +76,12 @@ def load(name: str, *args, model_dir: str = "",
         splits.info, mean=tuple(normalization[0]),
         std=tuple(normalization[1])))
   info = splits.info
-  if _has_targets(info) and not info.label_mean:
+  _check_transform(model_dir, info)
+  if _has_targets(info):  # those recorded, the loader's, or computed here
+    target_statistics = recorded_target_statistics(model_dir) or (
+        {} if info.label_mean else _target_statistics(splits.train.labels))
     splits = dataclasses.replace(splits, info=dataclasses.replace(
-        info, **(recorded_target_statistics(model_dir)
-                 or _target_statistics(splits.train.labels))))
+        info, **target_statistics))
     info = splits.info
   if not len(info.mean) == len(info.std) == info.image_shape[-1]:
     raise UserError(f"normalization statistics of {len(info.mean)} and "
@@ -93,11 +96,24 @@ def record(model_dir: str, info: DatasetInfo) -> None:
   float targets') into model_dir."""
   write_classes(model_dir, info.classes())
   statistics = {"mean": list(info.mean), "std": list(info.std)}
+  if info.transform:  # what the statistics were measured on
+    statistics.update(transform=info.transform)
   if _has_targets(info):
     statistics.update(target_mean=list(info.label_mean),
                       target_std=list(info.label_std))
   with open(os.path.join(model_dir, NORMALIZATION_FILE), "w") as f:
     json.dump(statistics, f)
+
+
+def _check_transform(model_dir: str, info: DatasetInfo) -> None:
+  """The run's statistics were measured on values transformed as now."""
+  recorded = _read_normalization(model_dir)
+  if recorded and recorded["transform"] != info.transform:
+    raise UserError(
+        f"{os.path.join(model_dir, NORMALIZATION_FILE)}: this run normalizes "
+        f"{recorded['transform'] or 'untransformed'} values, and this start would read "
+        f"{info.transform or 'untransformed'} ones (--log_transform): give "
+        "the flag as the run started")
 
 
 def _has_targets(info: DatasetInfo) -> bool:
@@ -136,7 +152,7 @@ def recorded_normalization(model_dir: str) -> Optional[tuple]:
 def _read_normalization(model_dir: str) -> Optional[dict]:
   """normalization.json's statistics: mean and std, and target_mean and
   target_std if recorded; each a tuple of finite numbers, the stds
-  positive."""
+  positive; and the transform they were measured after ('' for none)."""
   path = os.path.join(model_dir, NORMALIZATION_FILE) if model_dir else ""
   if not path or not os.path.exists(path):
     return None
@@ -151,7 +167,7 @@ def _read_normalization(model_dir: str) -> Optional[dict]:
     if (min(stds, default=0) <= 0 or
         not all(map(math.isfinite, sum(statistics.values(), ())))):
       raise ValueError("not finite numbers with a positive std")
-    return statistics
+    return dict(statistics, transform=str(recorded.get("transform", "")))
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise UserError(f"{path}: unreadable ({e}); it records the run's "
                     "normalization: restore it, or delete it to recompute"

@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 # The classes' names, one a line in label order: written into a run's
 # model_dir, and beside TFRecords by engine.tools.to_tfrecords.
@@ -30,7 +31,8 @@ CLASSES_FILE = "classes.txt"
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
   name: str
-  image_shape: tuple[int, int, int]  # height, width, channels
+  # Height, width, channels; volumes: depth, height, width, channels.
+  image_shape: tuple[int, ...]
   num_classes: int
   num_train: int
   num_test: int
@@ -52,6 +54,14 @@ class DatasetInfo:
   # Float targets' mean and std each, of the training set (regression).
   label_mean: tuple[float, ...] = ()
   label_std: tuple[float, ...] = ()
+  # What stored values become before normalization, and what `mean` and
+  # `std` were measured on: "" (themselves) or "log1p", log(1 + x), for
+  # counts spanning orders of magnitude (CosmoFlow's particle counts).
+  transform: str = ""
+
+  def transformed(self, values: tf.Tensor) -> tf.Tensor:
+    """Stored values (float32), transformed as `transform` says."""
+    return tf.math.log1p(values) if self.transform == "log1p" else values
 
   def classes(self) -> tuple[str, ...]:
     """The name of each class, in label order."""
@@ -93,13 +103,17 @@ class ImageFiles:
 
 @dataclasses.dataclass(frozen=True)
 class RecordFiles:
-  """One split as TFRecord files of encoded images, read file by file.
+  """One split as TFRecord files, read file by file.
 
-  Each record holds `image/encoded` (JPEG or PNG bytes) and
-  `image/class/label` (int64), the layout of ImageNet's TFRecords.
+  Without `features`, each record holds `image/encoded` (JPEG or PNG
+  bytes) and `image/class/label` (int64), the layout of ImageNet's
+  TFRecords; with them, the declared input and label fields
+  (engine/datasets/record_features.py), such as CosmoFlow's volumes.
   """
   files: tuple[str, ...]
-  label_offset: int  # subtracted from stored labels (1 for 1-based labels)
+  label_offset: int = 0  # subtracted from stored labels (1 for 1-based)
+  features: Any = None   # a record_features.FeatureSpec
+  compression: str = ""  # TensorFlow's compression_type: "", GZIP, ZLIB
 
 
 Source = Examples | ArrayRows | ImageFiles | RecordFiles

@@ -1,19 +1,28 @@
-"""Sharded TFRecord files of encoded images: data sets too large for memory.
+"""Sharded TFRecord files: data sets too large for memory.
 
-The layout of ImageNet's TFRecords (as TensorFlow's build_imagenet_data.py
-writes them): files named train-* hold the training split, validation-* (or
-test-*) the evaluation split; each record has `image/encoded` (JPEG or PNG
-bytes) and `image/class/label` (int64). Nothing is read into memory here; the
-input pipeline splits the files across ranks and streams them. A
-`classes.txt` beside them (one name per line, in label order, as
-engine.tools.to_tfrecords writes) gives the classes' names and number,
-in place of --num_classes.
+Files named train-* (or the files of a train/ directory) hold the training
+split, validation-* or test-* (or validation/, test/) the evaluation split.
+Nothing is read into memory here; the input pipeline splits the files
+across ranks and streams them. Two layouts:
+
+* ImageNet's (as TensorFlow's build_imagenet_data.py writes them): each
+  record has `image/encoded` (JPEG or PNG bytes) and `image/class/label`
+  (int64).
+* Declared features (--tfrecord_features, or features.txt beside the
+  files; engine/datasets/record_features.py): arrays of any shape, such
+  as CosmoFlow's int16 volumes and float targets, GZIP or ZLIB-compressed.
+
+A `classes.txt` beside them (one name per line, in label order, as
+engine.tools.to_tfrecords writes) gives the classes' names and number, in
+place of --num_classes, or the names of a regression's targets.
 """
+import dataclasses
 import glob
 import os
 
 import tensorflow as tf
 
+from engine.datasets import record_features
 from engine.datasets.splits import (CLASSES_FILE, DatasetInfo, RecordFiles,
                                     Splits)
 from engine.errors import UserError
@@ -28,9 +37,12 @@ TEST_PREFIXES = ("validation", "test")
 
 def load(*, data_dir: str, image_size: int, num_classes: int,
          label_offset: int, train_examples: int, test_examples: int,
-         normalization=None) -> Splits:
-  """Example counts of 0 are counted by reading the files once.
-  `normalization` is (mean, std) to use rather than ImageNet's."""
+         tfrecord_features: str = "", tfrecord_compression: str = "auto",
+         log_transform: bool = False, normalization=None) -> Splits:
+  """Example counts of 0 are counted by reading the files once (records
+  of declared features are checked against the spec then).
+  `normalization` is (mean, std) to use rather than ImageNet's, or than
+  those measured on a sample of declared features' inputs."""
   if not data_dir:
     raise UserError("--dataset=tfrecord needs --data_dir=DIR holding train-* "
                     "and validation-* TFRecord files")
@@ -39,6 +51,19 @@ def load(*, data_dir: str, image_size: int, num_classes: int,
   train = _files(data_dir, TRAIN_PREFIXES)
   test = _files(data_dir, TEST_PREFIXES)
   class_names = _class_names(data_dir)
+  spec = record_features.spec_of(data_dir, tfrecord_features)
+  if spec:
+    return _declared(spec, train, test, class_names=class_names,
+                     num_classes=num_classes, train_examples=train_examples,
+                     test_examples=test_examples,
+                     compression=record_features.compression_of(
+                         train, tfrecord_compression),
+                     transform="log1p" if log_transform else "",
+                     normalization=normalization)
+  if log_transform:
+    raise UserError("--log_transform: for TFRecords of declared features "
+                    "(--tfrecord_features, features.txt), not ImageNet's "
+                    "layout of encoded images")
   mean, std = normalization or (IMAGENET_MEAN, IMAGENET_STD)
   info = DatasetInfo(
       name="tfrecord", image_shape=(image_size, image_size, 3),
@@ -51,17 +76,52 @@ def load(*, data_dir: str, image_size: int, num_classes: int,
                 info=info)
 
 
+def _declared(spec: record_features.FeatureSpec, train, test, *,
+              class_names, num_classes: int, train_examples: int,
+              test_examples: int, compression: str, transform: str,
+              normalization) -> Splits:
+  """The splits of records of declared features; the inputs' statistics
+  (and float targets') measured on a sample of the training records."""
+  label = spec.label
+  targets = not label.raw and label.dtype == "float32"
+  info = DatasetInfo(
+      name="tfrecord", image_shape=spec.input.shape,
+      num_classes=0 if targets else len(class_names) or num_classes,
+      num_train=train_examples or record_features.check_and_count(
+          train, spec, compression),
+      num_test=test_examples or record_features.check_and_count(
+          test, spec, compression),
+      mean=(), std=(), class_names=class_names, image_dtype=spec.input.dtype,
+      label_shape=label.shape, label_dtype=label.dtype, transform=transform)
+  if normalization and not targets:
+    statistics = dict(zip(("mean", "std"), normalization))
+  else:
+    statistics = record_features.statistics(train, spec, compression,
+                                            info.transformed)
+  return Splits(
+      train=RecordFiles(train, features=spec, compression=compression),
+      test=RecordFiles(test, features=spec, compression=compression),
+      info=dataclasses.replace(info, **statistics))
+
+
 def _files(data_dir: str, prefixes) -> tuple[str, ...]:
+  """The split's files: PREFIX-* in data_dir, or those in PREFIX/."""
   for prefix in prefixes:
     files = sorted(glob.glob(os.path.join(data_dir, prefix + "-*")))
     for path in files:
       if os.path.isdir(path):
         raise UserError(f"{path}: a directory among the {prefix}-* TFRecord "
                         "files; move it out of --data_dir")
+    folder = os.path.join(data_dir, prefix)
+    if not files and os.path.isdir(folder):
+      files = sorted(path for path in glob.glob(os.path.join(folder, "*"))
+                     if os.path.isfile(path))
     if files:
       return tuple(files)
   names = " or ".join(p + "-*" for p in prefixes)
-  raise UserError(f"--data_dir={data_dir}: no {names} TFRecord files")
+  folders = " or ".join(p + "/" for p in prefixes)
+  raise UserError(f"--data_dir={data_dir}: no {names} TFRecord files (nor "
+                  f"files in {folders})")
 
 
 def _class_names(data_dir: str) -> tuple[str, ...]:
