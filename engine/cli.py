@@ -26,6 +26,7 @@ from engine import distributed
 from engine import liveness
 from engine import preemption
 from engine import user_code
+from engine.datasets import record_features
 from engine.errors import UserError
 from engine.errors import WorkerLost
 from flags.data import DEPRECATED as DEPRECATED_FLAGS
@@ -140,8 +141,11 @@ def _bad_input_found_while_training(error: tf.errors.InvalidArgumentError
                                     ) -> str:
   """Data the start-up checks could not see: an image whose first bytes
   looked right (image_folder checks only those), a label beyond the
-  classes, a record of the wrong shape."""
+  classes, a record that does not match its declared features."""
   detail = _op_detail(error)
+  mismatch = record_features.mismatch(error)
+  if mismatch:  # its file, index and field (counts from flags skip the check)
+    return mismatch
   if "image" in error.message.lower():
     return (f"an image failed to decode while training ({detail}); its "
             "first bytes looked right at start-up: replace or remove the "

@@ -318,14 +318,15 @@ def _declared_train_batches(source: RecordFiles, *, rank: int,
   from this rank's files of declared features, as stored.
 
   As `_record_train_batches`, each epoch reads this rank's files in an
-  order permuted by (seed, epoch), several at a time, through a shuffle
-  buffer, and a rank whose files run out starts another pass. One-sample
-  files (CosmoFlow's) are shuffled by their order alone; the buffer holds
-  at most RECORD_SHUFFLE_BYTES of records, whatever their size.
+  order permuted by (seed, epoch), several at a time, and a rank whose
+  files run out starts another pass. Records are then shuffled within
+  windows of at most RECORD_SHUFFLE_BYTES, whatever their size, each
+  window by its own stateless draw, so every pass of every epoch differs.
+  One-sample files (CosmoFlow's) are shuffled by their order alone.
   """
   files = tf.constant(rank_files(source, rank, world_size))
   root_key = tf.constant([seed, 1], tf.int64)
-  buffer = max(1, min(RECORD_SHUFFLE_BUFFER, RECORD_SHUFFLE_BYTES // max(
+  window = max(1, min(RECORD_SHUFFLE_BUFFER, RECORD_SHUFFLE_BYTES // max(
       1, source.features.input.size() * tf.as_dtype(
           source.features.input.dtype).size)))
 
@@ -335,11 +336,9 @@ def _declared_train_batches(source: RecordFiles, *, rank: int,
     def one_pass(index):
       pass_key = tf.random.experimental.stateless_fold_in(key, index)
       order = tf.random.experimental.stateless_shuffle(files, pass_key)
-      # Each pass its own shuffle of the records, too.
-      shuffle_seed = tf.random.stateless_uniform(
-          [], pass_key, minval=0, maxval=2 ** 62, dtype=tf.int64)
-      return _declared_records(tf.data.Dataset.from_tensor_slices(order),
-                               source).shuffle(buffer, seed=shuffle_seed)
+      return _shuffled_in_windows(_declared_records(
+          tf.data.Dataset.from_tensor_slices(order), source), window,
+                                  pass_key)
 
     examples = tf.data.Dataset.counter().flat_map(one_pass).map(
         source.features.decode, num_parallel_calls=_decode_parallelism())
@@ -348,6 +347,20 @@ def _declared_train_batches(source: RecordFiles, *, rank: int,
 
   return (tf.data.Dataset.counter(first_epoch).flat_map(epoch_batches)
           .skip(first_step))  # a stream: the skipped records are still read
+
+
+def _shuffled_in_windows(records: tf.data.Dataset, size: int,
+                         key: tf.Tensor) -> tf.data.Dataset:
+  """The records, `size` at a time, each window in an order drawn from
+  (key, window)."""
+  def permuted(index, window):
+    order = tf.random.experimental.stateless_shuffle(
+        tf.range(tf.shape(window[0])[0]),
+        tf.random.experimental.stateless_fold_in(key, index))
+    return tf.data.Dataset.from_tensor_slices(
+        tuple(tf.gather(part, order) for part in window))
+
+  return records.batch(size).enumerate().flat_map(permuted)
 
 
 def _declared_records(files: tf.data.Dataset,

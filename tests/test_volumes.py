@@ -466,3 +466,25 @@ def test_a_mismatched_record_stops_the_run_in_one_line_touching_nothing(
       "(empty or missing?); the spec says "
       f"x:raw_int16:{SIZE}x{SIZE}x{SIZE}x2, 2048")
   assert not model_dir.exists()
+
+
+def test_a_mismatch_found_while_training_is_the_same_one_line(tmp_path):
+  """Counts from flags skip the start-up reading; the statistics' sample
+  takes the first 16 records of each of 4 files: record 18 is found as the
+  pipeline decodes it."""
+  data_dir = write(tmp_path / "data", per_file=20,
+                   records=lambda split, f, i, record: (
+                       example(np.zeros((SIZE, SIZE, SIZE, 2)), [0.0] * 2)
+                       if (split, f, i) == ("train", 3, 18) else record))
+  model_dir = tmp_path / "run"
+  result = fixtures.launch(
+      ["-m", "engine.train", "--dataset=tfrecord", f"--data_dir={data_dir}",
+       "--task=regression", "--model=cosmoflow", "--filters=2",
+       "--train_examples=80", "--test_examples=40", "--batch_size=4",
+       "--epochs=1", "--progress=none", f"--model_dir={model_dir}"])
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "epoch 1/1" not in result.stderr
+  path = os.path.join(data_dir, "train", "cosmo_003.tfrecord")
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"engine.train: error: {path}: record 18: field y holds 2 values "
+      "(empty or missing?); the spec says y:float32:3, 3")
