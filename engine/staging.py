@@ -40,6 +40,7 @@ def stage(splits: Splits, *, data_dir: str, stage_dir: str, rank: int,
   """The splits reading this rank's files from `stage_dir`, copied there
   if they are not yet."""
   began = time.monotonic()
+  stage_dir = _expanded(stage_dir)
   if not (isinstance(splits.train, RecordFiles)
           and isinstance(splits.test, RecordFiles)):
     raise UserError(f"--stage_dir={stage_dir}: staging copies TFRecord files "
@@ -73,6 +74,16 @@ def stage(splits: Splits, *, data_dir: str, stage_dir: str, rank: int,
           Staged(files=len(staged),
                  bytes=sum(map(os.path.getsize, staged.values())),
                  copied_bytes=needed, seconds=time.monotonic() - began))
+
+
+def _expanded(stage_dir: str) -> str:
+  """`stage_dir` with this process's environment variables ('$TMPDIR',
+  quoted on the command line: each node's own)."""
+  expanded = os.path.expandvars(stage_dir)
+  if "$" in expanded:
+    raise UserError(f"--stage_dir={stage_dir}: {expanded} names an "
+                    "environment variable this process does not have")
+  return expanded
 
 
 def _staged_name(data_dir: str) -> str:

@@ -37,3 +37,10 @@ flags.DEFINE_float(
     "reconstruction: the standard deviation of the Gaussian noise added to "
     "each (normalized) input image, which the model removes; 0: a plain "
     "autoencoder.", lower_bound=0.0)
+flags.DEFINE_bool(
+    "standardize_targets", True,
+    "regression: the model predicts each target standardized (minus its "
+    "training mean, over its std; the statistics recorded in model_dir). "
+    "false: the targets as stored, for targets already scaled to the "
+    "model's output range (CosmoFlow's, in [-1, 1], for its tanh outputs "
+    "scaled by 1.2).")

@@ -1,7 +1,9 @@
 """Tasks other than classification keep every guarantee, on two processes.
 
 Two launches of `horovodrun -np 2`: the worker (tests/workers/task_runs.py:
-regression runs in one process each, resumed, diverged), and the command
+regression, segmentation, reconstruction, a GAN and CosmoFlow's volumes,
+each straight through and resumed; a diverged regression; a damaged
+volume), and the command
 line with a user's task from a file (examples/focal_task.py), whose
 model_dir the tests read with TensorBoard's reader, engine.runs, the
 SavedModel loader and engine.evaluate.
@@ -14,9 +16,16 @@ import pytest
 import tensorflow as tf
 
 from engine import runs
+from engine.datasets import record_features
+from engine.tools import make_volumes
 from tests import fixtures
 
 WORKER = os.path.join(fixtures.REPO, "tests", "workers", "task_runs.py")
+# 16^3 volumes of 2 channels, 2 a file: 12 training files, 5 validation
+# files (3 on rank 0, 2 on rank 1: uneven).
+VOLUMES = dict(size=16, channels=2, train=24, validation=10,
+               samples_per_file=2, seed=3)
+DAMAGED_FILE = "{}/validation/cosmo_00003.tfrecord.gz"
 FOCAL = "examples/focal_task.py:FocalLoss"
 
 
@@ -27,8 +36,15 @@ def worker(tmp_path_factory):
                                            num_train=193)
   fashion_mnist = fixtures.write_fashion_mnist(str(out / "fashion_mnist"),
                                                101, 37)
-  result = fixtures.launch([WORKER, str(out), arrays, fashion_mnist],
-                           processes=2)
+  volumes, damaged = (str(out / name) for name in ("volumes_data", "damaged"))
+  for directory in (volumes, damaged):
+    make_volumes.write(directory, **VOLUMES)
+  with tf.io.TFRecordWriter(DAMAGED_FILE.format(damaged), "GZIP") as writer:
+    writer.write(make_volumes.example(
+        np.zeros((16, 16, 16, 2), np.int16), np.zeros(3, np.float32)))
+  (out / "stage").mkdir()
+  result = fixtures.launch([WORKER, str(out), arrays, fashion_mnist, volumes,
+                            damaged], processes=2)
   assert result.returncode == 0, result.stderr[-3000:]
   return out, [json.loads((out / f"rank{r}.json").read_text())
                for r in range(2)]
@@ -42,7 +58,7 @@ def regression(worker):
 
 @pytest.fixture(scope="module",
                 params=["regression", "segmentation", "reconstruction",
-                        "gan"])
+                        "gan", "volumes"])
 def each_task(worker, request):
   out, ranks = worker
   return out, request.param, [rank[request.param] for rank in ranks]
@@ -73,7 +89,9 @@ def test_figures_are_exactly_the_whole_test_splits(each_task):
            "segmentation": {"val_pixel_accuracy", "val_mean_iou",
                             "val_iou/background", "val_iou/Ankle boot"},
            "reconstruction": {"val_mse", "val_mae", "val_psnr"},
-           "gan": {"val_fooled", "val_real_accuracy", "train_generator_loss"}}
+           "gan": {"val_fooled", "val_real_accuracy", "train_generator_loss"},
+           "volumes": {"val_mae", "val_rmse", "val_r2", "val_mae/amplitude",
+                       "val_mae/slope", "val_r2/nonlinearity"}}
   for rank in ranks:
     reported = rank["history"][-1]
     for name, value in rank["whole_split"].items():
@@ -85,7 +103,8 @@ def test_figures_are_exactly_the_whole_test_splits(each_task):
     assert named[task] <= reported.keys()
   assert ranks[0]["history"][-1]["best_metric"] == {
       "regression": "val_mae:min", "segmentation": "val_mean_iou:max",
-      "reconstruction": "val_psnr:max", "gan": "val_fooled:max"}[task]
+      "reconstruction": "val_psnr:max", "gan": "val_fooled:max",
+      "volumes": "val_mae:min"}[task]
   figures = [[{k: v for k, v in record.items()
                if k.startswith(("train_", "val_"))}
               for record in rank["history"]] for rank in ranks]
@@ -248,3 +267,51 @@ def test_the_gan_checkpoints_both_optimizers(worker):
       str(out / "gan" / "checkpoints"))]
   for optimizer in ("generator", "discriminator"):
     assert any(f"optimizer/by_name/{optimizer}/" in name for name in names)
+
+
+def test_each_process_stages_its_share_once_and_a_rerun_copies_nothing(
+    worker):
+  out, _ = worker
+  data_dir = out / "volumes_data"
+  sources = sorted(p.relative_to(data_dir) for p in data_dir.glob("*/*.gz"))
+  assert len(sources) == 17
+  (folder,) = (out / "stage").iterdir()
+  assert sorted(p.relative_to(folder) for p in folder.glob("*/*")) == sources
+  size = sum(os.path.getsize(data_dir / p) for p in sources)
+  staged = [[r for r in map(json.loads, (out / name / "metrics.jsonl")
+                            .read_text().splitlines())
+             if r.get("event") == "staged"]
+            for name in ("volumes", "volumes_resumed")]
+  # Straight through; then stopped after epoch 1, and resumed: 3 starts.
+  assert [[(r["files"], r["bytes"], r["copied_bytes"]) for r in starts]
+          for starts in staged] == [[(17, size, size)],
+                                    [(17, size, 0), (17, size, 0)]]
+  assert all(r["seconds"] >= 0 for starts in staged for r in starts)
+
+
+def test_the_volumes_export_takes_stored_counts(worker):
+  out, ranks = worker
+  exported = tf.saved_model.load(str(out / "volumes" / "export" / "final"))
+  spec = record_features.spec_of(str(out / "volumes_data"), "")
+  volumes, targets = [], []
+  for path in sorted((out / "volumes_data" / "validation").glob("*")):
+    for volume, target in record_features.records(
+        str(path), "GZIP").map(spec.decode):
+      volumes.append(volume.numpy())
+      targets.append(target.numpy())
+  served = exported.signatures["serving_default"](
+      images=tf.constant(np.stack(volumes)))["predictions"].numpy()
+  assert served.shape == (10, 4)
+  mae = np.abs(served - np.stack(targets)).mean()
+  assert mae == pytest.approx(ranks[0]["volumes"]["history"][-1]["val_mae"],
+                              rel=1e-4)
+
+
+def test_a_damaged_volume_is_named_on_every_rank_touching_nothing(worker):
+  out, ranks = worker
+  path = DAMAGED_FILE.format(out / "damaged")
+  for rank in ranks:
+    assert rank["volumes"]["damaged"] == (
+        f"{path}: record 0: field y holds 3 values (empty or missing?); "
+        "the spec says y:float32:4, 4")
+    assert rank["volumes"]["damaged_model_dir_made"] is False

@@ -67,6 +67,15 @@ def test_regression_losses_on_standardized_targets(loss, expected):
       pytest.approx(expected)
 
 
+def test_targets_as_stored_when_not_standardized():
+  task = tasks.build("regression", TARGETS, standardize_targets=False)
+  labels = tf.constant([[10.0, -3.0]])
+  outputs = tf.constant([[9.0, -1.0]])
+  assert float(task.loss(labels, outputs)[0]) == pytest.approx(
+      (1.0 + 4.0) / 2)
+  np.testing.assert_array_equal(task.predictions(outputs), outputs)
+
+
 def test_an_unknown_regression_loss_is_one_line():
   with pytest.raises(UserError, match=r"--loss=hinge: the regression task's "
                      "losses are mse, mae, huber"):

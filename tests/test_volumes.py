@@ -488,3 +488,17 @@ def test_a_mismatch_found_while_training_is_the_same_one_line(tmp_path):
   assert result.stderr.strip().splitlines()[-1] == (
       f"engine.train: error: {path}: record 18: field y holds 2 values "
       "(empty or missing?); the spec says y:float32:3, 3")
+
+
+def test_the_stage_dir_is_expanded_in_each_process(data_dir, tmp_path,
+                                                   monkeypatch):
+  monkeypatch.setenv("NODE_LOCAL", str(tmp_path))
+  staged_splits, _ = staging.stage(
+      load(data_dir), data_dir=str(data_dir), stage_dir="$NODE_LOCAL",
+      rank=0, world_size=1)
+  assert staged_splits.train.files[0].startswith(str(tmp_path))
+  monkeypatch.delenv("NODE_LOCAL")
+  with pytest.raises(UserError, match=r"--stage_dir=\$NODE_LOCAL: "
+                     r"\$NODE_LOCAL names an environment variable"):
+    staging.stage(load(data_dir), data_dir=str(data_dir),
+                  stage_dir="$NODE_LOCAL", rank=0, world_size=1)

@@ -3,7 +3,9 @@
 The model predicts standardized targets (each target minus its training
 mean, over its training std, the statistics recorded in model_dir as the
 images' are), so the loss weighs targets of different units alike and a
-model's usual initialization fits. Every figure is reported in the
+model's usual initialization fits; or, with --standardize_targets=false,
+the targets as stored, when they are already scaled to the model's output
+range (CosmoFlow's). Every figure is reported in the
 targets' own units: MAE, RMSE and R², overall (the mean over targets)
 and, for several targets, per target as `mae/<target>` (named by the data
 set's class_names), from sums of errors, squared errors, targets and
@@ -24,25 +26,29 @@ class Regression(Task):
   best_metric = "mae:min"
   labels = "targets"
 
-  def __init__(self, info, *, loss: str = ""):
+  def __init__(self, info, *, loss: str = "",
+               standardize_targets: bool = True):
     """`loss` (--loss): mse (the default), mae or huber (quadratic within
-    one std of the target, linear beyond)."""
+    one std of the target, linear beyond). `standardize_targets=False`:
+    the model predicts the targets as stored (already in its outputs'
+    range, as CosmoFlow's in [-1, 1] for its tanh outputs)."""
     super().__init__(info)
     self.loss_name = loss or "mse"
     if self.loss_name not in LOSSES:
       raise UserError(f"--loss={loss}: the regression task's losses are "
                       f"{', '.join(LOSSES)}")
     (self.targets,) = info.label_shape
-    self._mean = tf.constant(info.label_mean or [0.0] * self.targets,
-                             tf.float32)
-    self._std = tf.constant(info.label_std or [1.0] * self.targets,
-                            tf.float32)
+    standardized = standardize_targets and info.label_mean
+    self._mean = tf.constant(
+        info.label_mean if standardized else [0.0] * self.targets, tf.float32)
+    self._std = tf.constant(
+        info.label_std if standardized else [1.0] * self.targets, tf.float32)
 
   def output_shape(self):
     return (self.targets,)
 
   def loss(self, labels, outputs):
-    error = outputs - (labels - self._mean) / self._std
+    error = outputs - self.standardized(labels)
     if self.loss_name == "mae":
       each = tf.abs(error)
     elif self.loss_name == "huber":
@@ -50,6 +56,10 @@ class Regression(Task):
     else:
       each = tf.square(error)
     return tf.reduce_mean(each, axis=-1)
+
+  def standardized(self, labels):
+    """Targets as the model predicts them."""
+    return (labels - self._mean) / self._std
 
   def predictions(self, outputs):
     """In the targets' units."""

@@ -3,13 +3,17 @@ the engine gives classifiers, for other tasks. Each rank writes what it
 observed to OUT/rank<r>.json.
 
 1. Regression on arrays of float targets, segmentation of Fashion-MNIST
-   files' masks, their denoising (reconstruction) and a GAN's own step
-   (examples/dcgan.py; all --deterministic): the weights after training, on
-   every rank; the reported validation figures against the whole test
-   split evaluated by this rank alone; and a run stopped after epoch 1 and
-   resumed, against the run straight through.
+   files' masks, their denoising (reconstruction), a GAN's own step
+   (examples/dcgan.py) and CosmoFlow's regression of generated volumes
+   from GZIP TFRecords staged to a node-local directory (all
+   --deterministic): the weights after training, on every rank; the
+   reported validation figures against the whole test split evaluated by
+   this rank alone; and a run stopped after epoch 1 and resumed, against
+   the run straight through.
 2. Regression with a learning rate that diverges: the error every rank
    raises.
+3. Volumes with a record that does not match the spec: the error every
+   rank raises, and whether model_dir was made.
 """
 import dataclasses
 import json
@@ -22,7 +26,7 @@ import tensorflow as tf
 
 from engine import data, datasets, metrics
 from engine import train as engine_train
-from engine.errors import Diverged
+from engine.errors import Diverged, UserError
 from tests import fixtures
 
 
@@ -112,11 +116,38 @@ def gan(out_dir: str, fashion_mnist: str) -> dict:
       progress="none", model_dir=os.path.join(out_dir, "gan")), "gan")
 
 
-def main(out_dir: str, arrays: str, fashion_mnist: str) -> None:
+def volumes(out_dir: str, volumes_dir: str, damaged_dir: str) -> dict:
+  """CosmoFlow's layout: log(1 + x), flips and transposes, staging."""
+  defaults = fixtures.train_config()
+  config = fixtures.train_config(
+      dataset="tfrecord", data_dir=volumes_dir, task="regression",
+      model="cosmoflow", model_params={**defaults.model_params, "filters": 2},
+      data_params={**defaults.data_params, "log_transform": True},
+      task_params={**defaults.task_params, "standardize_targets": False},
+      random_flip=True, random_transpose=True,
+      stage_dir=os.path.join(out_dir, "stage"), batch_size=4, epochs=2,
+      base_lr=0.003, deterministic=True, progress="none",
+      model_dir=os.path.join(out_dir, "volumes"))
+  observed = straight_and_resumed(config, "volumes")
+  damaged = dataclasses.replace(
+      config, data_dir=damaged_dir,
+      model_dir=os.path.join(out_dir, "damaged_run"))
+  try:
+    engine_train.train(damaged)
+    observed["damaged"] = None
+  except UserError as e:
+    observed["damaged"] = str(e)
+  observed["damaged_model_dir_made"] = os.path.exists(damaged.model_dir)
+  return observed
+
+
+def main(out_dir: str, arrays: str, fashion_mnist: str, volumes_dir: str,
+         damaged_dir: str) -> None:
   observed = {"regression": regression(out_dir, arrays),
               "segmentation": segmentation(out_dir, fashion_mnist),
               "reconstruction": reconstruction(out_dir, fashion_mnist),
-              "gan": gan(out_dir, fashion_mnist)}
+              "gan": gan(out_dir, fashion_mnist),
+              "volumes": volumes(out_dir, volumes_dir, damaged_dir)}
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump(observed, f)
 
