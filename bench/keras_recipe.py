@@ -13,6 +13,10 @@ flagfile from flags/), this trains with `model.fit` and
 - label smoothing through `CategoricalCrossentropy(label_smoothing=...)`;
 - for --task=segmentation, per-pixel `SparseCategoricalCrossentropy` and
   Keras' `MeanIoU` as its metric;
+- for --task=regression, Keras' MSE, MAE or Huber loss (--loss) on the
+  targets as the task's model predicts them (standardized, or as stored),
+  and Keras' `MeanAbsoluteError` as its metric: CosmoFlow's reference
+  (mlcommons/hpc) trains this way;
 - a moving average of the weights through the optimizer's own `use_ema`;
 - Horovod's callbacks: rank 0's weights broadcast, metrics averaged.
 
@@ -47,7 +51,7 @@ from engine import optimizers
 from engine import report
 from engine import step as steps
 from engine.config import config_from_flags
-from engine.tasks import Segmentation
+from engine.tasks import Regression, Segmentation
 
 
 def main(argv):
@@ -62,11 +66,19 @@ def main(argv):
   batches = data.train_batches(
       splits.train, info, rank=world.rank, world_size=world.size,
       batch_size=config.batch_size, steps=steps_per_epoch, seed=config.seed,
-      first_epoch=0, flip=config.random_flip, shift=config.random_shift)
+      first_epoch=0, flip=config.random_flip, shift=config.random_shift,
+      transpose=config.random_transpose)
   if segmentation:
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     metric = tf.keras.metrics.MeanIoU(info.num_classes, sparse_y_pred=False,
                                       name="train_metric")
+  elif isinstance(task, Regression):
+    batches = batches.map(lambda images, labels: (
+        images, task.standardized(labels)))
+    loss = {"mse": tf.keras.losses.MeanSquaredError(),
+            "mae": tf.keras.losses.MeanAbsoluteError(),
+            "huber": tf.keras.losses.Huber()}[task.loss_name]
+    metric = tf.keras.metrics.MeanAbsoluteError(name="train_metric")
   else:
     batches = batches.map(lambda images, labels: (
         images, tf.one_hot(labels, info.num_classes)))

@@ -105,7 +105,8 @@ def range_test(config: TrainConfig, *, min_lr: float,
   batches = iter(data.train_batches(
       splits.train, splits.info, rank=world.rank, world_size=world.size,
       batch_size=step_batch, steps=steps_per_epoch, seed=config.seed,
-      first_epoch=0, flip=config.random_flip, shift=config.random_shift))
+      first_epoch=0, flip=config.random_flip, shift=config.random_shift,
+      transpose=config.random_transpose))
   distributed.broadcast_from_chief(model.variables)
   window = metrics.StepWindow(train_step.totals)
   rates, losses = [], []

@@ -502,3 +502,18 @@ def test_the_stage_dir_is_expanded_in_each_process(data_dir, tmp_path,
                      r"\$NODE_LOCAL names an environment variable"):
     staging.stage(load(data_dir), data_dir=str(data_dir),
                   stage_dir="$NODE_LOCAL", rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("program", ["engine.train", "engine.find_lr"])
+def test_random_transpose_reaches_the_pipeline(tmp_path, program):
+  data_dir = write(tmp_path / "data", records=lambda split, f, i, record: (
+      example(np.zeros((8, 8, 4, 2)), [0.0] * 3)), features_file=False)
+  result = fixtures.launch(
+      ["-m", program, "--dataset=tfrecord", f"--data_dir={data_dir}",
+       "--tfrecord_features=x:raw_int16:8x8x4x2,y:float32:3",
+       "--task=regression", "--model=cosmoflow", "--filters=2",
+       "--random_transpose", "--batch_size=2", "--progress=none",
+       f"--model_dir={tmp_path / 'run'}"])
+  assert result.returncode == 2
+  assert "--random_transpose puts a volume's three axes in a random order" \
+      in result.stderr.strip().splitlines()[-1]
