@@ -187,24 +187,39 @@ def records(file: str, compression: str) -> tf.data.Dataset:
 def check_and_count(files, spec: FeatureSpec, compression: str) -> int:
   """Decodes every record of `files` as training will: their number, or a
   UserError naming the first that does not match (its file, index and
-  field) or cannot be read."""
-  count = 0
+  field) or cannot be read.
+
+  One stream over all the files, several read at once; only when it fails
+  are they read again one by one, to name the file and the record.
+  """
+  try:
+    return int(_decoded(files, spec, compression).reduce(
+        np.int64(0), lambda count, _: count + 1))
+  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+    raise UserError(mismatch(e) or _first_bad_record(files, spec,
+                                                     compression)) from None
+
+
+def _decoded(files, spec: FeatureSpec, compression: str) -> tf.data.Dataset:
+  return tf.data.Dataset.from_tensor_slices(list(files)).interleave(
+      lambda file: records(file, compression), cycle_length=4,
+      num_parallel_calls=4).map(spec.decode, num_parallel_calls=4)
+
+
+def _first_bad_record(files, spec: FeatureSpec, compression: str) -> str:
+  """The line naming the first record of `files` that fails to decode."""
   for file in files:
     index = 0
     try:
       for _ in records(file, compression).map(spec.decode):
         index += 1
     except tf.errors.InvalidArgumentError as e:
-      raise UserError(mismatch(e) or f"{file}: record {index}: "
-                      f"{_detail(e)}") from None
+      return mismatch(e) or f"{file}: record {index}: {_detail(e)}"
     except tf.errors.DataLossError as e:
-      raise UserError(
-          f"{file}: record {index}: unreadable ({_detail(e)}); a truncated "
-          "or damaged file, or one compressed otherwise than "
-          f"{(compression or 'none').lower()} (--tfrecord_compression)"
-      ) from None
-    count += index
-  return count
+      return (f"{file}: record {index}: unreadable ({_detail(e)}); a "
+              "truncated or damaged file, or one compressed otherwise than "
+              f"{(compression or 'none').lower()} (--tfrecord_compression)")
+  return f"{files[0]}, ...: a record failed to decode, then decoded"
 
 
 def mismatch(error: tf.errors.OpError) -> str:
@@ -227,18 +242,20 @@ def statistics(files, spec: FeatureSpec, compression: str,
   records of up to STATISTICS_SAMPLE files spread over them."""
   per_file = max(1, math.ceil(STATISTICS_SAMPLE / len(files)))
   chosen = files[::max(1, len(files) // STATISTICS_SAMPLE)][:STATISTICS_SAMPLE]
+  sample = tf.data.Dataset.from_tensor_slices(list(chosen)).interleave(
+      lambda file: records(file, compression).take(per_file),
+      cycle_length=4, num_parallel_calls=4).map(spec.decode,
+                                                num_parallel_calls=4)
   channel = _Moments()
   label = _Moments()
-  for file in chosen:
-    try:
-      for inputs, labels in records(file, compression).take(per_file).map(
-          spec.decode):
-        channel.add(transform(tf.cast(inputs, tf.float32)).numpy().reshape(
-            -1, spec.input.shape[-1]))
-        label.add(labels.numpy().reshape(1, -1))
-    except tf.errors.OpError as e:
-      raise UserError(mismatch(e) or f"{file}: unreadable ({_detail(e)})"
-                      ) from None
+  try:
+    for inputs, labels in sample:
+      channel.add(transform(tf.cast(inputs, tf.float32)).numpy().reshape(
+          -1, spec.input.shape[-1]))
+      label.add(labels.numpy().reshape(1, -1))
+  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+    raise UserError(mismatch(e) or _first_bad_record(chosen, spec,
+                                                     compression)) from None
   mean, std = channel.result()
   statistics = dict(mean=mean, std=std)
   if not spec.label.raw and spec.label.dtype == "float32":
