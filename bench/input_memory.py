@@ -17,6 +17,10 @@ Formats:
   arrays_h5     an HDF5 file (--dataset=arrays, read by slices)
   in_memory     the control: a compressed .npz, which is loaded whole; its
                 peak must grow with the data, or the measurement is blind
+  volumes       16^3 x 4 volumes of CosmoFlow's layout, one a GZIP TFRecord
+                file (engine.tools.make_volumes; --dataset=tfrecord), trained
+                as regression by --model=cosmoflow: a size is that many
+                volumes (--sizes=1000,10000 --formats=volumes)
 
 Streamed formats pass when the larger size's peak is within --tolerance_mb
 of the smaller's, per rank.
@@ -33,6 +37,7 @@ import numpy as np
 
 from bench import generated_images
 from bench import interleaved
+from engine.tools import make_volumes
 
 
 FLAGS = flags.FLAGS
@@ -49,6 +54,13 @@ def write(fmt: str, size: int, directory: str) -> tuple[str, list]:
   """The data set of `size` training images (and size/10 test images) in
   `fmt`; returns its path and the engine flags that read it."""
   os.makedirs(directory, exist_ok=True)
+  if fmt == "volumes":
+    path = os.path.join(directory, "volumes")
+    make_volumes.write(path, size=16, channels=4, train=size,
+                       validation=size // 10)
+    return path, ["--dataset=tfrecord", "--task=regression",
+                  "--model=cosmoflow", "--filters=4", "--log_transform",
+                  "--random_transpose"]
   train = generated_images.images(size, 0)
   test = generated_images.images(size // 10, 1)
   arrays = dict(x_train=train[0], y_train=train[1], x_test=test[0],
@@ -81,9 +93,9 @@ def run(data_flags: list, data_path: str, run_dir: str,
   """A run under horovodrun -np 2; each rank's peak RSS in MB."""
   prefix = os.path.join(run_dir, "peak_rss")
   command = [interleaved.HOROVODRUN, "-np", "2", interleaved.PYTHON, "-m",
-             "bench.peak_rss", prefix,
-             *data_flags, f"--data_dir={data_path}", f"--epochs={epochs}",
+             "bench.peak_rss", prefix, f"--epochs={epochs}",
              "--batch_size=128", "--model=cnn", "--progress=none",
+             *data_flags, f"--data_dir={data_path}",
              f"--model_dir={run_dir}", "--resume=never"]
   result = subprocess.run(command, cwd=interleaved.REPO,
                           env=interleaved.engine_env(), capture_output=True,

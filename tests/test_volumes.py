@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine import data, datasets, staging
+from engine import augmentation, data, datasets, staging
 from engine.datasets import RecordFiles, record_features
 from engine.errors import UserError
 import models
@@ -301,11 +301,11 @@ def test_volumes_are_flipped_and_transposed_each_their_own_way():
   counts, _ = volumes(64, 3)
   stored = tf.constant(counts)
   key = tf.constant([1, 2], tf.int64)
-  augmented = data.augment_volumes(stored, key, flip=True,
+  augmented = augmentation.augment_volumes(stored, key, flip=True,
                                    transpose=True).numpy()
   views = {}
   for n in range(64):
-    for order in data._AXIS_ORDERS:  # pylint: disable=protected-access
+    for order in augmentation._AXIS_ORDERS:  # pylint: disable=protected-access
       for flips in np.ndindex(2, 2, 2):
         view = np.transpose(counts[n], order + (3,))
         for axis, flipped in enumerate(flips):
@@ -316,9 +316,9 @@ def test_volumes_are_flipped_and_transposed_each_their_own_way():
   assert sorted(views) == list(range(64))  # each one of the 48 symmetries
   assert len(set(views.values())) > 20
   np.testing.assert_array_equal(
-      data.augment_volumes(stored, key, flip=False, transpose=False), counts)
+      augmentation.augment_volumes(stored, key, flip=False, transpose=False), counts)
   np.testing.assert_array_equal(
-      data.augment_volumes(stored, key, flip=True, transpose=True), augmented)
+      augmentation.augment_volumes(stored, key, flip=True, transpose=True), augmented)
 
 
 def test_transposes_are_for_cubic_volumes(tmp_path):

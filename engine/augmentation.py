@@ -1,0 +1,76 @@
+"""What training examples become: random flips and shifts of images,
+flips and axis orders of volumes.
+
+Every draw is stateless, keyed by (seed, epoch, step, rank) by the input
+pipeline (engine/data.py), so a run's batches are reproducible, every
+epoch differs, no two ranks augment alike, and a resumed run gets the very
+batches it would have had. Each function transforms a whole batch with a
+few ops, far cheaper than a per-example map.
+"""
+import functools
+import itertools
+
+import tensorflow as tf
+
+# A volume's three axes, in each of their orders.
+_AXIS_ORDERS = tuple(itertools.permutations(range(3)))
+
+
+def augment(images: tf.Tensor, key: tf.Tensor, *, flip: bool, shift: float,
+            fill: str = "nearest") -> tf.Tensor:
+  """Random horizontal flips and shifts of a uint8 batch, as the Horovod lab.
+
+  The lab's ImageDataGenerator shifted by up to `shift` of the width and
+  height and filled the border with the nearest pixel; we shift by whole
+  pixels, the same transform without interpolation blur. With
+  `fill="constant"` the border is zeros: CIFAR's pad-4-and-crop is a shift
+  of up to 4/32 = 0.125. One image transform op for the whole batch is far
+  cheaper than a per-example map.
+  """
+  batch = tf.shape(images)[0]
+  flip_key = tf.random.experimental.stateless_fold_in(key, 0)
+  shift_key = tf.random.experimental.stateless_fold_in(key, 1)
+  if flip:
+    flipped = tf.random.stateless_uniform([batch], flip_key) < 0.5
+    images = tf.where(flipped[:, None, None, None],
+                      tf.reverse(images, axis=[2]), images)
+  height, width = images.shape[1], images.shape[2]
+  max_dy, max_dx = round(shift * height), round(shift * width)
+  if max_dx or max_dy:
+    offsets = tf.random.stateless_uniform(
+        [batch, 2], shift_key, minval=-1.0, maxval=1.0)
+    offsets = tf.round(offsets * tf.constant([max_dx, max_dy], tf.float32))
+    ones, zeros = tf.ones([batch, 1]), tf.zeros([batch, 1])
+    # Each output pixel (x, y) samples the input at (x + dx, y + dy).
+    transforms = tf.concat([ones, zeros, offsets[:, :1], zeros, ones,
+                            offsets[:, 1:], zeros, zeros], axis=1)
+    images = tf.raw_ops.ImageProjectiveTransformV3(
+        images=images, transforms=transforms,
+        output_shape=tf.constant([height, width]), fill_value=0.0,
+        interpolation="NEAREST", fill_mode=fill.upper())
+  return images
+
+
+def augment_volumes(volumes: tf.Tensor, key: tf.Tensor, *, flip: bool,
+                    transpose: bool) -> tf.Tensor:
+  """Random flips of a batch of volumes [B, D, H, W, C] along each spatial
+  axis and, with `transpose`, a random order of the three axes, each
+  example its own: the symmetries of a box of matter (CosmoFlow's
+  augmentation), which change no physical parameter."""
+  count = tf.shape(volumes)[0]
+  if flip:
+    flips = tf.random.stateless_uniform(
+        [3, count], tf.random.experimental.stateless_fold_in(key, 0)) < 0.5
+    for axis in range(3):
+      volumes = tf.where(flips[axis][:, None, None, None, None],
+                         tf.reverse(volumes, axis=[axis + 1]), volumes)
+  if transpose:
+    orders = tf.random.stateless_uniform(
+        [count], tf.random.experimental.stateless_fold_in(key, 1),
+        maxval=len(_AXIS_ORDERS), dtype=tf.int32)
+    volumes = tf.map_fn(
+        lambda each: tf.switch_case(each[1], [
+            functools.partial(tf.transpose, each[0], order + (3,))
+            for order in _AXIS_ORDERS]),
+        (volumes, orders), fn_output_signature=volumes.dtype)
+  return volumes
