@@ -102,8 +102,9 @@ def train_batches(source: Source, info: DatasetInfo, *,
     batches = _declared_train_batches(
         source, rank=rank, world_size=world_size, batch_size=batch_size,
         steps=steps, seed=seed, first_epoch=first_epoch,
-        first_step=first_step).map(augmented,
-                                   num_parallel_calls=PARALLEL_BATCHES)
+        first_step=first_step,
+        records_per_file=info.num_train / len(source.files)).map(
+            augmented, num_parallel_calls=PARALLEL_BATCHES)
   elif isinstance(source, RecordFiles):
     batches = _record_train_batches(
         source, info, rank=rank, world_size=world_size, batch_size=batch_size,
@@ -314,8 +315,8 @@ def _record_train_batches(source: RecordFiles, info: DatasetInfo, *,
 
 def _declared_train_batches(source: RecordFiles, *, rank: int,
                             world_size: int, batch_size: int, steps: int,
-                            seed: int, first_epoch: int,
-                            first_step: int) -> tf.data.Dataset:
+                            seed: int, first_epoch: int, first_step: int,
+                            records_per_file: float) -> tf.data.Dataset:
   """(epoch key, step, inputs, labels) of each training batch streamed
   from this rank's files of declared features, as stored.
 
@@ -324,13 +325,14 @@ def _declared_train_batches(source: RecordFiles, *, rank: int,
   files run out starts another pass. Records are then shuffled within
   windows of at most RECORD_SHUFFLE_BYTES, whatever their size, each
   window by its own stateless draw, so every pass of every epoch differs.
-  One-sample files (CosmoFlow's) are shuffled by their order alone.
+  One-sample files (CosmoFlow's) are shuffled by their order alone, and no
+  window holds their records: memory does not grow with the data.
   """
   files = tf.constant(rank_files(source, rank, world_size))
   root_key = tf.constant([seed, 1], tf.int64)
-  window = max(1, min(RECORD_SHUFFLE_BUFFER, RECORD_SHUFFLE_BYTES // max(
+  window = min(RECORD_SHUFFLE_BUFFER, RECORD_SHUFFLE_BYTES // max(
       1, source.features.input.size() * tf.as_dtype(
-          source.features.input.dtype).size)))
+          source.features.input.dtype).size))
 
   def epoch_batches(epoch):
     key = tf.random.experimental.stateless_fold_in(root_key, epoch)
@@ -338,9 +340,11 @@ def _declared_train_batches(source: RecordFiles, *, rank: int,
     def one_pass(index):
       pass_key = tf.random.experimental.stateless_fold_in(key, index)
       order = tf.random.experimental.stateless_shuffle(files, pass_key)
-      return _shuffled_in_windows(_declared_records(
-          tf.data.Dataset.from_tensor_slices(order), source), window,
-                                  pass_key)
+      records = _declared_records(tf.data.Dataset.from_tensor_slices(order),
+                                  source)
+      if records_per_file <= 1 or window <= 1:
+        return records
+      return _shuffled_in_windows(records, window, pass_key)
 
     examples = tf.data.Dataset.counter().flat_map(one_pass).map(
         source.features.decode, num_parallel_calls=_decode_parallelism())

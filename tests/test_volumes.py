@@ -517,3 +517,18 @@ def test_random_transpose_reaches_the_pipeline(tmp_path, program):
   assert result.returncode == 2
   assert "--random_transpose puts a volume's three axes in a random order" \
       in result.stderr.strip().splitlines()[-1]
+
+
+def test_one_sample_files_are_shuffled_by_their_order_alone(tmp_path):
+  """No window: each epoch's volumes come in its files' permuted order."""
+  splits = load(write(tmp_path, files=(6, 2), per_file=1))
+  epochs = [np.concatenate([y for _, y in batches])
+            for batches in (train_batches(splits, steps=1, batch_size=3,
+                                          flip=False, transpose=False,
+                                          first_epoch=e)[:1]
+                            for e in range(4))]
+  _, targets = volumes(6, 0)
+  own = targets[0::2]  # rank 0 of 2: files 0, 2, 4
+  for seen in epochs:
+    assert sorted(map(tuple, seen)) == sorted(map(tuple, own))
+  assert len({tuple(map(tuple, seen)) for seen in epochs}) > 1
