@@ -10,7 +10,6 @@ The training loop is passed in (`train_or_exit(train)`), not imported, so
 the other commands parse flags without loading it.
 """
 import os
-import re
 import signal
 import sys
 import traceback
@@ -28,6 +27,7 @@ from engine import preemption
 from engine import user_code
 from engine.datasets import record_features
 from engine.errors import UserError
+from engine.errors import op_detail
 from engine.errors import WorkerLost
 from flags.data import DEPRECATED as DEPRECATED_FLAGS
 
@@ -113,7 +113,7 @@ def train_or_exit(train: Callable[[config_lib.TrainConfig], Result],
     # A TFRecord file found corrupt while streaming: its counts came from
     # flags, so it was not read at start-up, where the check names the file.
     exit_with_error(
-        f"corrupt input data ({_op_detail(e)}), found while training; run "
+        f"corrupt input data ({op_detail(e)}), found while training; run "
         "with --train_examples=0 --test_examples=0 to check every file at "
         "start-up and name it")
   except tf.errors.InvalidArgumentError as e:
@@ -142,7 +142,7 @@ def _bad_input_found_while_training(error: tf.errors.InvalidArgumentError
   """Data the start-up checks could not see: an image whose first bytes
   looked right (image_folder checks only those), a label beyond the
   classes, a record that does not match its declared features."""
-  detail = _op_detail(error)
+  detail = op_detail(error)
   mismatch = record_features.mismatch(error)
   if mismatch:  # its file, index and field (counts from flags skip the check)
     return mismatch
@@ -154,13 +154,6 @@ def _bad_input_found_while_training(error: tf.errors.InvalidArgumentError
     return (f"a label out of range found while training ({detail}); labels "
             "are class ids 0..N-1 for N classes (--num_classes, classes.txt)")
   return f"invalid input data found while training ({detail})"
-
-
-def _op_detail(error: tf.errors.OpError) -> str:
-  """A TensorFlow op error's message on one line, without its op and
-  graph names."""
-  return " ".join(re.sub(r"\{\{.*?\}\}|\[\[.*?\]\]|\[Op:.*", "",
-                         error.message, flags=re.DOTALL).split())
 
 
 def exit_with_error(message: str, exit_code: int = UserError.exit_code,

@@ -6,6 +6,7 @@ can tell them apart (docs/checkpoints-and-faults.md): 2 bad input,
 answering. A preemption exits with 128 + the signal's number
 (engine.preemption).
 """
+import re
 
 
 class UserError(Exception):
@@ -43,3 +44,10 @@ def first_line(error: BaseException) -> str:
   """
   message = (getattr(error, "message", None) or str(error)).strip()
   return message.splitlines()[0] if message else repr(error)
+
+
+def op_detail(error) -> str:
+  """A TensorFlow op error's message on one line, without its op and graph
+  names."""
+  return " ".join(re.sub(r"\{\{.*?\}\}|\[\[.*?\]\]|\[Op:.*", "",
+                         error.message, flags=re.DOTALL).split())

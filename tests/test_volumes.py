@@ -449,45 +449,39 @@ def test_cosmoflow_takes_its_depth_and_refuses_images():
 # From the command line.
 
 
-def test_a_mismatched_record_stops_the_run_in_one_line_touching_nothing(
-    tmp_path):
-  data_dir = write(tmp_path / "data", records=lambda split, f, i, record: (
-      example(np.zeros((SIZE, SIZE, SIZE, 1)), [0.0] * 3)
-      if (split, f, i) == ("train", 3, 2) else record))
-  model_dir = tmp_path / "run"
-  result = fixtures.launch(
-      ["-m", "engine.train", "--dataset=tfrecord", f"--data_dir={data_dir}",
-       "--task=regression", "--model=cosmoflow", "--filters=2",
-       f"--model_dir={model_dir}"])
-  assert result.returncode == 2
-  path = os.path.join(data_dir, "train", "cosmo_003.tfrecord")
-  assert result.stderr.strip().splitlines()[-1] == (
-      f"engine.train: error: {path}: record 2: field x holds 1024 bytes "
-      "(empty or missing?); the spec says "
-      f"x:raw_int16:{SIZE}x{SIZE}x{SIZE}x2, 2048")
-  assert not model_dir.exists()
-
-
-def test_a_mismatch_found_while_training_is_the_same_one_line(tmp_path):
-  """Counts from flags skip the start-up reading; the statistics' sample
-  takes the first 16 records of each of 4 files: record 18 is found as the
-  pipeline decodes it."""
-  data_dir = write(tmp_path / "data", per_file=20,
+@pytest.mark.parametrize("when, per_file, flags, bad, says", [
+    # Start-up reads every record: nothing is written.
+    ("at start-up", 3, [], example(np.zeros((SIZE, SIZE, SIZE, 1)),
+                                   [0.0] * 3),
+     "record 2: field x holds 1024 bytes (empty or missing?); the spec says "
+     f"x:raw_int16:{SIZE}x{SIZE}x{SIZE}x2, 2048"),
+    # Counts from flags skip that reading, and the statistics' sample takes
+    # the first 16 records of each of the 4 files: record 2 of 20 is found
+    # as the pipeline decodes it.
+    ("while training", 20, ["--train_examples=80", "--test_examples=40"],
+     example(np.zeros((SIZE, SIZE, SIZE, 2)), [0.0] * 2),
+     "record 18: field y holds 2 values (empty or missing?); the spec says "
+     "y:float32:3, 3"),
+])
+def test_a_mismatched_record_is_one_line(tmp_path, when, per_file, flags,
+                                         bad, says):
+  index = int(says.split()[1].rstrip(":"))
+  data_dir = write(tmp_path / "data", per_file=per_file,
                    records=lambda split, f, i, record: (
-                       example(np.zeros((SIZE, SIZE, SIZE, 2)), [0.0] * 2)
-                       if (split, f, i) == ("train", 3, 18) else record))
+                       bad if (split, f, i) == ("train", 3, index)
+                       else record))
   model_dir = tmp_path / "run"
   result = fixtures.launch(
       ["-m", "engine.train", "--dataset=tfrecord", f"--data_dir={data_dir}",
        "--task=regression", "--model=cosmoflow", "--filters=2",
-       "--train_examples=80", "--test_examples=40", "--batch_size=4",
-       "--epochs=1", "--progress=none", f"--model_dir={model_dir}"])
+       "--batch_size=4", "--epochs=1", "--progress=none",
+       f"--model_dir={model_dir}", *flags])
   assert result.returncode == 2, result.stderr[-2000:]
-  assert "epoch 1/1" not in result.stderr
   path = os.path.join(data_dir, "train", "cosmo_003.tfrecord")
   assert result.stderr.strip().splitlines()[-1] == (
-      f"engine.train: error: {path}: record 18: field y holds 2 values "
-      "(empty or missing?); the spec says y:float32:3, 3")
+      f"engine.train: error: {path}: {says}")
+  assert "epoch 1/1" not in result.stderr
+  assert model_dir.exists() == (when == "while training")
 
 
 def test_the_stage_dir_is_expanded_in_each_process(data_dir, tmp_path,

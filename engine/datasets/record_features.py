@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine.errors import UserError
+from engine.errors import op_detail
 
 # Beside the TFRecord files: the spec, one entry a line.
 FEATURES_FILE = "features.txt"
@@ -214,9 +215,9 @@ def _first_bad_record(files, spec: FeatureSpec, compression: str) -> str:
       for _ in records(file, compression).map(spec.decode):
         index += 1
     except tf.errors.InvalidArgumentError as e:
-      return mismatch(e) or f"{file}: record {index}: {_detail(e)}"
+      return mismatch(e) or f"{file}: record {index}: {op_detail(e)}"
     except tf.errors.DataLossError as e:
-      return (f"{file}: record {index}: unreadable ({_detail(e)}); a "
+      return (f"{file}: record {index}: unreadable ({op_detail(e)}); a "
               "truncated or damaged file, or one compressed otherwise than "
               f"{(compression or 'none').lower()} (--tfrecord_compression)")
   return f"{files[0]}, ...: a record failed to decode, then decoded"
@@ -228,11 +229,6 @@ def mismatch(error: tf.errors.OpError) -> str:
   found = re.search(re.escape(MISMATCH) + r"(.*?)(\]|$)", error.message,
                     flags=re.DOTALL)
   return " ".join(found.group(1).split()) if found else ""
-
-
-def _detail(error: tf.errors.OpError) -> str:
-  return " ".join(re.sub(r"\[\[.*?\]\]|\{\{.*?\}\}", "", error.message,
-                         flags=re.DOTALL).split())
 
 
 def statistics(files, spec: FeatureSpec, compression: str,
