@@ -312,6 +312,6 @@ def test_a_damaged_volume_is_named_on_every_rank_touching_nothing(worker):
   path = DAMAGED_FILE.format(out / "damaged")
   for rank in ranks:
     assert rank["volumes"]["damaged"] == (
-        f"{path}: record 0: field y holds 3 values (empty or missing?); "
-        "the spec says y:float32:4, 4")
+        f"{path}: record 0: field y holds 3 values; the spec y:float32:4 "
+        "takes 4 values")
     assert rank["volumes"]["damaged_model_dir_made"] is False

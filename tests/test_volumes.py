@@ -192,15 +192,15 @@ def _int64(values):
 
 @pytest.mark.parametrize("damage, says", [
     (lambda record: example(np.zeros((SIZE, SIZE, SIZE)), [0.0] * 3),
-     "field x holds 1024 bytes (empty or missing?); the spec says "
-     f"x:raw_int16:{SIZE}x{SIZE}x{SIZE}x2, 2048"),
+     "field x holds 1024 bytes; the spec "
+     f"x:raw_int16:{SIZE}x{SIZE}x{SIZE}x2 takes 2048 bytes"),
     (lambda record: example(np.zeros((SIZE, SIZE, SIZE, 2)), [0.0] * 4),
-     "field y holds 4 values (empty or missing?); the spec says "
-     "y:float32:3, 3"),
+     "field y holds 4 values; the spec y:float32:3 takes 3 values"),
     (lambda record: tf.train.Example(features=tf.train.Features(feature={
         "y": tf.train.Feature(float_list=tf.train.FloatList(
             value=[0.0] * 3))})).SerializeToString(),
-     "field x holds 0 bytes (empty or missing?)"),
+     "field x holds nothing (missing or empty); the spec "
+     f"x:raw_int16:{SIZE}x{SIZE}x{SIZE}x2 takes 2048 bytes"),
 ])
 def test_a_record_that_does_not_match_is_named_by_file_index_and_field(
     tmp_path, damage, says):
@@ -453,15 +453,15 @@ def test_cosmoflow_takes_its_depth_and_refuses_images():
     # Start-up reads every record: nothing is written.
     ("at start-up", 3, [], example(np.zeros((SIZE, SIZE, SIZE, 1)),
                                    [0.0] * 3),
-     "record 2: field x holds 1024 bytes (empty or missing?); the spec says "
-     f"x:raw_int16:{SIZE}x{SIZE}x{SIZE}x2, 2048"),
+     "record 2: field x holds 1024 bytes; the spec "
+     f"x:raw_int16:{SIZE}x{SIZE}x{SIZE}x2 takes 2048 bytes"),
     # Counts from flags skip that reading, and the statistics' sample takes
     # the first 16 records of each of the 4 files: record 2 of 20 is found
     # as the pipeline decodes it.
     ("while training", 20, ["--train_examples=80", "--test_examples=40"],
      example(np.zeros((SIZE, SIZE, SIZE, 2)), [0.0] * 2),
-     "record 18: field y holds 2 values (empty or missing?); the spec says "
-     "y:float32:3, 3"),
+     "record 18: field y holds 2 values; the spec y:float32:3 takes 3 "
+     "values"),
 ])
 def test_a_mismatched_record_is_one_line(tmp_path, when, per_file, flags,
                                          bad, says):

@@ -72,17 +72,17 @@ class Feature:
     """The field's array of `shape`, or a failed assertion naming `where`
     (the record's file and index) and the field."""
     if self.raw:
-      count = tf.strings.length(parsed)
+      count, unit = tf.strings.length(parsed), "bytes"
       expected = self.size() * tf.as_dtype(self.dtype).size
-      found = tf.strings.as_string(count) + " bytes"
       values = tf.io.decode_raw(parsed, self.dtype, little_endian=True)
     else:
       values = parsed.values
-      count, expected = tf.size(values), self.size()
-      found = tf.strings.as_string(count) + " values"
+      count, unit, expected = tf.size(values), "values", self.size()
+    found = tf.where(count > 0, tf.strings.as_string(count) + " " + unit,
+                     "nothing (missing or empty)")
     message = tf.strings.join([
-        MISMATCH, where, ": field ", self.name, " holds ", found, " (empty "
-        "or missing?); the spec says ", str(self), f", {expected}"])
+        MISMATCH, where, ": field ", self.name, " holds ", found,
+        f"; the spec {self} takes {expected} {unit}"])
     check = tf.debugging.Assert(tf.equal(count, expected), [message])
     with tf.control_dependencies([check]):
       return tf.reshape(values, self.shape)
