@@ -1,7 +1,7 @@
 r"""A recipe trained by the engine and by Keras `fit`, interleaved.
 
   .venv/bin/python -m bench.against_keras \
-      --recipe=flags/fashion_mnist_segmentation.cfg --figures=val_mean_iou,val_pixel_accuracy --repeats=3
+      --recipe=flags/fashion_mnist_segmentation.cfg --repeats=3
   .venv/bin/python -m bench.against_keras \
       --recipe=flags/cosmoflow_mini.cfg --figures=val_mae,val_r2 --repeats=3
 

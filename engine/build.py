@@ -7,6 +7,7 @@ the order of the building (the seed before the model, the precision policy
 before its layers) is written once.
 """
 import os
+import time
 from typing import Any, Optional
 
 from absl import logging
@@ -95,7 +96,8 @@ def stage(config: TrainConfig, world: distributed.World,
                copied / staging.MB / max(seconds, 1e-6))
   return splits, dict(event="staged", stage_dir=config.stage_dir,
                       files=int(files), bytes=int(size),
-                      copied_bytes=int(copied), seconds=round(seconds, 3))
+                      copied_bytes=int(copied), seconds=round(seconds, 3),
+                      time=round(time.time(), 3))
 
 
 def decider(config: TrainConfig, task: tasks.Task) -> tasks.Decider:

@@ -315,10 +315,10 @@ def test_volumes_are_flipped_and_transposed_each_their_own_way():
           views.setdefault(n, (order, flips))
   assert sorted(views) == list(range(64))  # each one of the 48 symmetries
   assert len(set(views.values())) > 20
-  np.testing.assert_array_equal(
-      augmentation.augment_volumes(stored, key, flip=False, transpose=False), counts)
-  np.testing.assert_array_equal(
-      augmentation.augment_volumes(stored, key, flip=True, transpose=True), augmented)
+  np.testing.assert_array_equal(augmentation.augment_volumes(
+      stored, key, flip=False, transpose=False), counts)
+  np.testing.assert_array_equal(augmentation.augment_volumes(
+      stored, key, flip=True, transpose=True), augmented)
 
 
 def test_transposes_are_for_cubic_volumes(tmp_path):

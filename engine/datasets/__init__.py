@@ -111,9 +111,9 @@ def _check_transform(model_dir: str, info: DatasetInfo) -> None:
   if recorded and recorded["transform"] != info.transform:
     raise UserError(
         f"{os.path.join(model_dir, NORMALIZATION_FILE)}: this run normalizes "
-        f"{recorded['transform'] or 'untransformed'} values, and this start would read "
-        f"{info.transform or 'untransformed'} ones (--log_transform): give "
-        "the flag as the run started")
+        f"{recorded['transform'] or 'untransformed'} values, and this start "
+        f"would read {info.transform or 'untransformed'} ones "
+        "(--log_transform): give the flag as the run started")
 
 
 def _has_targets(info: DatasetInfo) -> bool:
