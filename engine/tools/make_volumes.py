@@ -54,20 +54,27 @@ import tensorflow as tf
 from engine.errors import UserError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("output_dir", "", "Directory to write the volumes into: "
-                    "train/, validation/ and their description.")
-flags.DEFINE_integer("size", 32, "Voxels along each side of a volume; at "
-                     "least 8 (CosmoFlow's are 128).")
-flags.DEFINE_integer("channels", 4, "Growth stages per volume, as "
-                     "CosmoFlow's 4 redshifts; at least 1.")
-flags.DEFINE_integer("train", 1024, "Training volumes; at least 1.")
-flags.DEFINE_integer("validation", 256, "Validation volumes; 0 for none.")
-flags.DEFINE_integer("samples_per_file", 1, "Volumes per file (CosmoFlow's "
-                     "1); the last file may hold fewer.")
-flags.DEFINE_integer("seed", 0, "Seeds every volume and its parameters; "
-                     "non-negative.")
-flags.DEFINE_enum("compression", "gzip", ["gzip", "zlib", "none"],
-                  "How the TFRecord files are compressed (CosmoFlow's: gzip).")
+
+
+def _define_flags() -> None:
+  """The command line's flags, defined only when run as a program: some
+  share names with the engine's (--seed, --channels), which a process
+  importing both (the tests, a user's script) would define twice."""
+  flags.DEFINE_string("output_dir", "", "Directory to write the volumes "
+                      "into: train/, validation/ and their description.")
+  flags.DEFINE_integer("size", 32, "Voxels along each side of a volume; at "
+                       "least 8 (CosmoFlow's are 128).")
+  flags.DEFINE_integer("channels", 4, "Growth stages per volume, as "
+                       "CosmoFlow's 4 redshifts; at least 1.")
+  flags.DEFINE_integer("train", 1024, "Training volumes; at least 1.")
+  flags.DEFINE_integer("validation", 256, "Validation volumes; 0 for none.")
+  flags.DEFINE_integer("samples_per_file", 1, "Volumes per file "
+                       "(CosmoFlow's 1); the last file may hold fewer.")
+  flags.DEFINE_integer("seed", 0, "Seeds every volume and its parameters; "
+                       "non-negative.")
+  flags.DEFINE_enum("compression", "gzip", ["gzip", "zlib", "none"],
+                    "How the TFRecord files are compressed (CosmoFlow's: "
+                    "gzip).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,4 +317,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
