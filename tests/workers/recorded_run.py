@@ -108,7 +108,7 @@ def _train_and_record(original):
 
 if __name__ == "__main__":
   steps.TrainStep.__call__ = _step_with_events(steps.TrainStep.__call__)
-  data._rank_files = _rank_files_recorded(data._rank_files)  # pylint: disable=protected-access
+  data.rank_files = _rank_files_recorded(data.rank_files)
   checkpoint.Checkpoints.save = _save_recorded(checkpoint.Checkpoints.save)
   engine_train.train = _train_and_record(engine_train.train)
   app.run(engine_train.main, argv=[sys.argv[0], *sys.argv[1:]])
