@@ -57,7 +57,7 @@ from engine.tasks import Regression, Segmentation
 def main(argv):
   del argv
   config = config_from_flags()
-  world, splits, task, model = build.prepare(config)
+  config, world, splits, task, model = build.prepare(config)
   info = splits.info
   steps_per_epoch = data.steps_per_epoch(
       num_train=info.num_train, batch_size=config.batch_size,

@@ -6,13 +6,17 @@ model evaluated or range-tested is the one trained, on the same data, and
 the order of the building (the seed before the model, the precision policy
 before its layers) is written once.
 """
+import dataclasses
+import itertools
 import os
+import statistics
 import time
 from typing import Any, Optional
 
 from absl import logging
 import tensorflow as tf
 
+from engine import data
 from engine import datasets
 from engine import distributed
 from engine import metrics
@@ -27,11 +31,19 @@ from engine.config import TrainConfig
 from engine.errors import UserError
 import models
 
+# --mixed_precision=auto's measurement: steps per round, and rounds.
+MEASURED_STEPS = 8
+MEASURED_ROUNDS = 3
 
-def prepare(config: TrainConfig) -> tuple[distributed.World, datasets.Splits,
-                                         tasks.Task, tf.keras.Model]:
-  """Distributed setup, the data set, the task and the model: what training
-  and evaluation share. Returns (world, splits, task, model)."""
+def prepare(config: TrainConfig, measure_precision: bool = True
+            ) -> tuple[TrainConfig, distributed.World, datasets.Splits,
+                       tasks.Task, tf.keras.Model]:
+  """Distributed setup, the data set, the task, the precision and the
+  model: what training and evaluation share. Returns (config, world,
+  splits, task, model), the config with --mixed_precision=auto's choice:
+  the one recorded in model_dir, or measured now (unless
+  `measure_precision` is false: engine.evaluate takes the hardware's
+  preferred mode for a run that recorded none)."""
   world = distributed.init(intra_op_threads=config.intra_op_threads,
                            inter_op_threads=config.inter_op_threads,
                            bind_cpus=config.bind_cpus,
@@ -52,25 +64,95 @@ def prepare(config: TrainConfig) -> tuple[distributed.World, datasets.Splits,
         labels=getattr(tasks.task_class(config.task), "labels", "any"),
         **config.data_params)
     task = tasks.build(config.task, splits.info, **config.task_params)
-    # The same seed everywhere, then rank 0's weights win anyway.
-    tf.keras.utils.set_random_seed(config.seed)
-    precision.set_policy(config.mixed_precision)
     def flags_model(output_shape):  # --model's, for the task's outputs
       return models.build(config.model, input_shape=splits.info.image_shape,
                           num_classes=output_shape[-1],
                           output_shape=output_shape, **config.model_params)
 
-    model = tasks.build_model(task, config.task, flags_model)
+    def model_of(mode):
+      precision.set_policy(mode)
+      # The same seed everywhere, then rank 0's weights win anyway.
+      tf.keras.utils.set_random_seed(config.seed)
+      return tasks.build_model(task, config.task, flags_model)
+
+    model = model_of(config.mixed_precision)
     tasks.check(task, config.task, model, splits.info.image_shape)
     decider(config, task)  # a --best_metric the task cannot give: now
-    return splits, task, model
+    return splits, task, model, model_of
 
   # A user's data, task or model may fail on one rank alone (a file missing
   # on one host): all ranks stop with its line rather than wait for it. Not
   # under --elastic, whose workers meet first inside the train loop.
-  splits, task, model = distributed.agree(
+  splits, task, model, model_of = distributed.agree(
       data_task_and_model, name="prepare", collective=not config.elastic)
-  return world, splits, task, model
+  if config.precision_candidates and not config.elastic:
+    config = _measured_precision(config, world, splits, task, model_of,
+                                 measure=measure_precision)
+    # Built again as if it were the first: Keras' names start afresh.
+    tf.keras.backend.clear_session()
+    model = model_of(config.mixed_precision)
+  return config, world, splits, task, model
+
+
+def _measured_precision(config: TrainConfig, world: distributed.World,
+                        splits: datasets.Splits, task: tasks.Task,
+                        model_of, measure: bool) -> TrainConfig:
+  """--mixed_precision=auto: the mode the run's first start measured
+  (recorded in model_dir), or measured now (engine/precision.py).
+
+  Every rank times MEASURED_STEPS steps of each native mode on its own
+  first training batches, allreduce included, the modes alternating over
+  MEASURED_ROUNDS rounds after a step that traces them; rank 0's figures
+  decide, for every rank. The models measured are thrown away; the run's
+  is built afterwards, from the seed, as if nothing had been measured.
+  """
+  recorded = distributed.on_chief(
+      lambda: precision.recorded(config.model_dir), name="precision")
+  if recorded:
+    return dataclasses.replace(
+        config, mixed_precision=recorded["mode"], precision_candidates=(),
+        mixed_precision_why=precision.described(recorded["images_per_sec"],
+                                                recorded["mode"])
+        + f" ({precision.PRECISION_FILE})")
+  if not measure:
+    return dataclasses.replace(config, precision_candidates=())
+  began = time.perf_counter()
+  modes = [mode for mode in config.precision_candidates
+           # A task's own step has no loss scaling.
+           if not (task.optimizers and mode == "float16")]
+  batches = list(itertools.islice(data.train_batches(
+      splits.train, splits.info, rank=world.rank, world_size=world.size,
+      batch_size=config.batch_size * config.grad_accum_steps,
+      steps=MEASURED_STEPS, seed=config.seed, first_epoch=0,
+      flip=config.random_flip, shift=config.random_shift,
+      transpose=config.random_transpose), MEASURED_STEPS))
+  train_steps = {}
+  for mode in modes:
+    _, train_steps[mode] = optimizer_and_step(
+        dataclasses.replace(config, mixed_precision=mode), task,
+        model_of(mode), learning_rate=0.0)
+    train_steps[mode](*batches[0])  # tracing, not timed
+  seconds = {mode: [] for mode in modes}
+  for round_ in range(MEASURED_ROUNDS):
+    for mode in modes[::-1] if round_ % 2 else modes:
+      started = time.perf_counter()
+      for images, labels in batches:
+        train_steps[mode](images, labels)
+      seconds[mode].append(time.perf_counter() - started)
+  examples = sum(len(labels) for _, labels in batches) * world.size
+  images_per_sec = {mode: examples / statistics.median(seconds[mode])
+                    for mode in modes}
+  chosen = distributed.on_chief(lambda: precision.choose(images_per_sec),
+                                name="precision_choice")
+  why = precision.described(images_per_sec, chosen)
+  seconds = time.perf_counter() - began
+  logging.info("--mixed_precision=auto: %s (%.1f s)", why, seconds)
+  return dataclasses.replace(
+      config, mixed_precision=chosen, mixed_precision_why=why,
+      precision_candidates=(), precision_figures=dict(
+          images_per_sec={mode: round(rate, 1)
+                          for mode, rate in images_per_sec.items()},
+          seconds=round(seconds, 2)))
 
 
 def stage(config: TrainConfig, world: distributed.World,

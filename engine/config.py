@@ -86,6 +86,11 @@ class TrainConfig:
   # Performance
   mixed_precision: str  # none, float16 or bfloat16 (--mixed_precision=auto
   mixed_precision_why: str  # resolved by precision.resolve, and why)
+  # --mixed_precision=auto on hardware of several native modes: the modes
+  # build.prepare measures (then none: the choice is in mixed_precision,
+  # and precision_figures has each mode's img/s and the seconds it took).
+  precision_candidates: tuple
+  precision_figures: dict
   xla: bool
   gradient_compression: str
   allreduce_op: str
@@ -124,6 +129,8 @@ class TrainConfig:
 
 def config_from_flags() -> TrainConfig:
   mixed_precision, why = precision.resolve(FLAGS.mixed_precision)
+  native = (precision.native()[0] if FLAGS.mixed_precision == "auto"
+            else ())
   if FLAGS.eval_shift and FLAGS.eval_shift_pixels:
     raise UserError("--eval_shift and --eval_shift_pixels: give one, "
                     "--eval_shift (--eval_shift_pixels is its old spelling)")
@@ -168,7 +175,9 @@ def config_from_flags() -> TrainConfig:
       intra_op_threads=FLAGS.intra_op_threads,
       inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
       deterministic=FLAGS.deterministic,
-      mixed_precision=mixed_precision, mixed_precision_why=why, xla=FLAGS.xla,
+      mixed_precision=mixed_precision, mixed_precision_why=why,
+      precision_candidates=native if len(native) > 1 else (),
+      precision_figures={}, xla=FLAGS.xla,
       gradient_compression=FLAGS.gradient_compression,
       allreduce_op=FLAGS.allreduce_op,
       grad_accum_steps=FLAGS.grad_accum_steps,

@@ -43,7 +43,8 @@ flags.DEFINE_string("checkpoint", "latest",
 def evaluate(config: TrainConfig, which: str):
   """Returns (checkpoint path, metrics.Result, and for classification the
   per-class accuracy and class names, else None) on every rank."""
-  world, splits, task, model = build.prepare(config)
+  config, world, splits, task, model = build.prepare(
+      config, measure_precision=False)
   # The run evaluated with its weights' average: so does this.
   weight_average = ema.maybe_average(model, config.ema_decay)
 

@@ -21,6 +21,7 @@ from engine import datasets
 from engine import distributed
 from engine import ema
 from engine import export
+from engine import precision
 from engine import preemption
 from engine import report
 from engine import runs
@@ -95,6 +96,10 @@ class RunDirectory:
         "flags.txt, classes.txt and normalization.json in", self.model_dir):
       _record_flags(self.model_dir, self._config.command_line)
       datasets.record(self.model_dir, self._info)
+      if self._config.precision_figures:  # measured by --mixed_precision=auto
+        precision.record(self.model_dir, dict(
+            mode=self._config.mixed_precision,
+            **self._config.precision_figures))
     self.opened = True
     return position
 

@@ -7,43 +7,107 @@ so the loss is multiplied by a dynamic scale before the backward pass and the
 gradients divided by it after the allreduce (step.py); bfloat16 has float32's
 exponent and needs no scaling.
 
-`auto` picks what the hardware computes natively: bfloat16 on GPUs of
-compute capability 8 and later (Ampere) and on CPUs with AVX512_BF16 or
-AMX; float16 on GPUs with Tensor Cores before Ampere (Volta, Turing);
-float32 elsewhere, where 16-bit types are emulated and slower
-(bench/cpu_defaults.py: float16 on CPU was 66-74x slower).
+`auto` measures: whether 16 bits pay depends on the model's shapes as much
+as on the hardware (on an AVX512_BF16 CPU, ResNet-9 of width 8 ran 20%
+slower in bfloat16, WRN-16-2 1.59x faster). Before training, every rank
+times a few steps of each mode the hardware computes natively (`native`:
+bfloat16 on GPUs of compute capability 8 and later and on CPUs with
+AVX512_BF16 or AMX, float16 on GPUs with Tensor Cores; never an emulated
+one: float16 on CPU was 66-74x slower, bench/cpu_defaults.py) on the real
+model, batch and data, and rank 0's fastest wins if it beats float32 by
+MARGIN (`choose`). Hardware with float32 alone runs float32 unmeasured.
 """
+import json
+import os
 from typing import Optional
 
 import tensorflow as tf
 
+from engine.errors import UserError
+
 MODES = ("none", "float16", "bfloat16", "auto")
+# In model_dir: the mode `auto` measured and chose, and its figures, which
+# a resume and engine.evaluate use rather than measuring again.
+PRECISION_FILE = "precision.json"
+# How much faster than float32 a 16-bit mode must measure to be chosen.
+MARGIN = 0.05
+_NAMES = {"none": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 CPU_BFLOAT16_FEATURES = ("avx512_bf16", "amx_bf16")
 _POLICIES = {"none": "float32", "float16": "mixed_float16",
              "bfloat16": "mixed_bfloat16"}
 
 
 def resolve(mode: str, cpu_flags: Optional[set] = None) -> tuple[str, str]:
-  """The mode to run: `mode` itself, or for `auto` the hardware's native
-  one, with why it was chosen ("" when `mode` was explicit). `cpu_flags`:
-  the CPU's feature flags, read from /proc/cpuinfo by default."""
+  """The mode to run: `mode` itself, or for `auto` the hardware's
+  preferred native one, with why it was chosen ("" when `mode` was
+  explicit). `cpu_flags`: the CPU's feature flags, read from /proc/cpuinfo
+  by default."""
   if mode != "auto":
     return mode, ""
+  modes, hardware = native(cpu_flags)
+  return modes[1] if len(modes) > 1 else "none", hardware
+
+
+def native(cpu_flags: Optional[set] = None) -> tuple[tuple[str, ...], str]:
+  """The modes this hardware computes natively, float32 ("none") first and
+  its preferred 16-bit mode next, and the hardware in words: the modes
+  `auto` measures. Emulated ones are never tried."""
   gpus = tf.config.list_physical_devices("GPU")
   if gpus:
     major, minor = tf.config.experimental.get_device_details(gpus[0]).get(
         "compute_capability", (0, 0))
     gpu = f"GPU of compute capability {major}.{minor}"
     if major >= 8:
-      return "bfloat16", f"{gpu} (Ampere or later)"
+      return ("none", "bfloat16", "float16"), f"{gpu} (Ampere or later)"
     if major >= 7:
-      return "float16", f"{gpu} (Tensor Cores, before Ampere)"
-    return "none", f"{gpu} (no Tensor Cores)"
+      return ("none", "float16"), f"{gpu} (Tensor Cores, before Ampere)"
+    return ("none",), f"{gpu} (no Tensor Cores)"
   features = _cpu_flags() if cpu_flags is None else cpu_flags
-  native = [f.upper() for f in CPU_BFLOAT16_FEATURES if f in features]
-  if native:
-    return "bfloat16", f"CPU with {' and '.join(native)}"
-  return "none", "CPU without AVX512_BF16 or AMX: 16 bits would be emulated"
+  bfloat16 = [f.upper() for f in CPU_BFLOAT16_FEATURES if f in features]
+  if bfloat16:
+    return ("none", "bfloat16"), f"CPU with {' and '.join(bfloat16)}"
+  return ("none",), "CPU without AVX512_BF16 or AMX: 16 bits would be emulated"
+
+
+def choose(images_per_sec: dict[str, float]) -> str:
+  """The fastest mode if it beats float32 ("none") by MARGIN, else
+  float32: 16 bits are kept only where they clearly pay."""
+  fastest = max(images_per_sec, key=images_per_sec.get)
+  if images_per_sec[fastest] > images_per_sec["none"] * (1 + MARGIN):
+    return fastest
+  return "none"
+
+
+def described(images_per_sec: dict[str, float], chosen: str) -> str:
+  """The measurement in words: each mode's img/s, and the choice."""
+  figures = ", ".join(f"{_NAMES[mode]} {rate:.0f} img/s"
+                      for mode, rate in images_per_sec.items())
+  return f"measured {figures}: {_NAMES[chosen]}"
+
+
+def record(model_dir: str, choice: dict) -> None:
+  """PRECISION_FILE: the measured choice and its figures."""
+  with open(os.path.join(model_dir, PRECISION_FILE), "w") as f:
+    json.dump(choice, f)
+
+
+def recorded(model_dir: str) -> Optional[dict]:
+  """The choice recorded in model_dir by the run's first start, if any:
+  {"mode": ..., "images_per_sec": {...}}, or a UserError naming the file
+  if it cannot be read."""
+  path = os.path.join(model_dir, PRECISION_FILE) if model_dir else ""
+  if not path or not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      choice = json.load(f)
+    if choice["mode"] not in _POLICIES:
+      raise ValueError(f"mode {choice['mode']!r}")
+    return choice
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise UserError(f"{path}: unreadable ({e}); it records the precision "
+                    "--mixed_precision=auto measured for this run: restore "
+                    "it, or delete it to measure again") from None
 
 
 def _cpu_flags() -> set:

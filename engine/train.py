@@ -61,7 +61,7 @@ def train(config: TrainConfig) -> TrainResult:
   elastic.check_launch(config.elastic)
   # Distributed setup (Horovod, this process's device and cores), the data
   # set every rank reads its own shard of, and the model.
-  world, splits, task, model = build.prepare(config)
+  config, world, splits, task, model = build.prepare(config)
   # With --stage_dir, each rank reads its files from node-local copies.
   splits, staged = build.stage(config, world, splits)
   info = splits.info

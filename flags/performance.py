@@ -16,10 +16,15 @@ flags.DEFINE_enum("mixed_precision", "none", precision.MODES,
                   "precision policy). float16: with dynamic loss scaling, "
                   "for GPUs with Tensor Cores (Volta and later). bfloat16: "
                   "no loss scaling needed; TPUs, Ampere+ GPUs and CPUs with "
-                  "AVX512-BF16 or AMX. auto: bfloat16 where the hardware "
-                  "computes it (those GPUs and CPUs), float16 on Tensor "
-                  "Core GPUs before Ampere, float32 elsewhere; the choice "
-                  "is logged at start-up. Logits and loss stay float32.")
+                  "AVX512-BF16 or AMX. auto: measured; before training "
+                  "every rank times a few steps of each mode the hardware "
+                  "computes natively (float32; bfloat16 on those GPUs and "
+                  "CPUs; float16 on Tensor Core GPUs) on the run's model, "
+                  "batch and data, and rank 0's fastest wins if it beats "
+                  "float32 by 5%; the figures are logged and recorded in "
+                  "model_dir/precision.json, which a resume and "
+                  "engine.evaluate reuse. float32 alone, unmeasured, on "
+                  "other hardware. Logits and loss stay float32.")
 flags.DEFINE_bool("xla", False,
                   "Compile the forward and backward pass (and a Keras "
                   "optimizer's update) with XLA. Horovod's allreduce stays "

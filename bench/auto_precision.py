@@ -1,0 +1,87 @@
+r"""--mixed_precision=auto against float32 and bfloat16 forced, per model.
+
+  .venv/bin/python -m bench.auto_precision [--repeats=2]
+
+For each model (--models: the fast recipe's ResNet-9 of width 8, the 94%
+recipe's of width 12, and WRN-16-2 at batch 128, the flags' other
+settings their defaults), three variants train --epochs of --steps steps
+on real Fashion-MNIST under `horovodrun -np 2`: `none` (float32),
+`bfloat16`, and `auto`, which measures both before training
+(engine/precision.py) and runs its choice. Variants alternate over
+--repeats rounds. Prints each run's images/s (epochs after the first),
+`auto`'s choice, its figures and the seconds its measurement took; then
+per model whether `auto` ran at least as fast as the better of the two
+forced ones.
+"""
+import json
+import os
+import shutil
+import statistics
+
+from absl import app
+from absl import flags
+
+from bench import interleaved
+
+FLAGS = flags.FLAGS
+MODELS = {
+    "resnet9_w8": ["--model=resnet9", "--filters=8", "--batch_size=128"],
+    "resnet9_w12": ["--model=resnet9", "--filters=12", "--batch_size=128"],
+    "wrn_16_2": ["--model=wrn", "--depth=16", "--width=2",
+                 "--batch_size=128"],
+}
+VARIANTS = ("none", "bfloat16", "auto")
+flags.DEFINE_list("models", list(MODELS), "Models to measure.")
+flags.DEFINE_integer("repeats", 2, "Rounds.", lower_bound=1)
+flags.DEFINE_integer("epochs", 3, "Epochs per run.", lower_bound=2)
+flags.DEFINE_integer("steps", 40, "Steps per epoch.", lower_bound=1)
+flags.DEFINE_string("out_dir", os.path.join(interleaved.REPO, "bench", "out",
+                                            "auto_precision"), "Runs.")
+
+
+def run(model: str, variant: str, round_: int) -> dict:
+  model_dir = os.path.join(FLAGS.out_dir, f"{model}_{variant}_{round_}")
+  shutil.rmtree(model_dir, ignore_errors=True)
+  interleaved.launch([
+      interleaved.HOROVODRUN, "--gloo", "-np", "2", interleaved.PYTHON,
+      "-m", "engine.train", *MODELS[model], f"--mixed_precision={variant}",
+      f"--epochs={FLAGS.epochs}", f"--steps_per_epoch={FLAGS.steps}",
+      "--progress=none", f"--model_dir={model_dir}"])
+  found = {"images_per_sec": statistics.median(
+      interleaved.images_per_sec(model_dir))}
+  recorded = os.path.join(model_dir, "precision.json")
+  if os.path.exists(recorded):
+    with open(recorded) as f:
+      choice = json.load(f)
+    found.update(mode=choice["mode"], measured=choice["images_per_sec"],
+                 seconds=choice["seconds"])
+  return found
+
+
+def main(argv):
+  del argv
+  results = {}
+  for model in FLAGS.models:
+    for round_ in range(FLAGS.repeats):
+      for variant in VARIANTS[::-1] if round_ % 2 else VARIANTS:
+        found = run(model, variant, round_)
+        results.setdefault((model, variant), []).append(found)
+        print(f"  {model} round {round_ + 1} {variant}: "
+              f"{found['images_per_sec']:.0f} img/s"
+              + (f"; chose {found['mode']}, measured "
+                 + ", ".join(f"{m} {r:.0f}" for m, r in
+                             found["measured"].items())
+                 + f" in {found['seconds']:.1f} s"
+                 if "mode" in found else ""), flush=True)
+  for model in FLAGS.models:
+    medians = {variant: statistics.median(
+        r["images_per_sec"] for r in results[model, variant])
+        for variant in VARIANTS}
+    better = max(medians["none"], medians["bfloat16"])
+    print(f"{model}: " + ", ".join(f"{v} {m:.0f}" for v, m in
+                                   medians.items())
+          + f" img/s; auto / better forced {medians['auto'] / better:.3f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,62 @@
+"""Run by tests/test_precision.py under `horovodrun -np 2`:
+--mixed_precision=auto's measurement on two processes, on hardware of two
+native modes (float32 and bfloat16, given here rather than read from the
+CPU, so that any machine runs it). Each rank writes OUT/rank<r>.json.
+
+1. A run measures and chooses; rank 0 is made to choose bfloat16 and rank
+   1 float32 (`precision.choose` replaced), so the mode both run says
+   whose choice wins.
+2. The run resumed: `precision.choose` now fails if called, so the resume
+   must take the recorded choice without measuring.
+"""
+import dataclasses
+import json
+import os
+import sys
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from engine import precision
+from engine import train as engine_train
+from tests import fixtures
+
+
+def policy(model) -> str:
+  return next(layer.dtype_policy.name for layer in model.layers
+              if layer.weights)
+
+
+def weights(model) -> np.ndarray:
+  return np.concatenate([v.numpy().ravel() for v in model.variables])
+
+
+def main(out_dir: str, data_dir: str) -> None:
+  config = fixtures.train_config(
+      data_dir=data_dir, model="cnn",
+      model_params={**fixtures.train_config().model_params, "filters": 4},
+      precision_candidates=("none", "bfloat16"), batch_size=16, epochs=1,
+      steps_per_epoch=4, deterministic=True, progress="none",
+      model_dir=os.path.join(out_dir, "run"))
+  precision.choose = lambda figures: "bfloat16" if hvd.rank() == 0 else "none"
+  first = engine_train.train(config)
+  measured = policy(first.model)
+
+  def measured_again(figures):
+    raise AssertionError(f"measured again: {figures}")
+
+  precision.choose = measured_again
+  second = engine_train.train(dataclasses.replace(config, epochs=2))
+  flat = weights(second.model)
+  everyone = hvd.allgather(tf.constant(flat[None]), name="weights").numpy()
+  with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
+    json.dump({"measured_policy": measured,
+               "resumed_policy": policy(second.model),
+               "max_weight_difference_across_ranks":
+                   float(np.abs(everyone - everyone[0]).max()),
+               "history": second.history}, f)
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
