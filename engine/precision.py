@@ -23,7 +23,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine import storage
 
 MODES = ("none", "float16", "bfloat16", "auto")
 # In model_dir: the mode `auto` measured and chose, and its figures, which
@@ -93,21 +93,17 @@ def record(model_dir: str, choice: dict) -> None:
 
 def recorded(model_dir: str) -> Optional[dict]:
   """The choice recorded in model_dir by the run's first start, if any:
-  {"mode": ..., "images_per_sec": {...}}, or a UserError naming the file
-  if it cannot be read."""
-  path = os.path.join(model_dir, PRECISION_FILE) if model_dir else ""
-  if not path or not os.path.exists(path):
-    return None
-  try:
-    with open(path) as f:
-      choice = json.load(f)
+  {"mode": ..., "images_per_sec": {...}, "seconds": ...}, or a UserError
+  naming the file if it cannot be read."""
+  def checked(choice):
     if choice["mode"] not in _POLICIES:
       raise ValueError(f"mode {choice['mode']!r}")
     return choice
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise UserError(f"{path}: unreadable ({e}); it records the precision "
-                    "--mixed_precision=auto measured for this run: restore "
-                    "it, or delete it to measure again") from None
+
+  return storage.read_record(
+      model_dir, PRECISION_FILE, checked,
+      "the precision --mixed_precision=auto measured for this run: restore "
+      "it, or delete it to measure again")
 
 
 def _cpu_flags() -> set:

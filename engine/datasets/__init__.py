@@ -24,6 +24,7 @@ from engine.datasets.arrays import from_arrays  # noqa: F401
 from engine.datasets.splits import (  # noqa: F401
     CLASSES_FILE, ArrayRows, DatasetInfo, Examples, ImageFiles, RecordFiles,
     Source, Splits)
+from engine import storage
 from engine.errors import UserError
 from engine.registry import Registry
 
@@ -153,12 +154,7 @@ def _read_normalization(model_dir: str) -> Optional[dict]:
   """normalization.json's statistics: mean and std, and target_mean and
   target_std if recorded; each a tuple of finite numbers, the stds
   positive; and the transform they were measured after ('' for none)."""
-  path = os.path.join(model_dir, NORMALIZATION_FILE) if model_dir else ""
-  if not path or not os.path.exists(path):
-    return None
-  try:
-    with open(path) as f:
-      recorded = json.load(f)
+  def checked(recorded):
     statistics = {key: tuple(float(v) for v in recorded[key])
                   for key in ("mean", "std", "target_mean", "target_std")
                   if key in recorded or key in ("mean", "std")}
@@ -168,7 +164,7 @@ def _read_normalization(model_dir: str) -> Optional[dict]:
         not all(map(math.isfinite, sum(statistics.values(), ())))):
       raise ValueError("not finite numbers with a positive std")
     return dict(statistics, transform=str(recorded.get("transform", "")))
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise UserError(f"{path}: unreadable ({e}); it records the run's "
-                    "normalization: restore it, or delete it to recompute"
-                    ) from None
+
+  return storage.read_record(
+      model_dir, NORMALIZATION_FILE, checked,
+      "the run's normalization: restore it, or delete it to recompute")
