@@ -145,14 +145,14 @@ def _measured_precision(config: TrainConfig, world: distributed.World,
   chosen = distributed.on_chief(lambda: precision.choose(images_per_sec),
                                 name="precision_choice")
   why = precision.described(images_per_sec, chosen)
-  seconds = time.perf_counter() - began
-  logging.info("--mixed_precision=auto: %s (%.1f s)", why, seconds)
+  took = time.perf_counter() - began
+  logging.info("--mixed_precision=auto: %s (%.1f s)", why, took)
   return dataclasses.replace(
       config, mixed_precision=chosen, mixed_precision_why=why,
       precision_candidates=(), precision_figures=dict(
           images_per_sec={mode: round(rate, 1)
                           for mode, rate in images_per_sec.items()},
-          seconds=round(seconds, 2)))
+          seconds=round(took, 2)))
 
 
 def stage(config: TrainConfig, world: distributed.World,
