@@ -31,9 +31,11 @@ from engine.config import TrainConfig
 from engine.errors import UserError
 import models
 
-# --mixed_precision=auto's measurement: steps per round, and rounds.
-MEASURED_STEPS = 8
+# --mixed_precision=auto's measurement: rounds, the seconds of timed steps
+# they share (all modes, all rounds), and the most steps a mode runs in one.
 MEASURED_ROUNDS = 3
+MEASURED_SECONDS = 4.0
+MEASURED_STEPS = 8
 
 def prepare(config: TrainConfig, measure_precision: bool = True
             ) -> tuple[TrainConfig, distributed.World, datasets.Splits,
@@ -100,11 +102,14 @@ def _measured_precision(config: TrainConfig, world: distributed.World,
   """--mixed_precision=auto: the mode the run's first start measured
   (recorded in model_dir), or measured now (engine/precision.py).
 
-  Every rank times MEASURED_STEPS steps of each native mode on its own
-  first training batches, allreduce included, the modes alternating over
-  MEASURED_ROUNDS rounds after a step that traces them; rank 0's figures
-  decide, for every rank. The models measured are thrown away; the run's
-  is built afterwards, from the seed, as if nothing had been measured.
+  Every rank times each native mode's steps on its own first training
+  batches, allreduce included, the modes alternating over MEASURED_ROUNDS
+  rounds after a step that traces them; rank 0's figures decide, for every
+  rank. A mode runs as many steps a round (1 to MEASURED_STEPS) as fit its
+  share of MEASURED_SECONDS at the speed of one step timed first, so a
+  slow model costs a few seconds more, not a minute. The models measured
+  are thrown away; the run's is built afterwards, from the seed, as if
+  nothing had been measured.
   """
   recorded = distributed.on_chief(
       lambda: precision.recorded(config.model_dir), name="precision")
@@ -126,22 +131,30 @@ def _measured_precision(config: TrainConfig, world: distributed.World,
       steps=MEASURED_STEPS, seed=config.seed, first_epoch=0,
       flip=config.random_flip, shift=config.random_shift,
       transpose=config.random_transpose), MEASURED_STEPS))
-  train_steps = {}
+  train_steps, step_seconds = {}, {}
   for mode in modes:
     _, train_steps[mode] = optimizer_and_step(
         dataclasses.replace(config, mixed_precision=mode), task,
         model_of(mode), learning_rate=0.0)
     train_steps[mode](*batches[0])  # tracing, not timed
+    started = time.perf_counter()
+    train_steps[mode](*batches[1 % len(batches)])
+    step_seconds[mode] = time.perf_counter() - started
+  # Every rank runs as many steps as rank 0 (each holds an allreduce).
+  share = MEASURED_SECONDS / (len(modes) * MEASURED_ROUNDS)
+  steps = distributed.on_chief(lambda: {
+      mode: max(1, min(len(batches), int(share / seconds)))
+      for mode, seconds in step_seconds.items()}, name="precision_steps")
   seconds = {mode: [] for mode in modes}
   for round_ in range(MEASURED_ROUNDS):
     for mode in modes[::-1] if round_ % 2 else modes:
       started = time.perf_counter()
-      for images, labels in batches:
+      for images, labels in batches[:steps[mode]]:
         train_steps[mode](images, labels)
       seconds[mode].append(time.perf_counter() - started)
-  examples = sum(len(labels) for _, labels in batches) * world.size
-  images_per_sec = {mode: examples / statistics.median(seconds[mode])
-                    for mode in modes}
+  examples = len(batches[0][1]) * world.size  # a step's, over all ranks
+  images_per_sec = {mode: examples * steps[mode]
+                    / statistics.median(seconds[mode]) for mode in modes}
   chosen = distributed.on_chief(lambda: precision.choose(images_per_sec),
                                 name="precision_choice")
   why = precision.described(images_per_sec, chosen)
@@ -152,7 +165,7 @@ def _measured_precision(config: TrainConfig, world: distributed.World,
       precision_candidates=(), precision_figures=dict(
           images_per_sec={mode: round(rate, 1)
                           for mode, rate in images_per_sec.items()},
-          seconds=round(took, 2)))
+          steps_per_round=steps, seconds=round(took, 2)))
 
 
 def stage(config: TrainConfig, world: distributed.World,
