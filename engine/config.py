@@ -95,6 +95,7 @@ class TrainConfig:
   gradient_compression: str
   allreduce_op: str
   grad_accum_steps: int
+  steps_per_call: int
   # Profiling
   profile_steps: tuple  # (first, last) global steps, or () for none
   profile_all_ranks: bool
@@ -181,6 +182,7 @@ def config_from_flags() -> TrainConfig:
       gradient_compression=FLAGS.gradient_compression,
       allreduce_op=FLAGS.allreduce_op,
       grad_accum_steps=FLAGS.grad_accum_steps,
+      steps_per_call=FLAGS.steps_per_call,
       profile_steps=tuple(int(step) for step in FLAGS.profile_steps.split(",")
                           if FLAGS.profile_steps),
       profile_all_ranks=FLAGS.profile_all_ranks,

@@ -79,6 +79,16 @@ class StepProfiler:
   def close(self) -> None:
     self._stop()
 
+  def steps_untraced(self, global_step: int, count: int) -> int:
+    """Of `count` steps from `global_step` on, how many one call may take:
+    all of them before the traced range (up to it), one within it (each
+    traced step is a call of its own, marked with its number)."""
+    if self._first <= global_step <= self._last:
+      return 1
+    if global_step < self._first:
+      return min(count, self._first - global_step)
+    return count
+
   @contextlib.contextmanager
   def step(self, global_step: int):
     if not self._first <= global_step <= self._last:

@@ -30,19 +30,22 @@ class Progress:
     """`first_step` steps of the epoch were done before (a resumed run):
     the rate counts the steps from here."""
     self._epoch = epoch
-    self._first_step = first_step
+    self._first_step = self._logged = first_step
     self._start = self._shown = time.perf_counter()
     if self.mode == "bar":
       self._bar = tf.keras.utils.Progbar(self._steps, unit_name="step")
 
   def step(self, done: int) -> None:
-    """`done` steps of this epoch are finished (1-based)."""
+    """`done` steps of this epoch are finished (1-based; a call of several
+    steps moves it by several: a line is logged for each tenth passed)."""
     if self.mode == "bar":
       now = time.perf_counter()
       if now - self._shown >= _BAR_REFRESH_SECONDS or done == self._steps:
         self._bar.update(done)
         self._shown = now
-    elif self.mode == "log" and done % self._log_every == 0:
+    elif (self.mode == "log"
+          and done // self._log_every > self._logged // self._log_every):
+      self._logged = done
       rate = ((done - self._first_step) * self._global_batch
               / (time.perf_counter() - self._start))
       logging.info("epoch %d/%d step %d/%d, %.0f img/s", self._epoch + 1,

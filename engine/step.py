@@ -28,7 +28,12 @@ _HOROVOD_COMPRESSIONS = {"none": hvd.Compression.none,
 
 class NonFinite(Exception):
   """A step whose loss or gradients were not finite, on some rank; it was
-  not applied. Raised on every rank after the same step."""
+  not applied. Raised on every rank after the same step: the call's
+  `step`-th (1-based; a call of `TrainStep.steps` takes several)."""
+
+  def __init__(self, what: str, step: int = 1):
+    super().__init__(what)
+    self.step = step
 
 
 # The step's status, one integer read by the host per step: its bits.
@@ -62,6 +67,13 @@ class TrainStep:
   the step counts it in `skipped_steps`; only a non-finite step at the
   minimum scale of 1 raises. That also bounds the steps skipped in a row:
   halving from 2^15, the 16th is at the minimum.
+
+  `steps` takes up to K steps in one call, reading its batches inside the
+  call (Keras' steps_per_execution, Orbit's use_tf_while_loop): one host
+  round trip per K steps instead of per step. Every step's status is read
+  inside the loop, and a step that asks to stop or was not finite ends the
+  call after it, on every rank alike, so the host learns of it after the
+  very step it would have at K = 1.
 
   Counts its traces (`traces`) because a retrace per step or per epoch is a
   silent, large slowdown that tests should catch.
@@ -108,6 +120,7 @@ class TrainStep:
     # Tensors, not Python floats: a Python argument would be traced in.
     self._flags = {False: tf.constant(0.0), True: tf.constant(1.0)}
     self._step = tf.function(self._train_step)
+    self._steps = tf.function(self._train_steps)
 
   def _build_optimizer_state(self) -> None:
     optimizers.build_state(self.optimizer, self.model.trainable_variables)
@@ -120,11 +133,51 @@ class TrainStep:
     non-finite checks: the details are read only when something was not
     finite.
     """
-    outcome = self._step(images, labels, self._flags[stop_requested])
+    return self._read(self._step(images, labels,
+                                 self._flags[stop_requested]))
+
+  def steps(self, batches, count: int,
+            stop_requested: bool = False) -> tuple[int, bool]:
+    """Up to `count` steps in one call, each on the next of `batches` (an
+    iterator over a tf.data.Dataset of (images, labels)); returns how many
+    ran and whether the ranks agreed to stop. A stop or a non-finite step
+    ends the call after that step (NonFinite says which step it was)."""
+    outcome = self._steps(batches, tf.constant(count),
+                          self._flags[stop_requested])
+    ran = int(outcome["steps"])
+    return ran, self._read(outcome, step=ran)
+
+  def _read(self, outcome, step: int = 1) -> bool:
+    """The host's one read of a call's status: whether the ranks agreed to
+    stop; raises NonFinite (or counts a step the loss scaler skipped)."""
     status = int(outcome["status"])
     if status & _NONFINITE:
-      self._nonfinite(outcome)
+      self._nonfinite(outcome, step)
     return bool(status & _STOP_AGREED)
+
+  def _train_steps(self, batches, count, stop_requested):
+    """`count` steps in a while loop, ended early by a step whose status is
+    not 0; returns the last step's outcome and how many steps ran."""
+    outcome = self._no_outcome()
+    ran = tf.constant(0)
+    for _ in tf.range(count):
+      images, labels = next(batches)
+      outcome = self._train_step(images, labels, stop_requested)
+      ran += 1
+      if outcome["status"] != 0:
+        break
+    return dict(outcome, steps=ran)
+
+  def _no_outcome(self) -> dict:
+    """What a step returns, before any step: a status of 0."""
+    return dict(status=tf.constant(0), loss=tf.constant(0.0),
+                nonfinite_loss_share=tf.constant(0.0),
+                gradients_finite=tf.ones([self._gradient_checks()], tf.bool),
+                loss_scale=tf.constant(0.0))
+
+  def _gradient_checks(self) -> int:
+    """How many gradients' finiteness a step's outcome gives."""
+    return len(self.model.trainable_variables)
 
   def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
@@ -208,14 +261,16 @@ class TrainStep:
       gradients[i] = gradient
     return gradients, reduced[-1] if flags is not None else None
 
-  def _nonfinite(self, outcome) -> None:
-    """Counts a step the loss scaler skipped, or raises NonFinite."""
+  def _nonfinite(self, outcome, step: int) -> None:
+    """Counts a step the loss scaler skipped, or raises NonFinite (of the
+    call's `step`-th step)."""
     what = self._describe_nonfinite(outcome)
     if not self._scales_loss:
-      raise NonFinite(what)
+      raise NonFinite(what, step)
     self.skipped_steps += 1
     if float(outcome["loss_scale"]) <= 1:
-      raise NonFinite(f"{what}, at the float16 loss scale's minimum of 1")
+      raise NonFinite(f"{what}, at the float16 loss scale's minimum of 1",
+                      step)
 
   def _describe_nonfinite(self, outcome) -> str:
     """What was not finite: the loss, on how many ranks, and which
@@ -351,6 +406,9 @@ class TaskTrainStep(TrainStep):
                 nonfinite_loss_share=shares[1],
                 gradients_finite=gradients_finite[None],
                 loss_scale=tf.constant(0.0))
+
+  def _gradient_checks(self) -> int:
+    return 1  # all of the task's gradients together
 
   def _describe_gradients(self, finite) -> str:
     return "the gradients of the task's step were non-finite"

@@ -290,15 +290,15 @@ class _TrainLoop:
     session.times.reset()
     session.window.start_epoch(session.first_step)
     session.progress.start_epoch(epoch, session.first_step)
-    for done in range(session.first_step + 1, session.steps_per_epoch + 1):
-      global_step = epoch * session.steps_per_epoch + done
-      session.global_step = global_step
-      with session.profiler.step(global_step):
-        with session.times.input():
-          images, labels = next(session.batches)
-        with session.times.step():
-          stop_agreed = train_step(images, labels,
-                                   session.stop_requests.requested)
+    done = session.first_step
+    while done < session.steps_per_epoch:
+      count = self._steps_in_call(session, epoch, done)
+      first = epoch * session.steps_per_epoch + done + 1
+      session.global_step = first
+      with session.profiler.step(first):
+        ran, stop_agreed = self._call(session, count)
+      done += ran
+      session.global_step = first + ran - 1
       if not session.optimizer_state_broadcast:
         # Once per start, after the first update: whatever state an
         # optimizer creates at its first step rather than in
@@ -319,10 +319,44 @@ class _TrainLoop:
     session.epoch_sums = NO_EXAMPLES
     return train, time.perf_counter() - began
 
+  def _call(self, session: Session, count: int) -> tuple[int, bool]:
+    """`count` steps (fewer if the ranks agree to stop): one call of the
+    train step per step at --steps_per_call=1, the batch read on the host
+    and its wait timed apart; one call for all of them beyond, reading its
+    batches inside (their wait is then step time). Returns the steps run
+    and whether the ranks agreed to stop."""
+    requested = session.stop_requests.requested
+    if self._config.steps_per_call == 1:
+      with session.times.input():
+        images, labels = next(session.batches)
+      with session.times.step():
+        return 1, self._train_step(images, labels, requested)
+    with session.times.step():
+      return self._train_step.steps(session.batches, count, requested)
+
+  def _steps_in_call(self, session: Session, epoch: int, done: int) -> int:
+    """How many steps the next call takes, after step `done` of `epoch`: up
+    to --steps_per_call, ending at the epoch's end and at every step where
+    something is due (a checkpoint, a commit, a summary), so cadences hold
+    step by step at any K; one alone for the start's first step (its
+    optimizer state is broadcast after it) and each profiled step (traced
+    and marked one by one)."""
+    config = self._config
+    if not session.optimizer_state_broadcast:
+      return 1
+    taken = epoch * session.steps_per_epoch + done
+    count = min(config.steps_per_call, session.steps_per_epoch - done)
+    for every in (config.checkpoint_every_steps, config.summary_every_steps,
+                  config.commit_every_steps if config.elastic else 0):
+      if every:
+        count = min(count, every - taken % every)
+    return session.profiler.steps_untraced(taken + 1, count)
+
   def _after_step(self, session: Session, epoch: int, done: int,
                   stop_agreed: bool) -> None:
-    """What follows step `done` of `epoch`: a stop the ranks agreed on, and
-    the saves, commits and summaries due at this step."""
+    """What follows step `done` of `epoch` (the last of a call): a stop the
+    ranks agreed on, and the saves, commits and summaries due at this
+    step."""
     config, totals = self._config, self._train_step.totals
     global_step = session.global_step
     position = session.position(epoch, done)
@@ -428,6 +462,7 @@ class _TrainLoop:
     stops with Diverged, or rolls back (--on_nonfinite=rollback) and
     returns the epoch to go on from."""
     config = self._config
+    session.global_step += nonfinite.step - 1  # the call's step that failed
     global_step = session.global_step
     epoch, step = divmod(global_step - 1, session.steps_per_epoch)
     rate = float(self._learning_rate(global_step - 1))

@@ -45,3 +45,12 @@ flags.DEFINE_integer("grad_accum_steps", 1,
                      "trains as --batch_size x this would, in the memory of "
                      "--batch_size, with one allreduce per update.",
                      lower_bound=1)
+flags.DEFINE_integer("steps_per_call", 1,
+                     "Train steps per call of the compiled step, in a loop "
+                     "inside it that reads its own batches (Keras' "
+                     "steps_per_execution): one host round trip per K steps. "
+                     "Stops, non-finite steps, checkpoints, commits, "
+                     "summaries and profiled steps still happen at the very "
+                     "step they would at 1 (a call ends there); a stop "
+                     "signal is seen at the next call. Beyond 1 the wait "
+                     "for input is counted as step time.", lower_bound=1)

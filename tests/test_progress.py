@@ -3,11 +3,11 @@ from absl import logging
 from engine import progress
 
 
-def run(mode, chief=True, steps=20):
+def run(mode, chief=True, steps=20, per_call=1):
   bar = progress.Progress(mode=mode, chief=chief, steps_per_epoch=steps,
                           epochs=3, global_batch=64)
   bar.start_epoch(1)
-  for done in range(1, steps + 1):
+  for done in range(per_call, steps + 1, per_call):
     bar.step(done)
   return bar
 
@@ -18,6 +18,14 @@ def test_log_mode_writes_a_line_per_tenth_of_the_epoch(monkeypatch):
   run("log")
   assert len(lines) == 10
   assert lines[-1].startswith("epoch 2/3 step 20/20, ")
+
+
+def test_calls_of_several_steps_log_a_line_per_tenth_passed(monkeypatch):
+  lines = []
+  monkeypatch.setattr(logging, "info", lambda fmt, *a: lines.append(fmt % a))
+  run("log", steps=40, per_call=5)  # a tenth: 4 steps
+  assert [line.split(",")[0] for line in lines] == [
+      f"epoch 2/3 step {done}/40" for done in (5, 10, 15, 20, 25, 30, 35, 40)]
 
 
 def test_bar_mode_draws_a_keras_progress_bar(capsys):

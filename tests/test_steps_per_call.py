@@ -1,0 +1,94 @@
+"""--steps_per_call: several steps in one call of the compiled step, under
+`horovodrun -np 2` (one launch, tests/workers/steps_per_call.py), against
+one step a call."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+from engine import profiling
+from tests import fixtures
+
+WORKER = "tests/workers/steps_per_call.py"
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+  data_dir = fixtures.write_fashion_mnist(
+      str(tmp_path_factory.mktemp("fm")), num_train=200, num_test=50)
+  out = tmp_path_factory.mktemp("out")
+  result = fixtures.launch([WORKER, str(out), data_dir], processes=2)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_k_steps_a_call_train_exactly_as_one_step_a_call(ranks):
+  for rank in ranks:
+    one, four = rank["k1"], rank["k4"]
+    np.testing.assert_array_equal(four["weights"], one["weights"])
+    assert four["history"] == [dict(r, **{k: four["history"][i][k] for k in (
+        "images_per_sec", "input_seconds", "step_seconds", "epoch_seconds",
+        "cumulative_seconds", "time")}) for i, r in enumerate(one["history"])]
+    # Calls of several steps, one trace for calls of any size.
+    assert one["calls"] == [] and max(four["calls"]) > 1
+    assert sum(four["calls"]) == 20 and four["traces"] == 1
+
+
+def test_weights_are_identical_on_every_rank_at_every_k(ranks):
+  assert [rank[run]["max_weight_difference_across_ranks"]
+          for rank in ranks for run in ("k1", "k4", "k4_resumed")] == [0] * 6
+
+
+def test_checkpoints_and_summaries_come_at_the_same_steps_at_any_k(ranks):
+  chief = ranks[0]
+  assert chief["k1"]["saves"] == [3, 6, 9, 12, 15, 18]
+  assert chief["k4"]["saves"] == chief["k1"]["saves"]
+  assert chief["k1"]["summaries"] == [5, 10, 15, 20]
+  assert chief["k4"]["summaries"] == chief["k1"]["summaries"]
+  # The calls end where something is due, and the start's first step is
+  # a call of its own (its optimizer state is broadcast after it).
+  assert chief["k4"]["calls"] == [1, 2, 2, 1, 3, 1, 2, 3, 3, 2]
+
+
+def test_the_input_wait_is_step_time_beyond_one_step_a_call(ranks):
+  assert all(r["input_seconds"] == 0 and r["step_seconds"] > 0
+             for r in ranks[0]["k4"]["history"])
+
+
+def test_a_stop_on_one_rank_ends_a_call_and_the_resume_is_exact(ranks):
+  for rank in ranks:
+    stopped = rank["k4_stopped"]
+    # Asked for after step 6, seen by the next call (steps 7-9): it ends
+    # after its first step, on both ranks.
+    assert stopped["calls"][-1] == 3 and stopped["steps_run"] == 7
+    assert "at epoch 1, step 7" in stopped["stopped"]
+    resumed, straight = rank["k4_resumed"], rank["k4"]
+    np.testing.assert_array_equal(resumed["weights"], straight["weights"])
+    assert ([r["val_loss"] for r in resumed["history"]]
+            == [r["val_loss"] for r in straight["history"]])
+    assert resumed["traces"] == 1
+
+
+def test_a_nonfinite_step_inside_a_call_is_named_as_at_one_step_a_call(
+    ranks):
+  for rank in ranks:
+    one, four = rank["diverged_k1"], rank["diverged_k4"]
+    assert one["stopped"].startswith(
+        "training diverged at global step 4 (epoch 1, step 4) with learning "
+        "rate 400: the gradients of ")
+    # The start's first step alone, then steps 2-5 in one call: its third
+    # failed, and the call ended there.
+    assert four["calls"] == [1, 4]
+    said = [re.sub(r"dense_\d+|diverged_k\d", "", run["stopped"])
+            for run in (one, four)]
+    assert said[1] == said[0]
+
+
+@pytest.mark.parametrize("step, count, expected", [
+    (1, 4, 4), (3, 4, 2), (4, 4, 1), (5, 4, 1), (6, 4, 1), (7, 4, 4)])
+def test_profiled_steps_are_calls_of_their_own(tmp_path, step, count,
+                                               expected):
+  profiler = profiling.StepProfiler(str(tmp_path), steps=(5, 6), rank=0,
+                                    all_ranks=False, timeline=False)
+  assert profiler.steps_untraced(step, count) == expected

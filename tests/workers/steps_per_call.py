@@ -1,0 +1,125 @@
+"""Run by tests/test_steps_per_call.py under `horovodrun -np 2`:
+--steps_per_call=K, several steps in one call of the compiled step, against
+one step a call. Each rank writes OUT/rank<r>.json.
+
+1. The same run (deterministic, 10 steps an epoch, a checkpoint every 3
+   steps and a summary every 5) at K = 1 and K = 4: weights, records,
+   checkpoints, summaries, the calls' sizes.
+2. At K = 4, a stop asked for on rank 1 alone after 6 steps (as a signal
+   to one rank would), then the same command again: where it stopped,
+   and the resumed run's weights and records.
+3. A run whose learning rate makes its 4th step non-finite, at K = 1 and
+   K = 4 (the third step of a call of four): the error each raises.
+"""
+import dataclasses
+import json
+import os
+import sys
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from engine import errors
+from engine import model_dir
+from engine import preemption
+from engine import report
+from engine import step as steps
+from engine import train as engine_train
+from tests import fixtures
+
+# What the wrapped parts saw during the current run.
+seen = {"calls": [], "saves": [], "summaries": [], "steps_run": 0,
+        "stop_after": None}
+
+
+BEFORE = object()  # what `note` is given before the call
+
+
+def watched(cls, name, note):
+  """`cls.name`, noting each call's arguments in `seen` before it runs,
+  and its result after (unless it raised)."""
+  original = getattr(cls, name)
+
+  def wrapper(self, *args):
+    note(BEFORE, *args)
+    result = original(self, *args)
+    note(result, *args)
+    return result
+
+  setattr(cls, name, wrapper)
+
+
+def note_call(result, batches, count, stop_requested=False):
+  del batches, stop_requested
+  if result is BEFORE:
+    seen["calls"].append(count)
+  else:
+    seen["steps_run"] += result[0]
+
+
+def note_step(note, argument):
+  """Notes the global step, the call's `argument`-th argument."""
+  return lambda result, *args: (result is BEFORE
+                                and note.append(args[argument]))
+
+
+watched(steps.TrainStep, "steps", note_call)
+watched(model_dir.RunDirectory, "save", note_step(seen["saves"], 1))
+watched(report.Reporter, "steps", note_step(seen["summaries"], 0))
+# A stop asked for on rank 1 alone, once `stop_after` steps have run.
+preemption.StopRequests.requested = property(lambda self: (
+    hvd.rank() == 1 and seen["stop_after"] is not None
+    and seen["steps_run"] >= seen["stop_after"]))
+
+
+def weights(model) -> np.ndarray:
+  return np.concatenate([v.numpy().ravel() for v in model.variables])
+
+
+def trained(config, stop_after=None) -> dict:
+  """`config`'s run: what this rank holds and saw, or how it stopped."""
+  for notes in ("calls", "saves", "summaries"):
+    seen[notes].clear()
+  seen.update(steps_run=0, stop_after=stop_after)
+  try:
+    result = engine_train.train(config)
+  except (preemption.Preempted, errors.Diverged) as e:
+    return {"stopped": str(e), "calls": list(seen["calls"]),
+            "steps_run": seen["steps_run"]}
+  flat = weights(result.model)
+  everyone = hvd.allgather(tf.constant(flat[None]),
+                           name=os.path.basename(config.model_dir)).numpy()
+  return {"weights": flat.tolist(),
+          "max_weight_difference_across_ranks":
+              float(np.abs(everyone - everyone[0]).max()),
+          "history": result.history, "traces": result.train_step.traces,
+          "calls": list(seen["calls"]), "saves": list(seen["saves"]),
+          "summaries": list(seen["summaries"])}
+
+
+def main(out_dir: str, data_dir: str) -> None:
+  config = fixtures.train_config(
+      data_dir=data_dir, model="cnn",
+      model_params={**fixtures.train_config().model_params, "filters": 4},
+      batch_size=8, epochs=2, steps_per_epoch=10, deterministic=True,
+      checkpoint_every_steps=3, summary_every_steps=5, progress="none")
+  def at(k, name, **changes):
+    return dataclasses.replace(config, steps_per_call=k,
+                               model_dir=os.path.join(out_dir, name),
+                               **changes)
+
+  observed = {"k1": trained(at(1, "k1")), "k4": trained(at(4, "k4")),
+              "k4_stopped": trained(at(4, "k4_resumed"), stop_after=6)}
+  observed["k4_resumed"] = trained(at(4, "k4_resumed"))
+  for k in (1, 4):
+    observed[f"diverged_k{k}"] = trained(at(
+        k, f"diverged_k{k}", optimizer="sgd", base_lr=200.0,
+        warmup_epochs=0.0, lr_schedule="constant", checkpoint_every_steps=0,
+        summary_every_steps=0))
+  with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
+    json.dump(observed, f)
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
