@@ -8,7 +8,10 @@ Runs, interleaved round by round, on real Fashion-MNIST with --processes:
   and 35, float32, no label smoothing, no weight average, no flipped views;
 - `keras_fit`: Keras `model.fit` with Horovod's callbacks given the whole
   recipe (bench/keras_recipe.py: same model, batches, precision, schedule,
-  label smoothing, weight average, evaluation).
+  label smoothing, weight average, evaluation);
+- `baseline` (when named in --configs): the engine with another recipe
+  (--baseline), to compare recipes on one machine; the table then gives,
+  per seed, the recipe's seconds to the last target over the baseline's.
 
 Round r gives every configuration seed r, so the rounds are repeats over
 seeds as well as over the machine's moods. Each run's figures come from its
@@ -55,12 +58,16 @@ CONFIGS = {
     "engine": ("engine.train", []),
     "engine_lab": ("engine.train", LAB_METHOD),
     "keras_fit": ("bench.keras_recipe", []),
+    "baseline": ("engine.train", []),
 }
+DEFAULT_CONFIGS = ["engine", "engine_lab", "keras_fit"]
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("recipe", "flags/fashion_mnist_fast.cfg",
                     "The engine's recipe (a flagfile) all three train by.")
-flags.DEFINE_list("configs", list(CONFIGS), "Which configurations to run.")
+flags.DEFINE_string("baseline", "flags/fashion_mnist_94.cfg",
+                    "The recipe the `baseline` configuration trains by.")
+flags.DEFINE_list("configs", DEFAULT_CONFIGS, "Which configurations to run.")
 flags.DEFINE_integer("repeats", 2, "Rounds over the configurations; round r "
                      "uses --seed=r.")
 flags.DEFINE_integer("processes", 2, "Processes per run (horovodrun -np).")
@@ -111,8 +118,9 @@ def _run(config: str, *, seed: int) -> dict:
   model_dir = os.path.join(FLAGS.out_dir, f"{config}-seed{seed}")
   shutil.rmtree(model_dir, ignore_errors=True)  # a fresh run, not a resume
   module, overrides = CONFIGS[config]
+  recipe = FLAGS.baseline if config == "baseline" else FLAGS.recipe
   command = [interleaved.HOROVODRUN, "-np", str(FLAGS.processes),
-             interleaved.PYTHON, "-m", module, f"--flagfile={FLAGS.recipe}",
+             interleaved.PYTHON, "-m", module, f"--flagfile={recipe}",
              *overrides, *FLAGS.extra, f"--seed={seed}",
              f"--model_dir={model_dir}", "--progress=none"]
   started = time.perf_counter()
@@ -174,7 +182,25 @@ def _table(results: list[dict]) -> str:
     if finals:
       medians.append(f"{config} {statistics.median(finals):.4f}")
   return "\n".join(rows) + "\n\nMedian final accuracy: " + ", ".join(
-      medians) + "."
+      medians) + "." + _against_baseline(results)
+
+
+def _against_baseline(results: list[dict]) -> str:
+  """Per seed, the recipe's seconds to the last target over the
+  baseline's ("-" where either never reached it)."""
+  target = float(FLAGS.targets[-1])
+  seconds = {(r["config"], r["seed"]): _seconds_to(r, target)
+             for r in results}
+  ratios = []
+  for seed in sorted({seed for _, seed in seconds}):
+    if ("engine", seed) in seconds and ("baseline", seed) in seconds:
+      engine, baseline = seconds["engine", seed], seconds["baseline", seed]
+      ratios.append(f"seed {seed} " + (f"{engine / baseline:.2f}"
+                                       if engine and baseline else "-"))
+  if not ratios:
+    return ""
+  return (f"\nSeconds to {target:.0%}, the recipe over the baseline "
+          f"({FLAGS.baseline}): " + ", ".join(ratios) + ".")
 
 
 def _plot(results: list[dict]) -> None:
@@ -189,6 +215,10 @@ def _write_results(table: str) -> None:
   """The table between RESULTS.md's markers, with the command and date."""
   section = (f"{BEGIN}\n`.venv/bin/python -m bench.time_to_accuracy "
              f"--recipe={FLAGS.recipe} --repeats={FLAGS.repeats}"
+             + (f" --configs={','.join(FLAGS.configs)}"
+                if FLAGS.configs != DEFAULT_CONFIGS else "")
+             + (f" --baseline={FLAGS.baseline}"
+                if "baseline" in FLAGS.configs else "")
              + (f" --extra={','.join(FLAGS.extra)}" if FLAGS.extra else "")
              + f"`, {time.strftime('%Y-%m-%d')}:\n\n{table}\n{END}")
   with open(RESULTS) as f:
