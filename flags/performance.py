@@ -1,10 +1,12 @@
-"""Flags: speed options of the step (precision, XLA, the gradient allreduce).
+"""Flags: speed options of the step (precision, XLA, the gradient allreduce,
+steps per call).
 
-Their defaults are float32 and no XLA, the fastest exact settings on CPU
-(bench/cpu_defaults.py: XLA made the step 1.7-4.7x slower than TensorFlow's
-oneDNN kernels; bfloat16 is 1.34x faster on CPUs with AVX512-BF16 but
-computes other numbers, so it is a choice, not a default). GPU recipes turn
-on --mixed_precision=float16 and --xla.
+Their defaults are float32, no XLA and one step a call, the fastest exact
+settings on CPU (bench/cpu_defaults.py: XLA made the step 1.7-4.7x slower
+than TensorFlow's oneDNN kernels; bfloat16 is 1.34x faster on CPUs with
+AVX512-BF16 but computes other numbers, so it is a choice, not a default;
+bench/steps_per_call.py: several steps a call were no faster on 2
+processes). GPU recipes turn on --mixed_precision=float16 and --xla.
 """
 from absl import flags
 
@@ -48,9 +50,12 @@ flags.DEFINE_integer("grad_accum_steps", 1,
 flags.DEFINE_integer("steps_per_call", 1,
                      "Train steps per call of the compiled step, in a loop "
                      "inside it that reads its own batches (Keras' "
-                     "steps_per_execution): one host round trip per K steps. "
-                     "Stops, non-finite steps, checkpoints, commits, "
-                     "summaries and profiled steps still happen at the very "
-                     "step they would at 1 (a call ends there); a stop "
-                     "signal is seen at the next call. Beyond 1 the wait "
-                     "for input is counted as step time.", lower_bound=1)
+                     "steps_per_execution): one host round trip per call "
+                     "instead of per step; faster for a process alone (4: "
+                     "+18% on a 30 ms CPU step), not on 2 CPU processes "
+                     "(bench/RESULTS.md). Stops, non-finite steps, "
+                     "checkpoints, commits, summaries and profiled steps "
+                     "still happen at the very step they would at 1 (a call "
+                     "ends there); a stop signal is seen at the next call. "
+                     "Beyond 1 the wait for input is counted as step time.",
+                     lower_bound=1)
