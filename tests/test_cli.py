@@ -113,6 +113,7 @@ def test_corrupt_gzip(data_dir, tmp_path, fails_with):
     ("--horovod_timeline", "--horovod_timeline records the --profile_steps "
      "range; give --profile_steps too"),
     ("--grad_accum_steps=0", "flag --grad_accum_steps=0: 0 is not a positive"),
+    ("--steps_per_call=0", "flag --steps_per_call=0: 0 is not a positive"),
     ("--commit_every_steps=0",
      "flag --commit_every_steps=0: 0 is not a positive"),
     ("--elastic", "--elastic needs an elastic launch: horovodrun -np N "

@@ -85,6 +85,17 @@ def test_a_nonfinite_step_inside_a_call_is_named_as_at_one_step_a_call(
     assert said[1] == said[0]
 
 
+def test_a_task_with_its_own_step_trains_alike_at_any_k(ranks):
+  for rank in ranks:
+    one, four = rank["gan_k1"], rank["gan_k4"]
+    np.testing.assert_array_equal(four["weights"], one["weights"])
+    assert ([r["val_fooled"] for r in four["history"]]
+            == [r["val_fooled"] for r in one["history"]])
+    assert max(four["calls"]) > 1
+  assert [rank[run]["max_weight_difference_across_ranks"] for rank in ranks
+          for run in ("gan_k1", "gan_k4")] == [0] * 4
+
+
 @pytest.mark.parametrize("step, count, expected", [
     (1, 4, 4), (3, 4, 2), (4, 4, 1), (5, 4, 1), (6, 4, 1), (7, 4, 4)])
 def test_profiled_steps_are_calls_of_their_own(tmp_path, step, count,

@@ -10,6 +10,8 @@ one step a call. Each rank writes OUT/rank<r>.json.
    and the resumed run's weights and records.
 3. A run whose learning rate makes its 4th step non-finite, at K = 1 and
    K = 4 (the third step of a call of four): the error each raises.
+4. A task with a train step of its own (the DCGAN of examples/), at K = 1
+   and K = 4.
 """
 import dataclasses
 import json
@@ -117,6 +119,9 @@ def main(out_dir: str, data_dir: str) -> None:
         k, f"diverged_k{k}", optimizer="sgd", base_lr=200.0,
         warmup_epochs=0.0, lr_schedule="constant", checkpoint_every_steps=0,
         summary_every_steps=0))
+  for k in (1, 4):
+    observed[f"gan_k{k}"] = trained(at(
+        k, f"gan_k{k}", task="tests/workers/tiny_gan.py:TinyDCGAN"))
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump(observed, f)
 
