@@ -98,6 +98,7 @@ def test_every_rank_runs_rank_0s_choice_and_records_it(measured):
   assert recorded["mode"] == "bfloat16"
   assert set(recorded["images_per_sec"]) == {"none", "bfloat16"}
   assert all(rate > 0 for rate in recorded["images_per_sec"].values())
+  assert recorded["steps_per_round"] == {"none": 1, "bfloat16": 1}
   assert recorded["seconds"] > 0
   assert "--mixed_precision=auto: measured float32 " in result.stderr
 
