@@ -107,10 +107,14 @@ class TrainStep:
     self._accumulation_steps = accumulation_steps
     if overlap_allreduce is None:
       overlap_allreduce = bool(tf.config.list_logical_devices("GPU"))
-    # The flags must be averaged, and Adasum is not an average: under it
-    # they take an allreduce of their own.
-    self._reduce_together = (allreduce_op == "average" and
+    # The flags and statistics must be averaged, and neither Adasum nor a
+    # float16 copy is an average: under those they take an allreduce of
+    # their own.
+    self._reduce_together = (allreduce_op == "average"
+                             and compression == "none" and
                              (accumulation_steps > 1 or not overlap_allreduce))
+    self._statistics = [v for v in model.non_trainable_variables
+                        if v.dtype == tf.float32]
     self._scales_loss = precision.scales_loss(optimizer)
     # XLA compiles the forward pass, and TensorFlow compiles its gradient
     # with it; Horovod's allreduce has no XLA kernel on CPU, so it and the
@@ -185,18 +189,19 @@ class TrainStep:
     if self._accumulation_steps == 1 and not self._reduce_together:
       with tf.GradientTape() as tape:
         loss = self._loss(images, labels)
-      flags = _step_flags(stop_requested, loss)
+      shared = self._shared(stop_requested, loss)
       tape = hvd.DistributedGradientTape(tape, **self._allreduce)
       gradients = tape.gradient(loss, variables)
-      shares = self._averaged_alone(flags)
+      shared = self._averaged_alone(shared)
     else:
       local, loss = self._local_gradients(images, labels, variables)
-      flags = _step_flags(stop_requested, loss)
+      shared = self._shared(stop_requested, loss)
       if self._reduce_together:
-        gradients, shares = self._reduced_together(local, flags)
+        gradients, shared = self._reduced_together(local, shared)
       else:
         gradients = hvd.grouped_allreduce(local, **self._allreduce)
-        shares = self._averaged_alone(flags)
+        shared = self._averaged_alone(shared)
+    shares = self._statistics_averaged(shared)
     # The shares of ranks that asked to stop and whose loss was not finite.
     stop_share, nonfinite_loss_share = shares[0], shares[1]
     if self._scales_loss:  # after the allreduce: it sums scaled gradients
@@ -229,10 +234,34 @@ class TrainStep:
     if self._weight_average:
       self._weight_average.update()
 
-  def _averaged_alone(self, flags):
-    """The step's flags averaged over ranks, beside gradients reduced one by
-    one: submitted when the gradients start to be (they depend on the loss
-    only), as an average like theirs, so Horovod fuses them into one of
+  def _shared(self, stop_requested, loss) -> tf.Tensor:
+    """What a step averages over ranks besides its gradients: its flags
+    (_step_flags), then the model's statistics, its float32 non-trainable
+    variables (BatchNorm's moving means and variances), flattened.
+
+    Each rank updates the statistics from its own batches. Averaged after
+    every step they are the same on every rank at every step, so that rank
+    0's checkpoint holds every rank's state and a run resumed mid-epoch
+    continues exactly as it would have. Moving averages are linear in the
+    batches: the average of the ranks' own is the same whether taken once
+    an epoch or every step.
+    """
+    return tf.concat([_step_flags(stop_requested, loss)]
+                     + [tf.reshape(v, [-1]) for v in self._statistics], 0)
+
+  def _statistics_averaged(self, shared: tf.Tensor) -> tf.Tensor:
+    """Sets the statistics to their average over ranks, from `shared`
+    averaged; returns the flags' average: the shares of ranks."""
+    parts = tf.split(shared, [_FLAGS] + [v.shape.num_elements()
+                                         for v in self._statistics])
+    for variable, average in zip(self._statistics, parts[1:]):
+      variable.assign(tf.reshape(average, variable.shape))
+    return parts[0]
+
+  def _averaged_alone(self, shared):
+    """What the step shares (`_shared`) averaged over ranks, beside
+    gradients reduced one by one: submitted when the gradients start to be
+    (it depends on the forward pass only), as an average like theirs, so Horovod fuses them into one of
     their allreduces instead of running a collective of their own.
 
     Alone, a process skips Horovod's queue (as DistributedGradientTape
@@ -240,18 +269,18 @@ class TrainStep:
     """
     return tf.cond(
         hvd.size_op() > 1,
-        lambda: hvd.allreduce(flags, op=hvd.Average, name="step_flags"),
-        lambda: flags)
+        lambda: hvd.allreduce(shared, op=hvd.Average, name="step_flags"),
+        lambda: shared)
 
-  def _reduced_together(self, local, flags=None):
-    """The local gradients and the step's flags (if given), averaged over
-    ranks in one grouped allreduce; a process alone skips Horovod's
-    queue."""
+  def _reduced_together(self, local, shared=None):
+    """The local gradients and what the step shares (`_shared`, if given),
+    averaged over ranks in one grouped allreduce; a process alone skips
+    Horovod's queue."""
     present = [i for i, gradient in enumerate(local) if gradient is not None]
     # Dense: a grouped allreduce takes tensors, not IndexedSlices.
     tensors = [tf.convert_to_tensor(local[i]) for i in present]
-    if flags is not None:
-      tensors.append(flags)
+    if shared is not None:
+      tensors.append(shared)
     reduced = tf.cond(
         hvd.size_op() > 1,
         lambda: hvd.grouped_allreduce(tensors, **self._allreduce),
@@ -259,7 +288,7 @@ class TrainStep:
     gradients = list(local)  # a variable the loss does not use keeps None
     for i, gradient in zip(present, reduced):
       gradients[i] = gradient
-    return gradients, reduced[-1] if flags is not None else None
+    return gradients, reduced[-1] if shared is not None else None
 
   def _nonfinite(self, outcome, step: int) -> None:
     """Counts a step the loss scaler skipped, or raises NonFinite (of the
@@ -397,7 +426,8 @@ class TaskTrainStep(TrainStep):
     self.totals.add(sums, tf.shape(images)[0])
     if self._weight_average:
       self._weight_average.update()
-    shares = self._averaged_alone(_step_flags(stop_requested, loss))
+    shares = self._statistics_averaged(
+        self._averaged_alone(self._shared(stop_requested, loss)))
     gradients_finite = self._gradients_finite.read_value()
     finite = tf.logical_and(shares[1] == 0, gradients_finite)
     status = (tf.cast(shares[0] > 0, tf.int32) * _STOP_AGREED
@@ -495,6 +525,9 @@ def _apply_if(finite: tf.Tensor, optimizer, update) -> None:
     optimizer.iterations.assign_add(1, read_value=False)
 
   tf.cond(finite, apply, skip)
+
+
+_FLAGS = 2  # _step_flags' length
 
 
 def _step_flags(stop_requested, loss) -> tf.Tensor:

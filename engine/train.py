@@ -302,11 +302,9 @@ class _TrainLoop:
       if not session.optimizer_state_broadcast:
         # Once per start, after the first update: whatever state an
         # optimizer creates at its first step rather than in
-        # optimizers.build_state becomes rank 0's too. The optimizer's
-        # only: BatchNorm's moving statistics differ between ranks by
-        # design until evaluation averages them, and replacing rank 1's
-        # mid-epoch would make a resumed run differ from one straight
-        # through.
+        # optimizers.build_state becomes rank 0's too. The model's
+        # variables are every rank's already (BatchNorm's statistics are
+        # averaged at every step: steps.TrainStep._shared).
         distributed.broadcast_from_chief(optimizers.state(self._optimizer))
         session.optimizer_state_broadcast = True
       self._after_step(session, epoch, done, stop_agreed)
@@ -390,10 +388,6 @@ class _TrainLoop:
   def _evaluate(self, session: Session) -> tuple[metrics.Result, dict]:
     """The whole test split, each rank its shard, reduced exactly; and on
     rank 0 the task's pictures of the first few test examples."""
-    # BatchNorm's moving statistics are updated from each rank's own
-    # batches and drift apart; average them so every rank evaluates (and
-    # ends with) one model.
-    distributed.average_across_ranks(self._model.non_trainable_variables)
     pictures = {}
     with ema.averaged(self._weight_average):
       session.val = steps.evaluate(self._eval_step, data.eval_batches(
