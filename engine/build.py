@@ -79,6 +79,7 @@ def prepare(config: TrainConfig, measure_precision: bool = True
 
     model = model_of(config.mixed_precision)
     tasks.check(task, config.task, model, splits.info.image_shape)
+    _check_resizing(config, splits.info, task, model)
     decider(config, task)  # a --best_metric the task cannot give: now
     return splits, task, model, model_of
 
@@ -94,6 +95,39 @@ def prepare(config: TrainConfig, measure_precision: bool = True
     tf.keras.backend.clear_session()
     model = model_of(config.mixed_precision)
   return config, world, splits, task, model
+
+
+def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
+                    task: tasks.Task, model: tf.keras.Model) -> None:
+  """--progressive_resizing's stages, for these images, this many epochs
+  and this model and task at each side, or a UserError."""
+  if not config.progressive_resizing:
+    return
+  given = "--progressive_resizing=" + ",".join(
+      f"{side}:{epochs}" for side, epochs in config.progressive_resizing)
+  shape = info.image_shape
+  if len(shape) != 3 or shape[0] != shape[1]:
+    raise UserError(f"{given} resizes square images; {info.name}'s are "
+                    f"{'x'.join(map(str, shape))}")
+  if data.is_mask(info):
+    raise UserError(f"{given} resizes images, not the masks they are "
+                    "labelled with")
+  last = config.progressive_resizing[-1][1]
+  if last >= config.epochs:
+    raise UserError(f"{given}: its stages end at epoch {last} of "
+                    f"{config.epochs}; the last epochs must train at full "
+                    "size, the size evaluated")
+  for side, _ in config.progressive_resizing:
+    if side >= shape[0]:
+      raise UserError(f"{given}: {side} pixels is not smaller than the "
+                      f"images' {shape[0]}")
+    try:
+      tasks.check(task, config.task, model, (side, side, shape[2]))
+    except UserError as e:
+      raise UserError(f"{given}: --model={config.model} does not take "
+                      f"{side}x{side} images ({e}); a model for any size "
+                      "builds tf.keras.Input((None, None, channels)) and "
+                      "pools globally") from None
 
 
 def _measured_precision(config: TrainConfig, world: distributed.World,

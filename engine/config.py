@@ -32,6 +32,8 @@ class TrainConfig:
   eval_shift_pixels: int  # --eval_shift_pixels, deprecated; 0: not given
   random_shift: float
   random_transpose: bool  # volumes: a random order of their axes
+  # ((side, last epoch), ...): smaller training images for the first epochs
+  progressive_resizing: tuple
   stage_dir: str  # node-local storage to copy TFRecord files to; "": none
   # Model
   model: str
@@ -123,6 +125,8 @@ class TrainConfig:
         mixed_precision=self.mixed_precision,
         grad_accum_steps=self.grad_accum_steps,
         random_flip=self.random_flip, random_shift=self.random_shift,
+        progressive_resizing=",".join(
+            f"{side}:{epochs}" for side, epochs in self.progressive_resizing),
         eval_flip=self.eval_flip, eval_shift=self.eval_shift,
         eval_shift_pixels=self.eval_shift_pixels,
         seed=self.seed)
@@ -145,7 +149,11 @@ def config_from_flags() -> TrainConfig:
       random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
       eval_flip=FLAGS.eval_flip, eval_shift=FLAGS.eval_shift,
       eval_shift_pixels=FLAGS.eval_shift_pixels,
-      random_transpose=FLAGS.random_transpose, stage_dir=FLAGS.stage_dir,
+      random_transpose=FLAGS.random_transpose,
+      progressive_resizing=tuple(
+          tuple(int(part) for part in stage.split(":"))
+          for stage in FLAGS.progressive_resizing),
+      stage_dir=FLAGS.stage_dir,
       model=FLAGS.model,
       model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
                         filters=FLAGS.filters, conv_layers=FLAGS.conv_layers,

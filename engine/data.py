@@ -84,7 +84,7 @@ def steps_per_epoch(*, num_train: int, batch_size: int, world_size: int,
 def train_batches(source: Source, info: DatasetInfo, *,
                   rank: int, world_size: int, batch_size: int, steps: int,
                   seed: int, first_epoch: int, flip: bool, shift: float,
-                  transpose: bool = False,
+                  transpose: bool = False, resizing: tuple = (),
                   first_step: int = 0) -> tf.data.Dataset:
   """This rank's training batches from `first_epoch` on, `steps` per epoch.
 
@@ -93,6 +93,8 @@ def train_batches(source: Source, info: DatasetInfo, *,
   stream for the whole run. Images are flipped left and right and shifted;
   volumes flipped along each spatial axis and, with `transpose`, their axes
   put in a random order (`augment_volumes`).
+  With `resizing`, ((side, last epoch), ...), the images of the first
+  epochs are made smaller (`_resized`).
   A run resumed mid-epoch starts at `first_step` of `first_epoch`, with the
   very batches an uninterrupted run would have had there.
   """
@@ -115,7 +117,36 @@ def train_batches(source: Source, info: DatasetInfo, *,
         source, info, rank=rank, world_size=world_size, batch_size=batch_size,
         steps=steps, seed=seed, first_epoch=first_epoch,
         first_step=first_step, augmented=augmented)
+  if resizing:
+    batches = _resized(batches, resizing, steps=steps,
+                       first_epoch=first_epoch, first_step=first_step)
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
+
+
+def _resized(batches: tf.data.Dataset, resizing: tuple, *, steps: int,
+             first_epoch: int, first_step: int) -> tf.data.Dataset:
+  """Progressive resizing (fast.ai's; Touvron et al. 2019, "Fixing the
+  train-test resolution discrepancy"): each batch of an epoch up to a
+  stage's last epoch (1-based) resized to that stage's side, later ones
+  as they are. The epoch follows from the batch's place in the stream, so
+  a resumed run resizes exactly as the run it continues. Area-weighted
+  (antialiased) so that a small image is the large one seen from further
+  away, not a sample of its pixels."""
+  last_epochs = tf.constant([last for _, last in resizing], tf.int64)
+  sides = tf.constant([side for side, _ in resizing], tf.int32)
+
+  def resized(index, batch):
+    images, labels = batch
+    epoch = first_epoch + (first_step + index) // steps  # 0-based
+    stage = tf.searchsorted(last_epochs, [epoch], side="right")[0]
+    return tf.cond(
+        stage < len(resizing),
+        lambda: tf.image.resize(images, [sides[stage], sides[stage]],
+                                antialias=True),
+        lambda: images), labels
+
+  return batches.enumerate().map(resized,
+                                 num_parallel_calls=PARALLEL_BATCHES)
 
 
 def eval_batches(source: Source, info: DatasetInfo, *,

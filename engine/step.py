@@ -356,7 +356,9 @@ class TrainStep:
     whole batch's mean loss, with the activations of one micro-batch alive
     at a time), and the mean of their losses."""
     k = self._accumulation_steps
-    images = tf.reshape(images, [k, -1, *images.shape[1:]])
+    # Any image size: under --progressive_resizing it is known only when
+    # the batch is read.
+    images = tf.reshape(images, tf.concat([[k, -1], tf.shape(images)[1:]], 0))
     labels = tf.reshape(labels, [k, -1, *labels.shape[1:]])
     sums = [tf.zeros_like(v) for v in variables]
     loss_sum = tf.constant(0.0)

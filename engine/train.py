@@ -213,7 +213,8 @@ class _TrainLoop:
             data.train_batches, self._splits.train, info, rank=world.rank,
             world_size=world.size, batch_size=step_batch,
             steps=steps_per_epoch, seed=config.seed, flip=config.random_flip,
-            shift=config.random_shift, transpose=config.random_transpose))
+            shift=config.random_shift, transpose=config.random_transpose,
+            resizing=config.progressive_resizing))
     if fresh and config.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.
       session.on_chief(lambda directory: directory.save(

@@ -43,6 +43,33 @@ flags.DEFINE_float("random_shift", 0.1,
                    "shifts of up to this fraction of height and width (the "
                    "Horovod lab uses 0.2; CIFAR's pad-4-and-crop is 0.125); "
                    "0 disables.", lower_bound=0.0, upper_bound=0.5)
+flags.DEFINE_list(
+    "progressive_resizing", [],
+    "Train the first epochs on smaller images, as SIDE:EPOCHS stages: "
+    "20:6 trains epochs 1-6 on images resized to 20x20 pixels and the rest "
+    "at full size; 16:3,20:6 trains 1-3 at 16, 4-6 at 20. A smaller epoch "
+    "costs about (SIDE / full side) squared of a full one; evaluation is "
+    "always at full size. For square images and models that take any size "
+    "(resnet9, wrn, resnet50; a model of your own that builds "
+    "tf.keras.Input((None, None, channels)) and pools globally). Empty: "
+    "every epoch at full size.")
+
+
+def _resizing_stages(values):
+  try:
+    stages = [tuple(int(part) for part in value.split(":"))
+              for value in values]
+  except ValueError:
+    return False
+  ends = [stage[-1] for stage in stages]
+  return (all(len(stage) == 2 and stage[0] >= 8 for stage in stages)
+          and ends == sorted(set(ends)) and all(end > 0 for end in ends))
+
+
+flags.register_validator(
+    "progressive_resizing", _resizing_stages,
+    "must be SIDE:EPOCHS stages, e.g. 16:3,20:6: sides of at least 8 "
+    "pixels, each stage ending at a later epoch than the one before")
 flags.DEFINE_integer("image_size", 0,
                      "tfrecord, image_folder, synthetic: the square size "
                      "images are cropped and resized to (tfrecord), resized "

@@ -51,7 +51,9 @@ def _resnet(name, stem, stages, *, input_shape, num_classes,
   regularizer = tf.keras.regularizers.L2(weight_decay) if weight_decay else None
   conv = functools.partial(layers.Conv2D, kernel_initializer="he_normal",
                            kernel_regularizer=regularizer)
-  inputs = tf.keras.Input(input_shape)
+  # Any height and width, as global pooling allows: smaller images for
+  # the first epochs (--progressive_resizing) or at test time.
+  inputs = tf.keras.Input((None, None, input_shape[-1]))
   x = stem(inputs, conv)
   for stage, (filters, blocks, stride) in enumerate(stages, start=2):
     for block in range(blocks):

@@ -30,7 +30,9 @@ def build(*, input_shape, num_classes, filters=16,
       x = layers.Add()([x, conv_bn(conv_bn(x, width), width)])
     return x
 
-  inputs = tf.keras.Input(input_shape)
+  # Any height and width, as global pooling allows: smaller images for
+  # the first epochs (--progressive_resizing) or at test time.
+  inputs = tf.keras.Input((None, None, input_shape[-1]))
   x = conv_bn(inputs, filters)
   x = stage(x, 2 * filters, residual=True)
   x = stage(x, 4 * filters, residual=False)

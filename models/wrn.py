@@ -43,7 +43,9 @@ def build(*, input_shape, num_classes, depth=16, width=10, dropout=0.0,
     y = conv(channels, 3)(y)
     return layers.Add()([y, shortcut])
 
-  inputs = tf.keras.Input(input_shape)
+  # Any height and width, as global pooling allows: smaller images for
+  # the first epochs (--progressive_resizing) or at test time.
+  inputs = tf.keras.Input((None, None, input_shape[-1]))
   x = conv(16, 3)(inputs)
   for group, channels in enumerate((16 * width, 32 * width, 64 * width)):
     for index in range((depth - 4) // 6):

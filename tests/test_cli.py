@@ -118,6 +118,8 @@ def test_corrupt_gzip(data_dir, tmp_path, fails_with):
      "flag --commit_every_steps=0: 0 is not a positive"),
     ("--elastic", "--elastic needs an elastic launch: horovodrun -np N "
      "--min-np M"),
+    ("--progressive_resizing=20:3,16:2", "flag --progressive_resizing=['20:3',"
+     " '16:2']: must be SIDE:EPOCHS stages"),
     ("--image_mean=1,2", "--image_mean and --image_std go together"),
     ("--image_mean=x --image_std=1", "--image_mean=x --image_std=1: give "
      "numbers, one per channel"),
@@ -133,6 +135,23 @@ def test_the_other_commands_report_bad_flags_as_train_does(module, fails_with):
   fails_with(["--batch_size=0"],
              f"{module}: error: flag --batch_size=0: 0 is not a positive",
              module=module)
+
+
+@pytest.mark.parametrize("args, message", [
+    ("--model=resnet9 --progressive_resizing=20:2 --epochs=2",
+     "--progressive_resizing=20:2: its stages end at epoch 2 of 2; the last "
+     "epochs must train at full size"),
+    ("--model=resnet9 --progressive_resizing=16:1,28:2 --epochs=3",
+     "--progressive_resizing=16:1,28:2: 28 pixels is not smaller than the "
+     "images' 28"),
+    ("--model=cnn --progressive_resizing=20:1 --epochs=2",
+     "--progressive_resizing=20:1: --model=cnn does not take 20x20 images"),
+], ids=["no_full_size_epoch", "not_smaller", "fixed_size_model"])
+def test_resizing_the_model_or_run_cannot_take_is_one_line(
+    args, message, data_dir, tmp_path, fails_with):
+  fails_with([f"--data_dir={data_dir}", f"--model_dir={tmp_path}/run",
+              *args.split()], message)
+  assert not (tmp_path / "run").exists()
 
 
 def test_global_batch_larger_than_the_data(data_dir, fails_with):

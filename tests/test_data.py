@@ -73,6 +73,27 @@ def test_the_stream_runs_epoch_after_epoch_and_can_start_at_any():
   assert labels[12:] == train_labels(0, 2, epoch=2, steps=6)
 
 
+def test_resizing_gives_each_epoch_its_side_and_a_resume_its_batches():
+  def stream(first_epoch, first_step=0):
+    return data.train_batches(
+        numbered_examples(), INFO, rank=0, world_size=2, batch_size=8,
+        steps=3, seed=0, first_epoch=first_epoch, first_step=first_step,
+        flip=False, shift=0.0, resizing=((2, 1), (3, 2)))
+
+  batches = list(stream(0).take(12))
+  assert [tuple(images.shape[1:3]) for images, _ in batches] == (
+      [(2, 2)] * 3 + [(3, 3)] * 3 + [(4, 6)] * 6)
+  for images, labels in batches:  # resized, not cropped: still constant
+    np.testing.assert_allclose(images.numpy().reshape(8, -1),
+                               np.repeat(labels.numpy()[:, None] % 256,
+                                         images.shape[1] * images.shape[2],
+                                         axis=1), atol=1e-3)
+  resumed = list(stream(1, first_step=2).take(7))
+  for (images, labels), (again, again_labels) in zip(batches[5:], resumed):
+    np.testing.assert_array_equal(again, images)
+    np.testing.assert_array_equal(again_labels, labels)
+
+
 def test_order_is_reproducible_and_changes_every_epoch():
   first = train_labels(0, 2, epoch=0, steps=6)
   assert train_labels(0, 2, epoch=0, steps=6) == first

@@ -70,6 +70,29 @@ def test_a_stop_on_one_rank_ends_a_call_and_the_resume_is_exact(ranks):
     assert resumed["traces"] == 1
 
 
+def test_images_resized_by_epoch_train_alike_at_any_k_and_resume_exactly(
+    ranks):
+  for rank in ranks:
+    one, four = rank["resized_k1"], rank["resized_k4"]
+    np.testing.assert_array_equal(four["weights"], one["weights"])
+    # One step a call traces the step for each size the epochs have (12,
+    # 20, 28); the calls of several steps read batches of any size.
+    assert (one["traces"], four["traces"]) == (3, 1)
+    for k in (1, 4):
+      # Asked for after step 12, stopped after step 13: in the second
+      # epoch (of 20 pixels).
+      assert "at epoch 2, step 3" in rank[f"resized_k{k}_stopped"]["stopped"]
+      resumed = rank[f"resized_k{k}_resumed"]
+      # BatchNorm's statistics included: rank 1's are rank 0's at every
+      # step, so rank 0's checkpoint holds both ranks' state.
+      np.testing.assert_array_equal(resumed["weights"], one["weights"])
+      assert ([r["val_loss"] for r in resumed["history"]]  # epochs 2 and 3
+              == [r["val_loss"] for r in one["history"][1:]])
+  assert [rank[f"resized_{run}"]["max_weight_difference_across_ranks"]
+          for rank in ranks for run in ("k1", "k4", "k1_resumed", "k4_resumed")
+          ] == [0] * 8
+
+
 def test_a_nonfinite_step_inside_a_call_is_named_as_at_one_step_a_call(
     ranks):
   for rank in ranks:

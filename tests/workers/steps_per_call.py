@@ -12,6 +12,10 @@ one step a call. Each rank writes OUT/rank<r>.json.
    K = 4 (the third step of a call of four): the error each raises.
 4. A task with a train step of its own (the DCGAN of examples/), at K = 1
    and K = 4.
+5. --progressive_resizing (images of 12, then 20, then 28 pixels, an
+   epoch each) with a BatchNorm model at K = 1 and K = 4, straight through,
+   and stopped on rank 1 in the second epoch and resumed: calls whose
+   images change size between epochs.
 """
 import dataclasses
 import json
@@ -66,10 +70,18 @@ def note_step(note, argument):
                                 and note.append(args[argument]))
 
 
+def note_one_step(result, *args):
+  del args
+  if result is not BEFORE:
+    seen["steps_run"] += 1
+
+
 watched(steps.TrainStep, "steps", note_call)
+watched(steps.TrainStep, "__call__", note_one_step)
 watched(model_dir.RunDirectory, "save", note_step(seen["saves"], 1))
 watched(report.Reporter, "steps", note_step(seen["summaries"], 0))
-# A stop asked for on rank 1 alone, once `stop_after` steps have run.
+# A stop asked for on rank 1 alone, once `stop_after` steps have run (in
+# calls of several steps or one).
 preemption.StopRequests.requested = property(lambda self: (
     hvd.rank() == 1 and seen["stop_after"] is not None
     and seen["steps_run"] >= seen["stop_after"]))
@@ -122,6 +134,18 @@ def main(out_dir: str, data_dir: str) -> None:
   for k in (1, 4):
     observed[f"gan_k{k}"] = trained(at(
         k, f"gan_k{k}", task="tests/workers/tiny_gan.py:TinyDCGAN"))
+  resized = dataclasses.replace(
+      config, model="resnet9", epochs=3,
+      progressive_resizing=((12, 1), (20, 2)))
+  for k in (1, 4):
+    observed[f"resized_k{k}"] = trained(dataclasses.replace(
+        resized, steps_per_call=k,
+        model_dir=os.path.join(out_dir, f"resized_k{k}")))
+    resumed = dataclasses.replace(
+        resized, steps_per_call=k,
+        model_dir=os.path.join(out_dir, f"resized_k{k}_resumed"))
+    observed[f"resized_k{k}_stopped"] = trained(resumed, stop_after=12)
+    observed[f"resized_k{k}_resumed"] = trained(resumed)
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump(observed, f)
 
