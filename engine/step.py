@@ -261,8 +261,9 @@ class TrainStep:
   def _averaged_alone(self, shared):
     """What the step shares (`_shared`) averaged over ranks, beside
     gradients reduced one by one: submitted when the gradients start to be
-    (it depends on the forward pass only), as an average like theirs, so Horovod fuses them into one of
-    their allreduces instead of running a collective of their own.
+    (it depends on the forward pass only), as an average like theirs, so
+    Horovod fuses it into one of their allreduces instead of running a
+    collective of its own.
 
     Alone, a process skips Horovod's queue (as DistributedGradientTape
     does), which would add a cycle of its background thread to every step.
