@@ -54,13 +54,18 @@ def main(argv):
   def measure(name: str, round_: int) -> list[float]:
     model_dir = os.path.join(FLAGS.work_dir, "runs", f"{name}_{round_}")
     shutil.rmtree(model_dir, ignore_errors=True)
-    subprocess.run(
+    run = subprocess.run(
         [interleaved.HOROVODRUN, "--gloo", "-np", str(FLAGS.processes),
-         interleaved.PYTHON, "-m", "engine.train", f"--model_dir={model_dir}",
-         "--progress=none", *engine_flags],
+         interleaved.PYTHON, "-m", "engine.train", "--progress=none",
+         # Last, so that a recipe's --model_dir in a flagfile is overridden.
+         *engine_flags, f"--model_dir={model_dir}"],
         cwd=trees[name], env=dict(interleaved.engine_env(),
                                   PYTHONPATH=trees[name]),
-        check=True, capture_output=True)
+        capture_output=True, text=True)
+    if run.returncode:
+      errors = [line for line in run.stderr.splitlines() if "error:" in line]
+      sys.exit(f"{name} ({trees[name]}) failed: "
+               f"{errors[0] if errors else run.stderr[-500:]}")
     return interleaved.images_per_sec(model_dir)
 
   print(f"{FLAGS.before} (before) and {FLAGS.after} (after), "
