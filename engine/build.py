@@ -103,8 +103,7 @@ def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
   and this model and task at each side, or a UserError."""
   if not config.progressive_resizing:
     return
-  given = "--progressive_resizing=" + ",".join(
-      f"{side}:{epochs}" for side, epochs in config.progressive_resizing)
+  given = f"--progressive_resizing={config.resizing_text()}"
   shape = info.image_shape
   if len(shape) != 3 or shape[0] != shape[1]:
     raise UserError(f"{given} resizes square images; {info.name}'s are "

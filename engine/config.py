@@ -109,6 +109,11 @@ class TrainConfig:
     return ((epoch + 1) % self.eval_every_epochs == 0
             or epoch + 1 == self.epochs)
 
+  def resizing_text(self) -> str:
+    """--progressive_resizing as a flag's value: SIDE:EPOCHS,..."""
+    return ",".join(f"{side}:{last}" for side, last in
+                    self.progressive_resizing)
+
   def hparams(self, world_size: int, global_batch: int) -> dict:
     """What TensorBoard's HParams dashboard compares runs by: the flags
     that shape the result, and the processes and global batch they ran
@@ -125,8 +130,7 @@ class TrainConfig:
         mixed_precision=self.mixed_precision,
         grad_accum_steps=self.grad_accum_steps,
         random_flip=self.random_flip, random_shift=self.random_shift,
-        progressive_resizing=",".join(
-            f"{side}:{epochs}" for side, epochs in self.progressive_resizing),
+        progressive_resizing=self.resizing_text(),
         eval_flip=self.eval_flip, eval_shift=self.eval_shift,
         eval_shift_pixels=self.eval_shift_pixels,
         seed=self.seed)
@@ -150,9 +154,8 @@ def config_from_flags() -> TrainConfig:
       eval_flip=FLAGS.eval_flip, eval_shift=FLAGS.eval_shift,
       eval_shift_pixels=FLAGS.eval_shift_pixels,
       random_transpose=FLAGS.random_transpose,
-      progressive_resizing=tuple(
-          tuple(int(part) for part in stage.split(":"))
-          for stage in FLAGS.progressive_resizing),
+      progressive_resizing=engine_flags.data.resizing_stages(
+          FLAGS.progressive_resizing),
       stage_dir=FLAGS.stage_dir,
       model=FLAGS.model,
       model_params=dict(depth=FLAGS.depth, width=FLAGS.width,

@@ -55,19 +55,28 @@ flags.DEFINE_list(
     "every epoch at full size.")
 
 
-def _resizing_stages(values):
+def resizing_stages(values) -> tuple:
+  """--progressive_resizing's SIDE:EPOCHS values as ((side, last epoch),
+  ...); a ValueError for a value that is not two integers."""
+  stages = tuple(tuple(int(part) for part in value.split(":"))
+                 for value in values)
+  if any(len(stage) != 2 for stage in stages):
+    raise ValueError("SIDE:EPOCHS")
+  return stages
+
+
+def _valid_resizing(values) -> bool:
   try:
-    stages = [tuple(int(part) for part in value.split(":"))
-              for value in values]
+    stages = resizing_stages(values)
   except ValueError:
     return False
-  ends = [stage[-1] for stage in stages]
-  return (all(len(stage) == 2 and stage[0] >= 8 for stage in stages)
+  ends = [last for _, last in stages]
+  return (all(side >= 8 for side, _ in stages)
           and ends == sorted(set(ends)) and all(end > 0 for end in ends))
 
 
 flags.register_validator(
-    "progressive_resizing", _resizing_stages,
+    "progressive_resizing", _valid_resizing,
     "must be SIDE:EPOCHS stages, e.g. 16:3,20:6: sides of at least 8 "
     "pixels, each stage ending at a later epoch than the one before")
 flags.DEFINE_integer("image_size", 0,
