@@ -50,7 +50,7 @@ flags.DEFINE_list(
     "at full size; 16:3,20:6 trains 1-3 at 16, 4-6 at 20. A smaller epoch "
     "costs about (SIDE / full side) squared of a full one; evaluation is "
     "always at full size. For square images and models that take any size "
-    "(resnet9, wrn, resnet50; a model of your own that builds "
+    "(resnet9, wrn, resnet50, resnet_small; a model of your own that builds "
     "tf.keras.Input((None, None, channels)) and pools globally). Empty: "
     "every epoch at full size.")
 
