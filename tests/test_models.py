@@ -19,6 +19,20 @@ def test_output_is_float32_logits_per_class(name, params, input_shape):
   assert logits.shape == (3, 7) and logits.dtype == tf.float32
 
 
+@pytest.mark.parametrize("name, params", [
+    ("wrn", dict(depth=10, width=1)),
+    ("resnet9", dict(filters=8)),
+    ("resnet_small", {}),
+])
+def test_globally_pooled_models_take_images_of_any_size(name, params):
+  """What --progressive_resizing trains them on: smaller images than
+  those the model was built for."""
+  model = models.build(name, input_shape=(32, 32, 3), num_classes=7,
+                       **params)
+  for side in (16, 20, 40):
+    assert model(tf.zeros((2, side, side, 3)), training=False).shape == (2, 7)
+
+
 @pytest.mark.parametrize("depth, width, millions", [
     (16, 10, 17.1),  # the Horovod lab's WRN-16-10 (paper, table 4: 17.2M)
     (28, 10, 36.5),  # paper, table 4
