@@ -43,7 +43,7 @@ def prepare(config: TrainConfig, measure_precision: bool = True
   """Distributed setup, the data set, the task, the precision and the
   model: what training and evaluation share. Returns (config, world,
   splits, task, model), the config with --mixed_precision=auto's choice:
-  the one recorded in model_dir, or measured now (unless
+  the run's first start's (model_dir), or measured now (unless
   `measure_precision` is false: engine.evaluate takes the hardware's
   preferred mode for a run that recorded none)."""
   world = distributed.init(intra_op_threads=config.intra_op_threads,
@@ -89,11 +89,14 @@ def prepare(config: TrainConfig, measure_precision: bool = True
   splits, task, model, model_of = distributed.agree(
       data_task_and_model, name="prepare", collective=not config.elastic)
   if config.precision_candidates and not config.elastic:
-    config = _measured_precision(config, world, splits, task, model_of,
+    chosen = _measured_precision(config, world, splits, task, model_of,
                                  measure=measure_precision)
-    # Built again as if it were the first: Keras' names start afresh.
-    tf.keras.backend.clear_session()
-    model = model_of(config.mixed_precision)
+    if (chosen.mixed_precision != config.mixed_precision
+        or chosen.precision_figures.get("images_per_sec")):
+      # Built again as if it were the first: Keras' names start afresh.
+      tf.keras.backend.clear_session()
+      model = model_of(chosen.mixed_precision)
+    config = chosen
   return config, world, splits, task, model
 
 
@@ -132,8 +135,10 @@ def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
 def _measured_precision(config: TrainConfig, world: distributed.World,
                         splits: datasets.Splits, task: tasks.Task,
                         model_of, measure: bool) -> TrainConfig:
-  """--mixed_precision=auto: the mode the run's first start measured
-  (recorded in model_dir), or measured now (engine/precision.py).
+  """--mixed_precision=auto: the mode of the run's first start (recorded
+  in model_dir), or measured now (engine/precision.py); on hardware of
+  float32 alone, float32 unmeasured, recorded all the same so that a
+  resume elsewhere keeps it.
 
   Every rank times each native mode's steps on its own first training
   batches, allreduce included, the modes alternating over MEASURED_ROUNDS
@@ -144,16 +149,20 @@ def _measured_precision(config: TrainConfig, world: distributed.World,
   are thrown away; the run's is built afterwards, from the seed, as if
   nothing had been measured.
   """
-  recorded = distributed.on_chief(
-      lambda: precision.recorded(config.model_dir), name="precision")
-  if recorded:
-    return dataclasses.replace(
-        config, mixed_precision=recorded["mode"], precision_candidates=(),
-        mixed_precision_why=precision.described(recorded["images_per_sec"],
-                                                recorded["mode"])
-        + f" ({precision.PRECISION_FILE})")
+  first_start = distributed.on_chief(
+      lambda: precision.of_first_start(config.model_dir), name="precision")
+  if first_start:
+    mode, why = first_start
+    return dataclasses.replace(config, mixed_precision=mode,
+                               mixed_precision_why=why,
+                               precision_candidates=())
   if not measure:
     return dataclasses.replace(config, precision_candidates=())
+  if len(config.precision_candidates) == 1:
+    return dataclasses.replace(config, precision_candidates=(),
+                               precision_figures=dict(
+                                   images_per_sec={},
+                                   hardware=config.mixed_precision_why))
   began = time.perf_counter()
   modes = [mode for mode in config.precision_candidates
            # A task's own step has no loss scaling.

@@ -88,9 +88,10 @@ class TrainConfig:
   # Performance
   mixed_precision: str  # none, float16 or bfloat16 (--mixed_precision=auto
   mixed_precision_why: str  # resolved by precision.resolve, and why)
-  # --mixed_precision=auto on hardware of several native modes: the modes
-  # build.prepare measures (then none: the choice is in mixed_precision,
-  # and precision_figures has each mode's img/s and the seconds it took).
+  # --mixed_precision=auto: the hardware's native modes, which
+  # build.prepare measures where there are several (then none: the choice
+  # is in mixed_precision, and precision_figures has each mode's img/s and
+  # the seconds it took, or the hardware where float32 ran unmeasured).
   precision_candidates: tuple
   precision_figures: dict
   xla: bool
@@ -188,7 +189,7 @@ def config_from_flags() -> TrainConfig:
       inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
       deterministic=FLAGS.deterministic,
       mixed_precision=mixed_precision, mixed_precision_why=why,
-      precision_candidates=native if len(native) > 1 else (),
+      precision_candidates=native,
       precision_figures={}, xla=FLAGS.xla,
       gradient_compression=FLAGS.gradient_compression,
       allreduce_op=FLAGS.allreduce_op,

@@ -96,7 +96,7 @@ class RunDirectory:
         "flags.txt, classes.txt and normalization.json in", self.model_dir):
       _record_flags(self.model_dir, self._config.command_line)
       datasets.record(self.model_dir, self._info)
-      if self._config.precision_figures:  # measured by --mixed_precision=auto
+      if self._config.precision_figures:  # --mixed_precision=auto's choice
         precision.record(self.model_dir, dict(
             mode=self._config.mixed_precision,
             **self._config.precision_figures))

@@ -130,8 +130,8 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
   if not os.path.exists(metrics_path) and not os.path.exists(flags_path):
     raise UserError(f"{path}: not a run: it holds no {METRICS_FILE} or "
                     f"{FLAGS_FILE}; pass a model_dir written by engine.train")
-  run_flags = _read_flags(flags_path)
-  run_flags.update(_read_flags(os.path.join(path, LATEST_FLAGS_FILE)))
+  run_flags = read_flags(flags_path)
+  run_flags.update(read_flags(os.path.join(path, LATEST_FLAGS_FILE)))
   records, events, end = [], [], None
   for record in _read_metrics(metrics_path):
     if "event" in record:
@@ -311,7 +311,7 @@ def record_of(line: bytes) -> Optional[dict]:
   return None
 
 
-def _read_flags(path: str) -> dict[str, str]:
+def read_flags(path: str) -> dict[str, str]:
   """A flagfile's values by flag name, booleans as "true" or "false".
 
   A bare `--noname` is taken as name=false: no engine boolean flag's name

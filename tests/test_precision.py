@@ -78,6 +78,27 @@ def test_a_recorded_choice_reads_back_and_a_damaged_one_is_one_line(
     precision.recorded(str(tmp_path))
 
 
+def test_a_resume_under_auto_keeps_the_mode_of_the_first_start(tmp_path):
+  model_dir = str(tmp_path)
+  assert precision.of_first_start(model_dir) is None  # a new run chooses
+  flags_txt = tmp_path / "flags.txt"
+  flags_txt.write_text("--epochs=3\n--mixed_precision=auto\n")
+  assert precision.of_first_start(model_dir) is None
+  flags_txt.write_text("--epochs=3\n--mixed_precision=none\n")
+  assert precision.of_first_start(model_dir) == (
+      "none", "float32, the mode of the run's first start (flags.txt)")
+  precision.record(model_dir, {"mode": "none", "images_per_sec": {},
+                               "hardware": "CPU without AVX512_BF16 or AMX"})
+  assert precision.of_first_start(model_dir) == (
+      "none", "float32, unmeasured: CPU without AVX512_BF16 or AMX "
+      "(precision.json)")
+  precision.record(model_dir, {"mode": "bfloat16", "images_per_sec": {
+      "none": 1000.0, "bfloat16": 1500.0}})
+  assert precision.of_first_start(model_dir) == (
+      "bfloat16", "measured float32 1000 img/s, bfloat16 1500 img/s: "
+      "bfloat16 (precision.json)")
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
   out = tmp_path_factory.mktemp("measured")
@@ -108,6 +129,21 @@ def test_a_resume_takes_the_recorded_choice_without_measuring(measured):
   assert [r["resumed_policy"] for r in ranks] == ["mixed_bfloat16"] * 2
   assert [r["history"][-1]["epoch"] for r in ranks] == [2, 2]
   assert result.stderr.count("--mixed_precision=auto: measured") == 1
+
+
+def test_a_run_first_started_in_float32_resumes_in_it_under_auto(measured):
+  _, _, ranks = measured
+  assert [r["resumed_float32_policy"] for r in ranks] == ["float32"] * 2
+  assert [r["resumed_float32_epoch"] for r in ranks] == [2, 2]
+
+
+def test_float32_alone_is_recorded_unmeasured(measured):
+  out, _, ranks = measured
+  assert [r["float32_alone_policy"] for r in ranks] == ["float32"] * 2
+  assert json.loads((out / "float32_alone" / precision.PRECISION_FILE
+                     ).read_text()) == {
+      "mode": "none", "images_per_sec": {},
+      "hardware": "CPU without AVX512_BF16 or AMX"}
 
 
 def test_the_measured_run_keeps_every_rank_identical(measured):

@@ -10,6 +10,10 @@ CPU, so that any machine runs it). Each rank writes OUT/rank<r>.json.
    rank 0's count the ranks' collectives would not match.
 2. The run resumed: `precision.choose` now fails if called, so the resume
    must take the recorded choice without measuring.
+3. A run first started in float32 (as every run was before auto became
+   the default), resumed under auto: it keeps float32, unmeasured.
+4. A first start under auto on hardware of float32 alone: float32,
+   unmeasured, recorded for a resume on other hardware.
 """
 import dataclasses
 import json
@@ -42,6 +46,9 @@ def main(out_dir: str, data_dir: str) -> None:
       precision_candidates=("none", "bfloat16"), batch_size=16, epochs=1,
       steps_per_epoch=4, deterministic=True, progress="none",
       model_dir=os.path.join(out_dir, "run"))
+  auto, float32 = "--mixed_precision=auto", "--mixed_precision=none"
+  config = dataclasses.replace(  # the flags.txt an auto run records
+      config, command_line=config.command_line.replace(float32, auto))
   precision.choose = lambda figures: "bfloat16" if hvd.rank() == 0 else "none"
   # Before Horovod starts: the rank horovodrun gave this process.
   rank = int(os.environ["HOROVOD_RANK"])
@@ -54,11 +61,25 @@ def main(out_dir: str, data_dir: str) -> None:
 
   precision.choose = measured_again
   second = engine_train.train(dataclasses.replace(config, epochs=2))
+  float32_run = dataclasses.replace(
+      config, model_dir=os.path.join(out_dir, "float32_run"))
+  engine_train.train(dataclasses.replace(
+      float32_run, mixed_precision="none", precision_candidates=(),
+      command_line=config.command_line.replace(auto, float32)))
+  resumed_float32 = engine_train.train(dataclasses.replace(
+      float32_run, epochs=2))
+  float32_alone = engine_train.train(dataclasses.replace(
+      config, model_dir=os.path.join(out_dir, "float32_alone"),
+      mixed_precision="none", precision_candidates=("none",),
+      mixed_precision_why="CPU without AVX512_BF16 or AMX"))
   flat = weights(second.model)
   everyone = hvd.allgather(tf.constant(flat[None]), name="weights").numpy()
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump({"measured_policy": measured,
                "resumed_policy": policy(second.model),
+               "resumed_float32_policy": policy(resumed_float32.model),
+               "resumed_float32_epoch": resumed_float32.history[-1]["epoch"],
+               "float32_alone_policy": policy(float32_alone.model),
                "max_weight_difference_across_ranks":
                    float(np.abs(everyone - everyone[0]).max()),
                "history": second.history}, f)
