@@ -95,6 +95,8 @@ def run(data_flags: list, data_path: str, run_dir: str,
   command = [interleaved.HOROVODRUN, "-np", "2", interleaved.PYTHON, "-m",
              "bench.peak_rss", prefix, f"--epochs={epochs}",
              "--batch_size=128", "--model=cnn", "--progress=none",
+             # float32, unmeasured: no models built but the run's.
+             "--mixed_precision=none",
              *data_flags, f"--data_dir={data_path}",
              f"--model_dir={run_dir}", "--resume=never"]
   result = subprocess.run(command, cwd=interleaved.REPO,

@@ -90,7 +90,7 @@ def input_share(fmt: str, model: str, run_dir: str) -> list[tuple]:
   the first."""
   command = [interleaved.HOROVODRUN, "-np", "2", interleaved.PYTHON, "-m",
              "engine.train", *data_flags(fmt), f"--model={model}",
-             "--batch_size=64",
+             "--batch_size=64", "--mixed_precision=none",
              f"--steps_per_epoch={FLAGS.run_steps}",
              f"--epochs={FLAGS.run_epochs}", "--progress=none",
              f"--model_dir={run_dir}", "--resume=never"]

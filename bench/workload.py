@@ -28,7 +28,8 @@ SEED = 0
 
 def engine_flags(dataset: str) -> list[str]:
   """engine.train's flags for this workload on `dataset`, augmentation off
-  (the workers have none) and no progress lines (nothing but the epochs)."""
+  (the workers have none), float32 as the workers compute, and no progress
+  lines (nothing but the epochs)."""
   data = [f"--dataset={dataset}"]
   if dataset == "synthetic":
     data += [f"--image_size={IMAGE_SHAPE[0]}", f"--channels={IMAGE_SHAPE[2]}",
@@ -38,7 +39,8 @@ def engine_flags(dataset: str) -> list[str]:
   return data + [f"--model={MODEL}", f"--filters={FILTERS}",
                  "--optimizer=adam", f"--base_lr={BASE_LR}",
                  "--lr_scaling=linear", "--random_flip=false",
-                 "--random_shift=0", f"--seed={SEED}", "--progress=none"]
+                 "--random_shift=0", f"--seed={SEED}", "--progress=none",
+                 "--mixed_precision=none"]
 
 
 def load(dataset: str) -> Splits:

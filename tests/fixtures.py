@@ -105,13 +105,25 @@ def write_cifar10(directory: str, num_per_batch: int = 20, num_test: int = 20,
   return directory
 
 
+# The flags every engine run a test starts with, before its own: float32.
+# --mixed_precision's default, auto, would measure (seconds a launch) on
+# hardware with native 16-bit arithmetic, and two runs a test compares
+# could choose apart. The tests of auto give it, after these.
+ENGINE_FLAGS = ("--mixed_precision=none",)
+# The engine's programs that take them.
+ENGINE_PROGRAMS = ("engine.train", "engine.find_lr")
+
+
 def launch(python_args, *, processes: int = 1, timeout: int = 300,
            env: Optional[dict] = None) -> subprocess.CompletedProcess:
   """Runs `python *python_args` directly, or under `horovodrun -np N`.
 
   `python_args` is what follows the interpreter: `["-m", "engine.train",
-  "--epochs=1"]` or `[script_path, ...]`; `env`, variables to add.
+  "--epochs=1"]` or `[script_path, ...]`; `env`, variables to add. The
+  engine's programs get ENGINE_FLAGS first.
   """
+  if python_args[0] == "-m" and python_args[1] in ENGINE_PROGRAMS:
+    python_args = [*python_args[:2], *ENGINE_FLAGS, *python_args[2:]]
   command = [PYTHON, *python_args]
   if processes > 1:
     command = [*horovodrun(processes), *command]
@@ -126,11 +138,12 @@ def engine_env(**extra: str) -> dict:
 
 
 def train_config(**overrides):
-  """The engine's TrainConfig at the flags' defaults, with `overrides`."""
+  """The engine's TrainConfig at the flags' defaults and ENGINE_FLAGS, with
+  `overrides`."""
   from absl import flags  # pylint: disable=import-outside-toplevel
   from engine import config  # pylint: disable=import-outside-toplevel
   if not flags.FLAGS.is_parsed():
-    flags.FLAGS(["tests"])
+    flags.FLAGS(["tests", *ENGINE_FLAGS])
   return dataclasses.replace(config.config_from_flags(), **overrides)
 
 

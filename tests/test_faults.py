@@ -239,7 +239,8 @@ def test_a_frozen_worker_is_named_with_the_wait_and_the_resume_point(
       HOROVOD_GLOO_TIMEOUT_SECONDS="5")  # 30 s by default
   job = subprocess.Popen(
       [*fixtures.horovodrun(2), fixtures.PYTHON, "-m",
-       "engine.train", f"--data_dir={data_dir}", f"--model_dir={model_dir}",
+       "engine.train", *fixtures.ENGINE_FLAGS, f"--data_dir={data_dir}",
+       f"--model_dir={model_dir}",
        "--epochs=100", "--steps_per_epoch=5", "--batch_size=16",
        "--progress=none"], cwd=fixtures.REPO, env=env, text=True,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -57,7 +57,8 @@ def test_the_batch_script_trains_on_the_allocation(slurm, tmp_path):
   env = slurm("localhost", "2", SLURM_NTASKS="2",
               SLURM_SUBMIT_DIR=fixtures.REPO, TF_CPP_MIN_LOG_LEVEL="2")
   result = subprocess.run(
-      [os.path.join(SCRIPTS, "train.sbatch"), f"--data_dir={data_dir}",
+      [os.path.join(SCRIPTS, "train.sbatch"), *fixtures.ENGINE_FLAGS,
+       f"--data_dir={data_dir}",
        f"--model_dir={tmp_path / 'run'}", "--epochs=1", "--filters=4",
        "--batch_size=32", "--progress=none"],
       env=env, text=True, capture_output=True, timeout=300)

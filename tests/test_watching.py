@@ -41,7 +41,8 @@ def root(tmp_path_factory):
   started = {}
   for name, flags in RUNS.items():
     started[name] = subprocess.Popen(
-        [fixtures.PYTHON, "-m", "engine.train", f"--data_dir={data_dir}",
+        [fixtures.PYTHON, "-m", "engine.train", *fixtures.ENGINE_FLAGS,
+         f"--data_dir={data_dir}",
          f"--model_dir={root / name}", f"--steps_per_epoch={STEPS}",
          "--batch_size=16", "--filters=4", "--progress=none",
          "--target_accuracy=0.3", "--patience=5", "--summary_every_steps=5",

@@ -917,7 +917,8 @@ def run_engine(args: list[str], directory: str) -> EngineRun:
   code, escaped = 0, ""
   with captured_output(directory):
     try:
-      app.run(train.main, argv=["engine.train", *args],
+      app.run(train.main, argv=["engine.train", *fixtures.ENGINE_FLAGS,
+                                *args],
               flags_parser=cli.parse_flags)
     except SystemExit as e:
       code = (0 if e.code is None else e.code if isinstance(e.code, int)

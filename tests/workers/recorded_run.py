@@ -33,6 +33,7 @@ from engine import checkpoint
 from engine import data
 from engine import step as steps
 from engine import train as engine_train
+from tests import fixtures
 
 OUT = os.environ["RECORD_OUT"]
 _journal = []
@@ -111,4 +112,5 @@ if __name__ == "__main__":
   data.rank_files = _rank_files_recorded(data.rank_files)
   checkpoint.Checkpoints.save = _save_recorded(checkpoint.Checkpoints.save)
   engine_train.train = _train_and_record(engine_train.train)
-  app.run(engine_train.main, argv=[sys.argv[0], *sys.argv[1:]])
+  app.run(engine_train.main,
+          argv=[sys.argv[0], *fixtures.ENGINE_FLAGS, *sys.argv[1:]])
