@@ -122,13 +122,20 @@ def launch(python_args, *, processes: int = 1, timeout: int = 300,
   "--epochs=1"]` or `[script_path, ...]`; `env`, variables to add. The
   engine's programs get ENGINE_FLAGS first.
   """
-  if python_args[0] == "-m" and python_args[1] in ENGINE_PROGRAMS:
-    python_args = [*python_args[:2], *ENGINE_FLAGS, *python_args[2:]]
-  command = [PYTHON, *python_args]
+  command = [PYTHON, *engine_args(python_args)]
   if processes > 1:
     command = [*horovodrun(processes), *command]
   return subprocess.run(command, cwd=REPO, env=engine_env(**(env or {})),
                         text=True, capture_output=True, timeout=timeout)
+
+
+def engine_args(python_args: list[str]) -> list[str]:
+  """`python_args` with ENGINE_FLAGS after the program's name if it is one
+  of the engine's (`-m engine.train`), so that its own flags override
+  them."""
+  if python_args[0] == "-m" and python_args[1] in ENGINE_PROGRAMS:
+    return [*python_args[:2], *ENGINE_FLAGS, *python_args[2:]]
+  return list(python_args)
 
 
 def engine_env(**extra: str) -> dict:

@@ -144,7 +144,8 @@ def test_model_dir_records_the_flags_and_keeps_the_first(two_then_two):
 
 
 def start(data_dir, model_dir, processes=2, epochs=4):
-  argv = [fixtures.PYTHON, *command(data_dir, model_dir, epochs=epochs)]
+  argv = [fixtures.PYTHON,
+          *fixtures.engine_args(command(data_dir, model_dir, epochs=epochs))]
   argv = [*fixtures.horovodrun(processes), *argv]
   return subprocess.Popen(argv, cwd=fixtures.REPO, env=fixtures.engine_env(),
                           text=True, stdout=subprocess.PIPE,
