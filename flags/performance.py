@@ -1,21 +1,26 @@
 """Flags: speed options of the step (precision, XLA, the gradient allreduce,
 steps per call).
 
-Their defaults are float32, no XLA and one step a call, the fastest exact
-settings on CPU (bench/cpu_defaults.py: XLA made the step 1.7-4.7x slower
-than TensorFlow's oneDNN kernels; bfloat16 is 1.34x faster on CPUs with
-AVX512-BF16 but computes other numbers, so it is a choice, not a default;
-bench/steps_per_call.py: several steps a call were no faster on 2
-processes). GPU recipes turn on --mixed_precision=float16 and --xla.
+Their defaults: precision chosen by measurement, no XLA and one step a
+call. --mixed_precision=auto is float32 on hardware without native 16-bit
+arithmetic and, where there is some, whichever mode measures fastest on
+the run's own model: bfloat16 trained to the same accuracy as float32 at
+equal epochs on five recipe and seed pairs (bench/RESULTS.md, "Toward
+94% in 5 minutes") and is slower for narrow models, so
+neither is right everywhere. XLA made the CPU step 1.7-4.7x slower than
+TensorFlow's oneDNN kernels (bench/cpu_defaults.py); several steps a call
+were no faster on 2 processes (bench/steps_per_call.py). GPU recipes turn
+on --xla.
 """
 from absl import flags
 
 from engine import precision
 from engine import step
 
-flags.DEFINE_enum("mixed_precision", "none", precision.MODES,
+flags.DEFINE_enum("mixed_precision", "auto", precision.MODES,
                   "Compute in 16 bits with float32 weights (Keras mixed "
-                  "precision policy). float16: with dynamic loss scaling, "
+                  "precision policy); none: float32 throughout. float16: "
+                  "with dynamic loss scaling, "
                   "for GPUs with Tensor Cores (Volta and later). bfloat16: "
                   "no loss scaling needed; TPUs, Ampere+ GPUs and CPUs with "
                   "AVX512-BF16 or AMX. auto: measured; before training "
@@ -26,7 +31,8 @@ flags.DEFINE_enum("mixed_precision", "none", precision.MODES,
                   "float32 by 5%; the figures are logged and recorded in "
                   "model_dir/precision.json, which a resume and "
                   "engine.evaluate reuse. float32 alone, unmeasured, on "
-                  "other hardware. Logits and loss stay float32.")
+                  "other hardware. A run resumed under auto keeps the "
+                  "mode of its first start. Logits and loss stay float32.")
 flags.DEFINE_bool("xla", False,
                   "Compile the forward and backward pass (and a Keras "
                   "optimizer's update) with XLA. Horovod's allreduce stays "

@@ -50,6 +50,10 @@ def test_a_script_with_its_own_model_and_data_then_evaluate(data_dir,
   assert (f"--dataset={EXAMPLES}/train_script.py:load_fashion_mnist"
           in recorded)
   assert "--optimizer=adam" in recorded  # the script's own value
+  # Not pinned to float32 (tests/fixtures.ENGINE_FLAGS): the default, auto,
+  # chose, measured or not as the hardware has it, and recorded its choice.
+  assert "--mixed_precision=auto" in recorded
+  assert (model_dir / "precision.json").exists()
   evaluated = fixtures.launch(["-m", "engine.evaluate",
                                f"--model_dir={model_dir}"])
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
