@@ -7,6 +7,7 @@ the order of the building (the seed before the model, the precision policy
 before its layers) is written once.
 """
 import dataclasses
+import functools
 import itertools
 import os
 import statistics
@@ -30,12 +31,17 @@ from engine import tasks
 from engine.config import TrainConfig
 from engine.errors import UserError
 import models
+from models import whitening
 
 # --mixed_precision=auto's measurement: rounds, the seconds of timed steps
 # they share (all modes, all rounds), and the most steps a mode runs in one.
 MEASURED_ROUNDS = 3
 MEASURED_SECONDS = 4.0
 MEASURED_STEPS = 8
+# How many of the first training images models/whitening.py's layers are
+# fitted to: about 800,000 patches of Fashion-MNIST's 28 x 28.
+ADAPTED_IMAGES = 1024
+
 
 def prepare(config: TrainConfig, measure_precision: bool = True
             ) -> tuple[TrainConfig, distributed.World, datasets.Splits,
@@ -71,11 +77,15 @@ def prepare(config: TrainConfig, measure_precision: bool = True
                           num_classes=output_shape[-1],
                           output_shape=output_shape, **config.model_params)
 
+    first_images = functools.cache(lambda: _first_images(splits))
+
     def model_of(mode):
       precision.set_policy(mode)
       # The same seed everywhere, then rank 0's weights win anyway.
       tf.keras.utils.set_random_seed(config.seed)
-      return tasks.build_model(task, config.task, flags_model)
+      model = tasks.build_model(task, config.task, flags_model)
+      whitening.adapt(model, first_images)  # (a resume restores over it)
+      return model
 
     model = model_of(config.mixed_precision)
     tasks.check(task, config.task, model, splits.info.image_shape)
@@ -98,6 +108,16 @@ def prepare(config: TrainConfig, measure_precision: bool = True
       model = model_of(chosen.mixed_precision)
     config = chosen
   return config, world, splits, task, model
+
+
+def _first_images(splits: datasets.Splits):
+  """The training split's first ADAPTED_IMAGES images, normalized as the
+  model receives them: what layers fitted to the data before training are
+  fitted to (models/whitening.py), the same on every rank."""
+  images, _ = next(iter(data.eval_batches(
+      splits.train, splits.info, rank=0, world_size=1,
+      batch_size=ADAPTED_IMAGES)))
+  return images.numpy()
 
 
 def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,

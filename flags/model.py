@@ -2,6 +2,7 @@
 from absl import flags
 
 import models
+from models import resnet9
 
 flags.DEFINE_string(
     "model", "cnn",
@@ -23,6 +24,14 @@ flags.DEFINE_integer("filters", 32,
                      "cnn, unet, cosmoflow: filters of the first convolution "
                      "(doubled in the next; cosmoflow: in each next block).",
                      lower_bound=1)
+flags.DEFINE_enum("stem", "conv", resnet9.STEMS,
+                  "resnet9: its first layer. conv: a learnt 3x3 "
+                  "convolution of --filters channels, BatchNorm and ReLU "
+                  "(Page). whitened: a frozen 2x2 convolution that "
+                  "whitens the images' patches, computed from the first "
+                  "training images before training, then ReLU (Jordan's "
+                  "airbench): the first epochs learn faster, and it is "
+                  "cheaper.")
 flags.DEFINE_integer("conv_layers", 0,
                      "cosmoflow: convolution blocks (Conv3D, LeakyReLU, "
                      "MaxPool3D); 0: as many as the volume's size allows, "

@@ -8,14 +8,24 @@ max pooling and a dense layer whose outputs are scaled by 1/8 into logits. `filt
 in the paper); on 28x28 Fashion-MNIST the stages run at 28, 14 and 7 pixels.
 Its cost grows with filters squared, so small widths suit CPUs: at 16 it
 takes about 4 times the cnn's multiply-adds at its default width.
+
+`stem="whitened"` replaces the stem convolution with airbench's frozen
+whitening of 2x2 patches and a ReLU (models/whitening.py): 8 channels per
+image channel instead of `filters`, so the first stage is cheaper too.
 """
 import tensorflow as tf
 
+from engine.errors import UserError
+from models import whitening
+
 layers = tf.keras.layers
+STEMS = ("conv", "whitened")
 
 
-def build(*, input_shape, num_classes, filters=16,
-          weight_decay=0.0) -> tf.keras.Model:
+def build(*, input_shape, num_classes, filters=16, weight_decay=0.0,
+          stem="conv") -> tf.keras.Model:
+  if stem not in STEMS:
+    raise UserError(f"--stem={stem}: choose one of {', '.join(STEMS)}")
   regularizer = tf.keras.regularizers.L2(weight_decay) if weight_decay else None
 
   def conv_bn(x, width):
@@ -33,7 +43,10 @@ def build(*, input_shape, num_classes, filters=16,
   # Any height and width, as global pooling allows: smaller images for
   # the first epochs (--progressive_resizing) or at test time.
   inputs = tf.keras.Input((None, None, input_shape[-1]))
-  x = conv_bn(inputs, filters)
+  if stem == "whitened":
+    x = layers.ReLU()(whitening.PatchWhitening(2, name="whitening")(inputs))
+  else:
+    x = conv_bn(inputs, filters)
   x = stage(x, 2 * filters, residual=True)
   x = stage(x, 4 * filters, residual=False)
   x = stage(x, 8 * filters, residual=True)

@@ -1,8 +1,10 @@
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import models
 from engine.errors import UserError
+from models import whitening
 
 
 @pytest.mark.parametrize("name, params, input_shape", [
@@ -70,6 +72,7 @@ def test_params_a_model_does_not_take_are_ignored():
 @pytest.mark.parametrize("name, params, message", [
     ("resnet9000", {}, "--model=resnet9000 is unknown"),
     ("wrn", dict(depth=12), "--depth=12"),
+    ("resnet9", dict(stem="learnt"), "--stem=learnt: choose one of conv, "),
 ])
 def test_bad_model_choices_are_named(name, params, message):
   with pytest.raises(UserError, match=message):
@@ -84,3 +87,34 @@ def test_resnet9_has_pages_layout():
   convs = [l for l in model.layers if isinstance(l, tf.keras.layers.Conv2D)]
   assert [c.filters for c in convs] == [64, 128, 128, 128, 256, 512, 512, 512]
   assert sum(isinstance(l, tf.keras.layers.Add) for l in model.layers) == 2
+
+
+def test_resnet9_with_a_whitened_stem_has_no_stem_convolution_to_learn():
+  model = models.build("resnet9", input_shape=(32, 32, 3), num_classes=10,
+                       filters=64, stem="whitened")
+  stem = model.get_layer("whitening")
+  assert stem.kernel.shape == (2, 2, 3, 24)  # 2 x 12 directions of 12 values
+  trainable = [v.name for v in model.trainable_variables]
+  assert stem.kernel.name not in trainable and stem.bias.name in trainable
+  convs = [l for l in model.layers if type(l) is tf.keras.layers.Conv2D]
+  assert [c.filters for c in convs] == [128, 128, 128, 256, 512, 512, 512]
+  assert convs[0].kernel.shape[2] == 24
+
+
+def test_whitening_makes_the_patches_uncorrelated_of_unit_variance():
+  """The outputs' first half (the second is its negative) over patches of
+  images other than those it was fitted to, of the same correlations."""
+  rng = np.random.default_rng(0)
+
+  def images(n):  # correlated neighbours, channels of different scales
+    noise = rng.normal(size=(n, 13, 13, 2)) * [1.0, 3.0]
+    return (noise[:, 1:, 1:] + 0.8 * noise[:, :-1, :-1]
+            + 0.5 * noise[:, 1:, :-1]).astype(np.float32)
+
+  layer = whitening.PatchWhitening(2, epsilon=0.0)
+  layer.adapt(images(400))
+  out = layer(images(400)).numpy()[:, :-1, :-1]  # "same" pads right, below
+  half = out[..., :8].reshape(-1, 8)
+  np.testing.assert_allclose(np.cov(half, rowvar=False), np.eye(8),
+                             atol=0.05)
+  np.testing.assert_array_equal(out[..., 8:], -out[..., :8])

@@ -1,9 +1,14 @@
 """The training loop, run for real on one process (engine/train.py)."""
+import gzip
 import json
+import os
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from engine import build as engine_build
+from models import whitening
 from tests import fixtures
 
 
@@ -84,3 +89,28 @@ def test_a_resumed_run_goes_on_counting_towards_early_stopping(data_dir,
   assert records[-1]["target_accuracy_first_epoch"] == 1
   assert records[-1]["target_accuracy_first_seconds"] == pytest.approx(
       first[0]["cumulative_seconds"])
+
+
+def test_a_whitened_stem_is_fitted_to_the_first_training_images_and_frozen(
+    data_dir, tmp_path):
+  result = fixtures.launch(
+      ["-m", "engine.train", f"--data_dir={data_dir}", "--epochs=2",
+       "--batch_size=20", "--steps_per_epoch=3", f"--model_dir={tmp_path}",
+       "--model=resnet9", "--filters=4", "--stem=whitened",
+       "--progress=none"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  with gzip.open(os.path.join(data_dir, "train-images-idx3-ubyte.gz")) as f:
+    images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(
+        -1, 28, 28, 1)[:engine_build.ADAPTED_IMAGES]
+  statistics = json.loads((tmp_path / "normalization.json").read_text())
+  fitted = whitening.PatchWhitening(2)
+  fitted.adapt((images - np.float32(statistics["mean"]))
+               / np.float32(statistics["std"]))
+  checkpoint = tf.train.load_checkpoint(str(tmp_path / "checkpoints"))
+  kernel, bias = (checkpoint.get_tensor(
+      f"model/layer_with_weights-0/{name}/.ATTRIBUTES/VARIABLE_VALUE")
+                  for name in ("kernel", "bias"))  # the first layer's
+  assert kernel.shape == (2, 2, 1, 8) and bias.shape == (8,)
+  np.testing.assert_allclose(kernel, fitted.kernel.numpy(), rtol=1e-5,
+                             atol=1e-6)
+  assert np.abs(bias).max() > 0  # learnt, from zeros
