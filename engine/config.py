@@ -161,7 +161,7 @@ def config_from_flags() -> TrainConfig:
       model=FLAGS.model,
       model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
                         filters=FLAGS.filters, conv_layers=FLAGS.conv_layers,
-                        stem=FLAGS.stem,
+                        stem=FLAGS.stem, pool_first=FLAGS.pool_first,
                         dropout=FLAGS.dropout,
                         weight_decay=FLAGS.weight_decay),
       task=FLAGS.task,

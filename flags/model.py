@@ -32,6 +32,12 @@ flags.DEFINE_enum("stem", "conv", resnet9.STEMS,
                   "training images before training, then ReLU (Jordan's "
                   "airbench): the first epochs learn faster, and it is "
                   "cheaper.")
+flags.DEFINE_bool("pool_first", False,
+                  "resnet9: max-pool each stage right after its "
+                  "convolution, before BatchNorm and ReLU (airbench), "
+                  "which then run on a quarter of the pixels: about 5% "
+                  "faster on CPU, as accurate (bench/RESULTS.md); Page's "
+                  "ResNet-9 pools last.")
 flags.DEFINE_integer("conv_layers", 0,
                      "cosmoflow: convolution blocks (Conv3D, LeakyReLU, "
                      "MaxPool3D); 0: as many as the volume's size allows, "

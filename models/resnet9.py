@@ -9,9 +9,13 @@ in the paper); on 28x28 Fashion-MNIST the stages run at 28, 14 and 7 pixels.
 Its cost grows with filters squared, so small widths suit CPUs: at 16 it
 takes about 4 times the cnn's multiply-adds at its default width.
 
-`stem="whitened"` replaces the stem convolution with airbench's frozen
-whitening of 2x2 patches and a ReLU (models/whitening.py): 8 channels per
-image channel instead of `filters`, so the first stage is cheaper too.
+Two changes from Keller Jordan's airbench (2024), both off by default:
+`stem="whitened"` replaces the stem convolution with a frozen whitening of
+2x2 patches and a ReLU (models/whitening.py): 8 channels per image channel
+instead of `filters`, so the first stage is cheaper too. `pool_first`
+pools each stage right after its convolution, so that BatchNorm and ReLU
+run on a quarter of the pixels (not the same function: a max taken before
+BatchNorm picks the minimum where its scale is negative).
 """
 import tensorflow as tf
 
@@ -23,19 +27,22 @@ STEMS = ("conv", "whitened")
 
 
 def build(*, input_shape, num_classes, filters=16, weight_decay=0.0,
-          stem="conv") -> tf.keras.Model:
+          stem="conv", pool_first=False) -> tf.keras.Model:
   if stem not in STEMS:
     raise UserError(f"--stem={stem}: choose one of {', '.join(STEMS)}")
   regularizer = tf.keras.regularizers.L2(weight_decay) if weight_decay else None
 
-  def conv_bn(x, width):
+  def conv_bn(x, width, pool=False):
     x = layers.Conv2D(width, 3, padding="same", use_bias=False,
                       kernel_regularizer=regularizer)(x)
+    if pool and pool_first:
+      x = layers.MaxPooling2D()(x)
     x = layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
-    return layers.ReLU()(x)
+    x = layers.ReLU()(x)
+    return layers.MaxPooling2D()(x) if pool and not pool_first else x
 
   def stage(x, width, residual):
-    x = layers.MaxPooling2D()(conv_bn(x, width))
+    x = conv_bn(x, width, pool=True)
     if residual:
       x = layers.Add()([x, conv_bn(conv_bn(x, width), width)])
     return x

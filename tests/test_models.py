@@ -118,3 +118,22 @@ def test_whitening_makes_the_patches_uncorrelated_of_unit_variance():
   np.testing.assert_allclose(np.cov(half, rowvar=False), np.eye(8),
                              atol=0.05)
   np.testing.assert_array_equal(out[..., 8:], -out[..., :8])
+
+
+@pytest.mark.parametrize("pool_first, after_stage_conv", [
+    (False, ["BatchNormalization", "ReLU", "MaxPooling2D"]),
+    (True, ["MaxPooling2D", "BatchNormalization", "ReLU"]),
+])
+def test_resnet9_pools_each_stage_last_or_first(pool_first, after_stage_conv):
+  model = models.build("resnet9", input_shape=(32, 32, 3), num_classes=10,
+                       filters=8, pool_first=pool_first)
+  names = [type(l).__name__ for l in model.layers]
+  convs = [i for i, l in enumerate(model.layers)
+           if isinstance(l, tf.keras.layers.Conv2D)]
+  pooled = [i for i in convs if "MaxPooling2D" in names[i + 1:i + 4]]
+  assert len(pooled) == 3  # a stage's first convolution
+  for i in pooled:
+    assert names[i + 1:i + 4] == after_stage_conv
+  assert model.count_params() == models.build(
+      "resnet9", input_shape=(32, 32, 3), num_classes=10,
+      filters=8).count_params()
