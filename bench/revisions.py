@@ -1,10 +1,15 @@
-r"""The engine's training throughput at two git revisions, interleaved.
+r"""The engine's training throughput at two git revisions, interleaved,
+or at one revision with two sets of flags.
 
   .venv/bin/python -m bench.revisions --before=a738f32 [--after=HEAD] \
       --repeats=4 -- --model=cnn --epochs=4 --steps_per_epoch=100
+  .venv/bin/python -m bench.revisions --before=HEAD \
+      --before_flags=--nopool_first --after_flags=--pool_first \
+      -- --flagfile=flags/fashion_mnist_94.cfg --epochs=3
 
 Each revision is checked out once (`git worktree`, under --work_dir) and
-trained by the same command line, `horovodrun -np --processes` with this
+trained by the same command line (then --before_flags or --after_flags),
+`horovodrun -np --processes` with this
 checkout's virtualenv, one run at a time in interleaved rounds
 (bench/interleaved.py); a run's figures are the images/s of its epochs
 after the first. It prints each run's figures, each revision's median,
@@ -25,6 +30,10 @@ from bench import interleaved
 FLAGS = flags.FLAGS
 flags.DEFINE_string("before", "", "The revision to compare against.")
 flags.DEFINE_string("after", "HEAD", "The revision measured against it.")
+flags.DEFINE_string("before_flags", "", "Engine flags for the runs of "
+                    "--before alone, after the command line's.")
+flags.DEFINE_string("after_flags", "", "Engine flags for the runs of "
+                    "--after alone, after the command line's.")
 flags.DEFINE_integer("repeats", 4, "Rounds; each runs both revisions.",
                      lower_bound=1)
 flags.DEFINE_integer("processes", 2, "Processes per run.", lower_bound=1)
@@ -50,6 +59,8 @@ def main(argv):
   engine_flags = argv[1:]
   trees = {name: checkout(revision) for name, revision in
            (("before", FLAGS.before), ("after", FLAGS.after))}
+  own_flags = {"before": FLAGS.before_flags.split(),
+               "after": FLAGS.after_flags.split()}
 
   def measure(name: str, round_: int) -> list[float]:
     model_dir = os.path.join(FLAGS.work_dir, "runs", f"{name}_{round_}")
@@ -58,7 +69,7 @@ def main(argv):
         [interleaved.HOROVODRUN, "--gloo", "-np", str(FLAGS.processes),
          interleaved.PYTHON, "-m", "engine.train", "--progress=none",
          # Last, so that a recipe's --model_dir in a flagfile is overridden.
-         *engine_flags, f"--model_dir={model_dir}"],
+         *engine_flags, *own_flags[name], f"--model_dir={model_dir}"],
         cwd=trees[name], env=dict(interleaved.engine_env(),
                                   PYTHONPATH=trees[name]),
         capture_output=True, text=True)
@@ -68,8 +79,9 @@ def main(argv):
                f"{errors[0] if errors else run.stderr[-500:]}")
     return interleaved.images_per_sec(model_dir)
 
-  print(f"{FLAGS.before} (before) and {FLAGS.after} (after), "
-        f"{FLAGS.processes} processes: {' '.join(engine_flags)}")
+  print(f"{FLAGS.before} {FLAGS.before_flags} (before) and {FLAGS.after} "
+        f"{FLAGS.after_flags} (after), {FLAGS.processes} processes: "
+        f"{' '.join(engine_flags)}")
   per_round = {name: [] for name in trees}
 
   def measured(name: str, round_: int) -> list[float]:
