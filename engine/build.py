@@ -39,8 +39,10 @@ MEASURED_ROUNDS = 3
 MEASURED_SECONDS = 4.0
 MEASURED_STEPS = 8
 # How many of the first training images models/whitening.py's layers are
-# fitted to: about 800,000 patches of Fashion-MNIST's 28 x 28.
+# fitted to: 1024 (800,000 patches) of Fashion-MNIST's 28 x 28, fewer of
+# larger images, down to 20 of 224 x 224 (a million patches).
 ADAPTED_IMAGES = 1024
+ADAPTED_PIXELS = 1 << 20
 
 
 def prepare(config: TrainConfig, measure_precision: bool = True
@@ -111,12 +113,15 @@ def prepare(config: TrainConfig, measure_precision: bool = True
 
 
 def _first_images(splits: datasets.Splits):
-  """The training split's first ADAPTED_IMAGES images, normalized as the
-  model receives them: what layers fitted to the data before training are
-  fitted to (models/whitening.py), the same on every rank."""
+  """The training split's first images (ADAPTED_IMAGES, or as many as
+  hold ADAPTED_PIXELS), normalized as the model receives them: what layers
+  fitted to the data before training are fitted to (models/whitening.py),
+  the same on every rank."""
+  height, width = splits.info.image_shape[:2]
   images, _ = next(iter(data.eval_batches(
       splits.train, splits.info, rank=0, world_size=1,
-      batch_size=ADAPTED_IMAGES)))
+      batch_size=max(1, min(ADAPTED_IMAGES,
+                            ADAPTED_PIXELS // (height * width))))))
   return images.numpy()
 
 

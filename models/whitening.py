@@ -19,9 +19,10 @@ engine.evaluate use the ones its first start computed.
 import numpy as np
 import tensorflow as tf
 
-# Patches are counted in chunks of this many, bounding adapt's memory for
-# large images (a 224 x 224 x 3 image has 49,729 patches of 12 values).
-_CHUNK_PATCHES = 1 << 20
+# Patches are counted in chunks of about this many, bounding adapt's
+# memory for large images (a 224 x 224 x 3 image has 49,729 patches of 12
+# values).
+CHUNK_PATCHES = 1 << 18
 
 
 class PatchWhitening(tf.keras.layers.Layer):
@@ -50,14 +51,14 @@ class PatchWhitening(tf.keras.layers.Layer):
     """Sets the filters from `images` [N, H, W, C], normalized as the
     model receives them."""
     k, channels = self.kernel_size, images.shape[-1]
+    size = channels * k * k
     patches = np.lib.stride_tricks.sliding_window_view(
-        images.astype(np.float64), (k, k), axis=(1, 2))  # [N, H', W', C, k, k]
-    patches = patches.reshape(len(images), -1, channels * k * k)
-    per_image = patches.shape[1]
-    covariance = np.zeros((channels * k * k,) * 2)
-    step = max(1, _CHUNK_PATCHES // per_image)
+        images, (k, k), axis=(1, 2))  # a view: [N, H', W', C, k, k]
+    per_image = patches.shape[1] * patches.shape[2]
+    covariance = np.zeros((size, size))
+    step = max(1, CHUNK_PATCHES // per_image)
     for start in range(0, len(images), step):
-      chunk = patches[start:start + step].reshape(-1, channels * k * k)
+      chunk = patches[start:start + step].reshape(-1, size).astype(np.float64)
       covariance += chunk.T @ chunk
     covariance /= len(images) * per_image
     eigenvalues, eigenvectors = np.linalg.eigh(covariance)

@@ -101,9 +101,12 @@ def test_resnet9_with_a_whitened_stem_has_no_stem_convolution_to_learn():
   assert convs[0].kernel.shape[2] == 24
 
 
-def test_whitening_makes_the_patches_uncorrelated_of_unit_variance():
+def test_whitening_makes_the_patches_uncorrelated_of_unit_variance(
+    monkeypatch):
   """The outputs' first half (the second is its negative) over patches of
-  images other than those it was fitted to, of the same correlations."""
+  images other than those it was fitted to, of the same correlations; the
+  same filters whether the patches are counted at once or image by
+  image."""
   rng = np.random.default_rng(0)
 
   def images(n):  # correlated neighbours, channels of different scales
@@ -112,7 +115,13 @@ def test_whitening_makes_the_patches_uncorrelated_of_unit_variance():
             + 0.5 * noise[:, 1:, :-1]).astype(np.float32)
 
   layer = whitening.PatchWhitening(2, epsilon=0.0)
-  layer.adapt(images(400))
+  fitted_to = images(400)
+  layer.adapt(fitted_to)
+  by_image = whitening.PatchWhitening(2, epsilon=0.0)
+  monkeypatch.setattr(whitening, "CHUNK_PATCHES", 1)
+  by_image.adapt(fitted_to)
+  np.testing.assert_allclose(by_image.kernel.numpy(), layer.kernel.numpy(),
+                             rtol=1e-5, atol=1e-6)
   out = layer(images(400)).numpy()[:, :-1, :-1]  # "same" pads right, below
   half = out[..., :8].reshape(-1, 8)
   np.testing.assert_allclose(np.cov(half, rowvar=False), np.eye(8),
