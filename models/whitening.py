@@ -8,7 +8,7 @@ eigenvalue, followed by their negatives (so that a ReLU after it passes
 both signs): its outputs are the patches decorrelated, each direction of
 unit variance. Frozen, it spares the network learning the pixels'
 correlations, and the first epochs learn faster (bench/RESULTS.md, "Toward
-94% in 5 minutes"). Its bias is learnt.
+94%: airbench's stem and pooling"). Its bias is learnt.
 
 The filters come from data, not from an initializer: the engine calls
 `adapt` on every PatchWhitening of a model it builds with its first
