@@ -13,7 +13,7 @@ setup:
 	@bash scripts/setup.sh
 
 train: setup
-	TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/horovodrun -np $(PROCESSES) \
+	TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/horovodrun --gloo -np $(PROCESSES) \
 	  .venv/bin/python -m engine.train --flagfile=$(FLAGFILE) $(ARGS)
 
 # Most tests start a process or two on one core each, so two pytest workers

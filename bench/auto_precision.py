@@ -5,7 +5,7 @@ r"""--mixed_precision=auto against float32 and bfloat16 forced, per model.
 For each model (--models: the fast recipe's ResNet-9 of width 8, the 94%
 recipe's of width 12, and WRN-16-2 at batch 128, the flags' other
 settings their defaults), three variants train --epochs of --steps steps
-on real Fashion-MNIST under `horovodrun -np 2`: `none` (float32),
+on real Fashion-MNIST under `horovodrun --gloo -np 2`: `none` (float32),
 `bfloat16`, and `auto`, which measures both before training
 (engine/precision.py) and runs its choice. Variants alternate over
 --repeats rounds. Prints each run's images/s (epochs after the first),

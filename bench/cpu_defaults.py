@@ -165,7 +165,8 @@ def cycle() -> None:
         "voluntary context switches per process per second", flush=True)
   for ms in FLAGS.cycle_ms:
     output = interleaved.launch(
-        [interleaved.HOROVODRUN, "-np", str(PROCESSES), interleaved.PYTHON,
+        [interleaved.HOROVODRUN, "--gloo", "-np", str(PROCESSES),
+         interleaved.PYTHON,
          "-m", "bench.cpu_defaults", "--worker=idle",
          f"--idle_seconds={FLAGS.idle_seconds}"], HOROVOD_CYCLE_TIME=ms)
     # horovodrun prefixes each line of rank r with "[1,r]<stdout>:".
@@ -228,7 +229,8 @@ def _whole_run(part: str, variant: str, round_: int, engine_flags: list[str],
                            f"{variant.replace(' ', '_')}-r{round_ + 1}")
   shutil.rmtree(model_dir, ignore_errors=True)
   interleaved.launch(
-      [interleaved.HOROVODRUN, "-np", str(PROCESSES), interleaved.PYTHON,
+      [interleaved.HOROVODRUN, "--gloo", "-np", str(PROCESSES),
+       interleaved.PYTHON,
        "-m", "engine.train", f"--model_dir={model_dir}", "--progress=none",
        *engine_flags, f"--epochs={FLAGS.epochs}",
        f"--steps_per_epoch={FLAGS.steps_per_epoch}"], **env)

@@ -92,7 +92,8 @@ def run(data_flags: list, data_path: str, run_dir: str,
         epochs: int) -> list[float]:
   """A run under horovodrun -np 2; each rank's peak RSS in MB."""
   prefix = os.path.join(run_dir, "peak_rss")
-  command = [interleaved.HOROVODRUN, "-np", "2", interleaved.PYTHON, "-m",
+  command = [interleaved.HOROVODRUN, "--gloo", "-np", "2",
+             interleaved.PYTHON, "-m",
              "bench.peak_rss", prefix, f"--epochs={epochs}",
              "--batch_size=128", "--model=cnn", "--progress=none",
              # float32, unmeasured: no models built but the run's.

@@ -9,7 +9,7 @@ and converted with engine.tools.to_tfrecords. Then, interleaved over
 1. The input pipeline alone: one process with all cores pulls
    --pipeline_batches batches of 128 from engine.data.train_batches, as
    training would, and nothing else: images/s.
-2. A real run: `horovodrun -np 2 engine.train --model=M --image_size=32`
+2. A real run: `horovodrun --gloo -np 2 engine.train --model=M --image_size=32`
    on each, for each of --models (resnet_small, and the far cheaper cnn),
    --run_steps steps of 64 per process; the share of each epoch the step
    waited for input (metrics.jsonl's input_seconds over epoch_seconds,
@@ -88,7 +88,8 @@ def pipeline_rate(fmt: str) -> float:
 def input_share(fmt: str, model: str, run_dir: str) -> list[tuple]:
   """Each epoch's input wait over its time, and its images/s, epochs after
   the first."""
-  command = [interleaved.HOROVODRUN, "-np", "2", interleaved.PYTHON, "-m",
+  command = [interleaved.HOROVODRUN, "--gloo", "-np", "2",
+             interleaved.PYTHON, "-m",
              "engine.train", *data_flags(fmt), f"--model={model}",
              "--batch_size=64", "--mixed_precision=none",
              f"--steps_per_epoch={FLAGS.run_steps}",

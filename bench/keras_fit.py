@@ -8,7 +8,7 @@ scale the rate; wrap the optimizer in `hvd.DistributedOptimizer`; broadcast
 rank 0's initial weights; average the metrics at epoch ends; narrate on rank
 0 only. Launched like the engine:
 
-  horovodrun -np 2 .venv/bin/python -m bench.keras_fit --dataset=synthetic \
+  horovodrun --gloo -np 2 .venv/bin/python -m bench.keras_fit --dataset=synthetic \
     --records=/tmp/keras_fit.jsonl
 
 With TensorFlow 2.15 (Keras 2.15) Horovod 0.28.1's Keras DistributedOptimizer

@@ -31,7 +31,7 @@ only) and
 `cumulative_seconds` (training and evaluation since `fit` began, as the
 engine's clock counts training, evaluation and checkpoints).
 
-  horovodrun -np 2 .venv/bin/python -m bench.keras_recipe \
+  horovodrun --gloo -np 2 .venv/bin/python -m bench.keras_recipe \
     --flagfile=flags/fashion_mnist_fast.cfg --model_dir=/tmp/keras_run
 """
 import functools

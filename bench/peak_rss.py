@@ -1,6 +1,6 @@
 r"""Runs engine.train in this process and records its peak memory at exit.
 
-  horovodrun -np 2 .venv/bin/python -m bench.peak_rss PREFIX [engine flags]
+  horovodrun --gloo -np 2 .venv/bin/python -m bench.peak_rss PREFIX [engine flags]
 
 writes PREFIX.rank<r>: this rank's peak resident set size in KB
 (getrusage's ru_maxrss), however the run ends.

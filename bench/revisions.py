@@ -9,7 +9,7 @@ or at one revision with two sets of flags.
 
 Each revision is checked out once (`git worktree`, under --work_dir) and
 trained by the same command line (then --before_flags or --after_flags),
-`horovodrun -np --processes` with this
+`horovodrun --gloo -np --processes` with this
 checkout's virtualenv, one run at a time in interleaved rounds
 (bench/interleaved.py); a run's figures are the images/s of its epochs
 after the first. It prints each run's figures, each revision's median,

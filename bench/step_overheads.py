@@ -20,7 +20,7 @@ Each is timed over --rounds rounds, the order alternating from round to
 round. Launch it the way the engine is launched:
 
   .venv/bin/python -m bench.step_overheads                     # 1 process
-  .venv/bin/horovodrun -np 2 .venv/bin/python -m bench.step_overheads
+  .venv/bin/horovodrun --gloo -np 2 .venv/bin/python -m bench.step_overheads
 """
 import statistics
 import time

@@ -3,7 +3,7 @@ r"""--steps_per_call K = 1, 4, 16 at 1 and 2 processes, interleaved.
   .venv/bin/python -m bench.steps_per_call [--repeats=3] [--workload=cnn]
 
 Each variant trains --epochs of --steps steps under engine.train (under
-`horovodrun -np 2` for 2 processes) on real Fashion-MNIST: the throughput
+`horovodrun --gloo -np 2` for 2 processes) on real Fashion-MNIST: the throughput
 workload (`cnn`: bench/workload.py, batch 128 per process) or the fast
 recipe (`fast`: flags/fashion_mnist_fast.cfg, ResNet-9 of width 8, batch
 256), with the engine's default summaries every 50 steps (which end a call

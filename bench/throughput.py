@@ -2,8 +2,8 @@ r"""Training throughput of the engine against Keras `fit` and a plain loop.
 
 One invocation measures, on this machine, one model, data and batch size:
 
-  engine      horovodrun -np N .venv/bin/python -m engine.train ...  N = 1, 2
-  keras_fit   horovodrun -np N .venv/bin/python -m bench.keras_fit   N = 1, 2
+  engine      horovodrun --gloo -np N .venv/bin/python -m engine.train ...  N = 1, 2
+  keras_fit   horovodrun --gloo -np N .venv/bin/python -m bench.keras_fit   N = 1, 2
   plain_loop  .venv/bin/python -m bench.plain_loop                   1 process
 
 each on real Fashion-MNIST and on synthetic images of its shape, one run at
@@ -274,7 +274,8 @@ def _command(run: Run, settings: dict,
     intra, inter = distributed.cpu_threads(distributed.available_cores(), 1)
     return [PYTHON, *args, f"--intra_op_threads={intra}",
             f"--inter_op_threads={inter}"], records
-  return [HOROVODRUN, "-np", str(run.processes), PYTHON, *args], records
+  return ([HOROVODRUN, "--gloo", "-np", str(run.processes), PYTHON, *args],
+          records)
 
 
 def _run(command: list[str], log, timeout: float) -> int:

@@ -119,7 +119,7 @@ def _run(config: str, *, seed: int) -> dict:
   shutil.rmtree(model_dir, ignore_errors=True)  # a fresh run, not a resume
   module, overrides = CONFIGS[config]
   recipe = FLAGS.baseline if config == "baseline" else FLAGS.recipe
-  command = [interleaved.HOROVODRUN, "-np", str(FLAGS.processes),
+  command = [interleaved.HOROVODRUN, "--gloo", "-np", str(FLAGS.processes),
              interleaved.PYTHON, "-m", module, f"--flagfile={recipe}",
              *overrides, *FLAGS.extra, f"--seed={seed}",
              f"--model_dir={model_dir}", "--progress=none"]

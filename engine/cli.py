@@ -37,7 +37,7 @@ Result = TypeVar("Result")
 
 def run(train: Callable[[config_lib.TrainConfig], Result], *, model=None,
         dataset=None, **flag_values) -> Result:
-  """Trains from a Python script, launched as `horovodrun -np N python
+  """Trains from a Python script, launched as `horovodrun --gloo -np N python
   SCRIPT.py [--flag=value ...]`: the engine's flags, with the script's
   values as their defaults and its command line over them.
 

@@ -57,7 +57,7 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
   if not gpus:
     # Read by hvd.init; a user's (horovodrun --cycle-time-ms) wins.
     os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
-  hvd.init()
+  start_horovod()
   # So a survivor of a failed collective can name the rank that stopped.
   liveness.start_heartbeat(hvd.rank(), hvd.size())
   if deterministic:
@@ -147,6 +147,54 @@ def current(world: World) -> World:
   """`world` with this process's rank and the number of processes now, which
   change at each reset of an elastic run (its device and threads do not)."""
   return dataclasses.replace(world, rank=hvd.rank(), size=hvd.size())
+
+
+def start_horovod() -> None:
+  """hvd.init(), on Gloo's controller unless an MPI launcher started us.
+
+  A UserError for processes that would each train alone, unaware of the
+  others: started by an MPI launcher with a Horovod built without MPI, or
+  as srun's tasks without a PMI to find each other.
+
+  A Horovod built with MPI takes MPI's controller whenever it is built in.
+  A process alone, or started by `horovodrun --gloo`, keeps Gloo, as a
+  Gloo-only build would: the same collectives and timeouts, and Horovod
+  can start again in the same process (MPI cannot, once finished). The
+  setting is read by hvd.init alone and not left in the environment, so
+  the processes this one launches choose for themselves.
+  """
+  tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
+  if _started_by_mpi():
+    if not hvd.mpi_built():
+      raise UserError("an MPI launcher started this process, but this "
+                      "Horovod was built without MPI, so each process "
+                      "would train alone: launch with horovodrun, or build "
+                      "Horovod with MPI (BUILD.md)")
+    hvd.init()
+    return
+  if "SLURM_STEP_ID" in os.environ and tasks > 1:
+    raise UserError(f"srun started {tasks} tasks with no PMI (--mpi=none, "
+                    "the default of many sites), so each would train "
+                    "alone: launch with srun --mpi=pmix (srun --mpi=list "
+                    "shows this cluster's) or through "
+                    "scripts/slurm/train.sbatch")
+  chosen = {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+  before = {name: os.environ.get(name) for name in chosen}
+  for name, value in chosen.items():
+    os.environ.setdefault(name, value)
+  try:
+    hvd.init()
+  finally:
+    for name, value in before.items():
+      if value is None:
+        del os.environ[name]
+
+
+def _started_by_mpi() -> bool:
+  """Whether an MPI launcher started this process: Open MPI's mpirun, or
+  srun (or another launcher) through PMI or PMIx."""
+  return any(name in os.environ for name in
+             ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"))
 
 
 def is_chief() -> bool:

@@ -1,7 +1,7 @@
 r"""Evaluates a run's checkpoint on its test set, on one process or N.
 
   .venv/bin/python -m engine.evaluate --model_dir=runs/fashion_mnist_fast
-  horovodrun -np 2 .venv/bin/python -m engine.evaluate \
+  horovodrun --gloo -np 2 .venv/bin/python -m engine.evaluate \
       --model_dir=runs/fashion_mnist_fast --checkpoint=best
 
 The run's own flags (model_dir/flags.txt, or flags.latest.txt after a

@@ -1,6 +1,6 @@
 r"""A learning-rate range test: which --base_lr to train a model with.
 
-  horovodrun -np 2 .venv/bin/python -m engine.find_lr \
+  horovodrun --gloo -np 2 .venv/bin/python -m engine.find_lr \
       --flagfile=flags/RECIPE.cfg [--min_lr=1e-5] [--max_lr=10] \
       [--range_steps=100] [--plot=lr_range.png]
 

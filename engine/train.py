@@ -2,7 +2,7 @@ r"""Data-parallel training with Horovod: the engine's one training loop.
 
 Launch one process per device:
 
-  horovodrun -np 2 .venv/bin/python -m engine.train --flagfile=flags/X.cfg
+  horovodrun --gloo -np 2 .venv/bin/python -m engine.train --flagfile=flags/X.cfg
 
 Read `train()` top to bottom to follow a batch from disk to the optimizer:
 distributed setup, input pipeline, model, optimizer, then the loop: a start
@@ -516,7 +516,7 @@ class _TrainLoop:
 
 
 def run(*, model=None, dataset=None, **flag_values) -> TrainResult:
-  """Trains from a Python script, launched as `horovodrun -np N python
+  """Trains from a Python script, launched as `horovodrun --gloo -np N python
   SCRIPT.py`: `model` and `dataset` are functions or names, any other
   keyword a flag's default (engine.cli.run says how)."""
   return cli.run(train, model=model, dataset=dataset, **flag_values)

@@ -1,6 +1,6 @@
 """TensorFlow's DCGAN tutorial as a task with a train step of its own.
 
-  horovodrun -np 2 .venv/bin/python -m engine.train \
+  horovodrun --gloo -np 2 .venv/bin/python -m engine.train \
       --task=examples/dcgan.py:DCGAN --epochs=2 --base_lr=0.0001 \
       --model_dir=runs/dcgan
 

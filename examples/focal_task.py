@@ -1,6 +1,6 @@
 """Your own task: classification with the focal loss and top-2 accuracy.
 
-  horovodrun -np 2 .venv/bin/python -m engine.train \
+  horovodrun --gloo -np 2 .venv/bin/python -m engine.train \
       --task=examples/focal_task.py:FocalLoss --epochs=2
 
 The focal loss (Lin et al. 2017) weighs each example's cross-entropy by

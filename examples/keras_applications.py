@@ -1,6 +1,6 @@
 """Your own model in its own file: a Keras Applications network, untrained.
 
-  horovodrun -np 2 .venv/bin/python -m engine.train \
+  horovodrun --gloo -np 2 .venv/bin/python -m engine.train \
       --model=examples/keras_applications.py:mobilenet_v2 \
       --model_dir=runs/mobilenet_v2 --epochs=3
 

@@ -1,6 +1,6 @@
 """Your own model and data from a script, launched by horovodrun:
 
-  horovodrun -np 2 .venv/bin/python examples/train_script.py [--epochs=5 ...]
+  horovodrun --gloo -np 2 .venv/bin/python examples/train_script.py [--epochs=5 ...]
 
 The engine is imported before TensorFlow: importing it chooses TensorFlow's
 CPU kernels (oneDNN's), which TensorFlow reads once, before it first uses

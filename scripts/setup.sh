@@ -32,16 +32,38 @@ fi
 site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 [ "$(cat "$site/horovod_engine.pth" 2>/dev/null)" = "$root" ] || echo "$root" > "$site/horovod_engine.pth"
 
+# Open MPI (Debian's), for a Horovod with MPI beside Gloo: mpirun and srun
+# launch it (scripts/slurm/train.sbatch), and Adasum needs it. SLURM and
+# munge are for the tests that submit to a real SLURM
+# (tests/simulated_slurm.py); installing them starts no daemon.
+if ! command -v mpicxx >/dev/null || ! command -v slurmctld >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    say "installing Debian's Open MPI, SLURM and munge"
+    apt-get update -qq >/dev/null || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin \
+      libopenmpi-dev >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+  else
+    say "no Open MPI: Horovod is built with Gloo alone (horovodrun only); for mpirun, srun and Adasum run: sudo apt-get install openmpi-bin libopenmpi-dev, then this again"
+  fi
+fi
+
 # Horovod is compiled once per machine and set of pins: the wheel is kept
 # under ~/.cache, named by requirements.txt's hash and the build's settings,
 # so a fresh clone (CI's) installs it in seconds. pip's own wheel cache
 # cannot be used for it: its key is Horovod's version alone, so it would
 # hand over a wheel built against another TensorFlow.
-horovod_env="HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1"
+# With MPI where Open MPI is installed; Gloo always (BUILD.md says why both).
+mpi=WITHOUT
+command -v mpicxx >/dev/null && mpi=WITH
+horovod_env="HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_${mpi}_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1"
 wheels=${XDG_CACHE_HOME:-$HOME/.cache}/horovod-engine/$(echo "$want $horovod_env $(uname -m)" | sha256sum | cut -c1-16)
-if [ ! -e "$venv/.horovod-built" ] || ! "$py" -c "import horovod.tensorflow" 2>/dev/null; then
+# The stamp names the wheel installed: new settings (Open MPI installed
+# since) build anew.
+if [ "$(cat "$venv/.horovod-built" 2>/dev/null)" != "$wheels" ] || ! "$py" -c "import horovod.tensorflow" 2>/dev/null; then
   if ! ls "$wheels"/horovod-0.28.1-*.whl >/dev/null 2>&1; then
-    say "building horovod==0.28.1 against TensorFlow with Gloo (2-3 minutes)"
+    say "building horovod==0.28.1 against TensorFlow with Gloo$([ $mpi = WITH ] && echo ' and MPI') (2-3 minutes)"
     # cmake<4 and wheel come from requirements.txt; --no-build-isolation
     # makes the build see the venv's TensorFlow, whose headers and ABI it
     # compiles to.
@@ -56,12 +78,12 @@ if [ ! -e "$venv/.horovod-built" ] || ! "$py" -c "import horovod.tensorflow" 2>/
   fi
   # Its requirements are pinned in requirements.txt, installed above.
   "$py" -m pip install --quiet --no-deps --force-reinstall "$wheels"/horovod-0.28.1-*.whl
-  if ! "$py" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built()"; then
+  if ! "$py" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built() and hvd.mpi_built() == ('$mpi' == 'WITH')"; then
     rm -rf "$wheels"
     say "the horovod build does not load (its wheel is removed; run again to rebuild)"
     exit 1
   fi
-  touch "$venv/.horovod-built"
+  echo "$wheels" > "$venv/.horovod-built"
 fi
 
 if [ ! -e "$data_dir/train-images-idx3-ubyte.gz" ]; then

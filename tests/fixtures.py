@@ -25,7 +25,7 @@ HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 
 
 def horovodrun(processes: int) -> list[str]:
-  """`horovodrun -np N` with Gloo named: otherwise horovodrun first asks,
+  """`horovodrun --gloo -np N` with Gloo named: otherwise horovodrun first asks,
   in a process that imports TensorFlow, whether Horovod was built with MPI
   (2 s a launch); this build has Gloo only (BUILD.md)."""
   return [HOROVODRUN, "--gloo", "-np", str(processes)]
@@ -116,7 +116,7 @@ ENGINE_PROGRAMS = ("engine.train", "engine.find_lr")
 
 def launch(python_args, *, processes: int = 1, timeout: int = 300,
            env: Optional[dict] = None) -> subprocess.CompletedProcess:
-  """Runs `python *python_args` directly, or under `horovodrun -np N`.
+  """Runs `python *python_args` directly, or under `horovodrun --gloo -np N`.
 
   `python_args` is what follows the interpreter: `["-m", "engine.train",
   "--epochs=1"]` or `[script_path, ...]`; `env`, variables to add. The

@@ -17,11 +17,11 @@ import json
 import os
 import subprocess
 
-import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from engine import distributed
 from engine import elastic
 from engine.errors import UserError
 from tests import fixtures
@@ -44,7 +44,8 @@ def launch(tmp, name, *, hosts, processes, epochs, **events):
   out.mkdir()
   hosts_file = tmp / f"{name}_hosts"
   hosts_file.write_text("".join(f"{host}:1\n" for host in hosts))
-  command = [fixtures.HOROVODRUN, "-np", str(processes), "--min-np", "1",
+  command = [fixtures.HOROVODRUN, "--gloo", "-np", str(processes),
+             "--min-np", "1",
              "--max-np", "2", "--host-discovery-script", DISCOVERY,
              "--network-interface", "lo", fixtures.PYTHON, WORKER,
              "--elastic", f"--commit_every_steps={COMMIT_EVERY}",
@@ -197,7 +198,7 @@ def test_elastic_needs_an_elastic_launch_and_the_other_way_round(
 
 
 def test_a_restore_goes_back_to_the_last_commit():
-  hvd.init()
+  distributed.start_horovod()
   variable = tf.Variable([1.0, 2.0])
   state = elastic.TrainingState(lambda: [variable], position=None,
                                 history=[])

@@ -2,13 +2,13 @@
 the checkpoints, evaluation and engine.evaluate."""
 import re
 
-import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import models
 from engine import checkpoint
+from engine import distributed
 from engine import ema
 from engine import step as steps
 from tests import fixtures
@@ -18,7 +18,7 @@ IDENTITY = "model cnn_4 on test data"
 
 @pytest.fixture(scope="module", autouse=True)
 def horovod():
-  hvd.init()
+  distributed.start_horovod()
 
 
 def tiny_model(seed=0):

@@ -3,14 +3,14 @@ import pytest
 import tensorflow as tf
 
 import models
+from engine import distributed
 from engine import optimizers, schedules
 from engine.errors import UserError
 
 
 @pytest.fixture(scope="module", autouse=True)
 def horovod():
-  import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-  hvd.init()
+  distributed.start_horovod()
 
 
 @pytest.mark.parametrize("name, rate", [

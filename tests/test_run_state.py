@@ -1,6 +1,5 @@
 """The state a resume, a rollback and an elastic restart continue from
 (engine/run_state.py), and a start's clock built on it (engine/session.py)."""
-import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 
@@ -38,7 +37,7 @@ def test_a_checkpoints_state_counts_the_epoch_from_its_position():
 def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
   # The commit was taken 100 s into the run, 40 s into its epoch: the
   # restarted start's clock and the epoch's time go on from there.
-  hvd.init()
+  distributed.start_horovod()
   world = distributed.World(rank=0, size=1, device="CPU",
                             intra_op_threads=1, inter_op_threads=1)
   committed = RunState(position=Position(1, 5, 8, 2, seconds=100.0),

@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import models
+from engine import distributed
 from engine import ema
 from engine import precision
 from engine import step as steps
@@ -13,7 +14,7 @@ from engine.tasks import classification
 
 @pytest.fixture(scope="module", autouse=True)
 def horovod():
-  hvd.init()  # one process: allreduce is the identity
+  distributed.start_horovod()  # one process: allreduce is the identity
 
 
 def tiny_model():

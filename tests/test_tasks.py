@@ -416,10 +416,10 @@ SMALL = DatasetInfo(name="small", image_shape=(8, 8, 1), num_classes=2,
 
 
 def tiny_gan_step():
-  import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+  from engine import distributed  # pylint: disable=import-outside-toplevel
   from engine import optimizers  # pylint: disable=import-outside-toplevel
   from engine import step as steps  # pylint: disable=import-outside-toplevel
-  hvd.init()
+  distributed.start_horovod()
   spec = "tests/workers/tiny_gan.py:TinyDCGAN"
   task = tasks.build(spec, SMALL)
   model = task.build_model(build=None)

@@ -131,7 +131,7 @@ def make_read_only(path: str) -> None:
 
 
 def main(out_dir: str, data_dir: str) -> None:
-  hvd.init()
+  distributed.start_horovod()
   observed = {}
   chief = distributed.is_chief()
   model_dir = os.path.join(out_dir, "run")
