@@ -1,6 +1,6 @@
 r"""A table of training runs, to compare them and see how each one ended.
 
-  .venv/bin/python -m engine.runs DIR [DIR...] [--plot=FILE.png]
+  .venv/bin/python -m engine.runs DIR [DIR...] [--plot=FILE.png] [--scaling]
 
 One line per run under the DIRs (a run is a directory, at any depth, holding
 a metrics.jsonl or, before its first epoch, a flags.txt; a DIR may be a run
@@ -9,6 +9,8 @@ planned, best and final validation accuracy (or the figure a task decides
 by), seconds to --target,
 median images/s, processes, and the run's state (finished, stopped by a
 signal, diverged, an error, running, or ended without a word: killed).
+--scaling orders them by processes and adds each one's speedup and
+efficiency against the run with the fewest (scripts/slurm/scaling.sh).
 
 It reads only metrics.jsonl, flags.txt and flags.latest.txt, never
 checkpoints or TensorBoard files, and does not import TensorFlow: it starts
@@ -188,9 +190,9 @@ def find_runs(directories: list[str]) -> dict[str, str]:
   return dict(sorted(runs.items()))
 
 
-def table(runs: dict[str, Run]) -> str:
+def table(runs: dict[str, Run], *, scaling: bool = False) -> str:
   """The runs as aligned text columns under a header line, one row per run
-  in the order given.
+  in the order given (`scaling`: by processes).
 
   Of the flags, only those whose values differ between the runs get a
   column (headed --name): they are what the comparison is about. A flag a
@@ -198,9 +200,17 @@ def table(runs: dict[str, Run]) -> str:
   value as ''. Best and final are of the figure that decided each run's
   best epoch: validation accuracy, or (in a column of its own when some
   run has another) the task's (val_mae).
+
+  `scaling` adds a scaling study's figures against the run with the
+  fewest processes: speedup (its img/s over that run's) and efficiency
+  (the speedup over the ratio of processes; 100% is linear scaling).
   """
   flag_names = _differing_flags(list(runs.values()))
   summaries = {label: summary(run.records) for label, run in runs.items()}
+  if scaling:
+    runs = dict(sorted(runs.items(), key=lambda item: (
+        summaries[item[0]]["world_size"] or 0, item[0])))
+    speedups = _speedups(summaries)
   show_metric = any(figures["metric"] != "val_accuracy"
                     for figures in summaries.values())
   show_target = any(run.target_set() or any(
@@ -210,7 +220,9 @@ def table(runs: dict[str, Run]) -> str:
   header += ["metric"] if show_metric else []
   header += ["best", "final"]
   header += ["s to target"] if show_target else []
-  header += ["img/s", "procs", "state"]
+  header += ["img/s", "procs"]
+  header += ["speedup", "efficiency"] if scaling else []
+  header += ["state"]
   rows = []
   for label, run in runs.items():
     figures = summaries[label]
@@ -225,9 +237,15 @@ def table(runs: dict[str, Run]) -> str:
     if show_target:
       row.append(_number(figures["seconds_to_target"], ".1f"))
     row += [_number(figures["images_per_sec"], ".0f"),
-            _number(figures["world_size"]), run.state]
+            _number(figures["world_size"])]
+    if scaling:
+      speedup, efficiency = speedups.get(label, (None, None))
+      row += [_number(speedup, ".2f") + ("x" if speedup else ""),
+              _number(efficiency, ".0%")]
+    row += [run.state]
     rows.append(row)
-  numeric = {"epochs", "best", "final", "s to target", "img/s", "procs"}
+  numeric = {"epochs", "best", "final", "s to target", "img/s", "procs",
+             "speedup", "efficiency"}
   widths = [max(len(row[i]) for row in [header, *rows])
             for i in range(len(header))]
   lines = []
@@ -236,6 +254,22 @@ def table(runs: dict[str, Run]) -> str:
              for name, cell, width in zip(header, row, widths)]
     lines.append("  ".join(cells).rstrip())
   return "\n".join(lines)
+
+
+def _speedups(summaries: dict[str, dict]) -> dict[str, tuple[float, float]]:
+  """Each run's speedup and efficiency against the run with the fewest
+  processes (of those with a speed), by label; none without such a run."""
+  measured = {label: figures for label, figures in summaries.items()
+              if figures["images_per_sec"] and figures["world_size"]}
+  if not measured:
+    return {}
+  base = min(measured.values(), key=lambda figures: figures["world_size"])
+  speedups = {}
+  for label, figures in measured.items():
+    speedup = figures["images_per_sec"] / base["images_per_sec"]
+    speedups[label] = (speedup, speedup * base["world_size"]
+                       / figures["world_size"])
+  return speedups
 
 
 def plot(runs: dict[str, Run], path: str) -> None:
@@ -433,7 +467,7 @@ def main(argv):
                       "a path ending in .png")
     runs = {label: read_run(path)
             for label, path in find_runs(directories).items()}
-    print(table(runs))
+    print(table(runs, scaling=FLAGS.scaling))
     if FLAGS.plot:
       plot(runs, FLAGS.plot)
       print(f"wrote {FLAGS.plot}")
@@ -447,4 +481,8 @@ if __name__ == "__main__":
   # `summary`, and engine.train would otherwise take a --plot flag too.
   flags.DEFINE_string("plot", None, "A PNG file to draw the runs' validation "
                       "accuracy against training time into.")
+  flags.DEFINE_bool("scaling", False, "A scaling study: the runs in order "
+                    "of processes, with each one's speedup and efficiency "
+                    "against the run with the fewest "
+                    "(scripts/slurm/scaling.sh).")
   app.run(main)

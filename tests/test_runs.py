@@ -259,6 +259,24 @@ def test_only_differing_flags_are_columns(tmp_path):
     assert line[lines[0].index("--nesterov")] != " "
 
 
+def test_scaling_adds_speedup_and_efficiency_against_the_fewest_processes(
+    tmp_path):
+  # As scripts/slurm/scaling.sh names them: nodes_10 sorts before nodes_2.
+  for nodes, rate in ((1, 1000.0), (10, 8000.0), (2, 1900.0)):
+    write_run(tmp_path / f"nodes_{nodes}",
+              three_epochs(world_size=4 * nodes, images_per_sec=rate))
+  write_run(tmp_path / "nodes_4")  # not started: no speed
+  lines = runs.table({label: runs.read_run(path, now=NOW) for label, path in
+                      runs.find_runs([str(tmp_path)]).items()},
+                     scaling=True).splitlines()
+  assert lines[0].split()[-4:] == ["procs", "speedup", "efficiency", "state"]
+  assert [line.split()[0] for line in lines[1:]] == [
+      "nodes_4", "nodes_1", "nodes_2", "nodes_10"]
+  assert [line.split()[-4:-1] for line in lines[1:]] == [
+      ["-", "-", "-"], ["4", "1.00x", "100%"], ["8", "1.90x", "95%"],
+      ["40", "8.00x", "80%"]]
+
+
 def test_one_run_has_no_flag_columns(tmp_path):
   path = write_run(tmp_path / "only", three_epochs(), {"base_lr": "0.01"})
   lines = table(path).splitlines()
