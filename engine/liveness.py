@@ -77,7 +77,16 @@ def describe_lost_process(latest_checkpoint: Optional[str]) -> str:
   rerun resumes."""
   silent = silent_ranks()
   timeout = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30"))
-  if not silent:
+  stall = float(os.environ.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0"))
+  if not silent and not _store() and stall > 0:
+    # MPI (mpirun, srun): no heartbeats, but Horovod's stall check names
+    # a rank that stopped short of a collective as it ends the job.
+    what = ("another process stopped the job (its error, if any, is "
+            "above), or stopped answering: Horovod's stall check ends a "
+            f"job whose ranks wait {stall:g} s for one "
+            "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), and its last warning "
+            "above marks that rank with '!'")
+  elif not silent:
     what = "another process stopped the job (its error, if any, is above)"
   else:
     who = " and ".join(f"rank {rank}" for rank, _ in silent)

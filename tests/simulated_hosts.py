@@ -23,11 +23,12 @@ By hand (as root), a command run on the first host, with {hosts},
 {ssh_port}, {ssh_key} and {interface} filled in:
 
   .venv/bin/python tests/simulated_hosts.py --hosts=2 -- \
-      .venv/bin/horovodrun -np 2 -H {hosts} --ssh-port {ssh_port} \
+      .venv/bin/horovodrun --gloo -np 2 -H {hosts} --ssh-port {ssh_port} \
       --ssh-identity-file {ssh_key} --network-interface {interface} \
       .venv/bin/python -m engine.train --epochs=1
 """
 import argparse
+import itertools
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ import time
 from typing import Optional
 
 SUBNET = "10.77.0"
+_INSTANCES = itertools.count()  # several at once in one process
 INTERFACE = "eth0"
 SSHD_PORT = 2222
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +71,7 @@ class SimulatedHosts:
 
   def __init__(self, count: int = 2):
     self.names = [f"host{i}" for i in range(count)]
-    self._prefix = f"hvd{os.getpid()}-"
+    self._prefix = f"hvd{os.getpid()}-{next(_INSTANCES)}-"
     self._switch = self._prefix + "sw"
     self._namespaces = []
     self._sshds = []
@@ -117,7 +119,7 @@ class SimulatedHosts:
     env = dict(env or os.environ)
     # ssh through the wrapper, which keeps known_hosts out of ~/.ssh.
     env["PATH"] = os.path.join(self._dir, "bin") + ":" + env.get("PATH", "")
-    return subprocess.run(self._on_host(host, command), env=env, text=True,
+    return subprocess.run(self.on_host(host, command), env=env, text=True,
                           capture_output=True, timeout=timeout,
                           start_new_session=True)
 
@@ -178,7 +180,12 @@ class SimulatedHosts:
               "UsePAM no\n"
               "StrictModes no\n")
     with open(os.path.join(d, "ssh_config"), "w") as f:
+      # Our sshd's port and key for any ssh through the wrapper, so that
+      # a launcher run on a host (a SLURM job's horovodrun, mpirun) needs
+      # no options to reach the others.
       f.write("Host *\n"
+              f"  Port {SSHD_PORT}\n"
+              f"  IdentityFile {d}/id_ed25519\n"
               "  UserKnownHostsFile /dev/null\n"
               "  StrictHostKeyChecking no\n"
               "  LogLevel ERROR\n")
@@ -189,7 +196,7 @@ class SimulatedHosts:
               "\"$@\"\n")
     os.chmod(wrapper, 0o755)
 
-  def _on_host(self, i: int, command: list[str]) -> list[str]:
+  def on_host(self, i: int, command: list[str]) -> list[str]:
     """`command` in host i's network, hostname and hosts file."""
     setup = (f"hostname {self.names[i]} && "
              f"mount --bind {self._dir}/hosts /etc/hosts && "
@@ -203,14 +210,14 @@ class SimulatedHosts:
 
   def _start_sshd(self, i: int) -> None:
     sshd = subprocess.Popen(
-        self._on_host(i, [SSHD, "-D", "-e", "-f",
+        self.on_host(i, [SSHD, "-D", "-e", "-f",
                           os.path.join(self._dir, "sshd_config"),
                           "-o", f"PidFile={self._dir}/sshd{i}.pid"]),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     self._sshds.append(sshd)
     # Ready when the first host can log in to it.
-    login = self._on_host(0, ["ssh", "-F", f"{self._dir}/ssh_config",
+    login = self.on_host(0, ["ssh", "-F", f"{self._dir}/ssh_config",
                               "-i", self.ssh_key, "-p", str(SSHD_PORT),
                               "-o", "BatchMode=yes", self.names[i], "true"])
     deadline = time.monotonic() + 20

@@ -17,6 +17,17 @@ def test_without_heartbeats_the_line_says_what_it_can():
       "yet)")
 
 
+def test_under_mpi_the_line_points_to_horovods_stall_warning(monkeypatch):
+  # No key-value store (mpirun, srun); scripts/slurm/train.sbatch sets the
+  # stall shutdown. Under a real SLURM: tests/test_slurm_cluster.py.
+  monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "600")
+  assert liveness.describe_lost_process(None).startswith(
+      "another process stopped the job (its error, if any, is above), or "
+      "stopped answering: Horovod's stall check ends a job whose ranks wait "
+      "600 s for one (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), and its last "
+      "warning above marks that rank with '!'; run the same command again")
+
+
 def test_a_process_that_exited_rather_than_froze_is_named_so(monkeypatch):
   monkeypatch.setattr(liveness, "silent_ranks", lambda: [(2, 3.2), (3, 7.0)])
   assert liveness.describe_lost_process("runs/x/checkpoints/ckpt-40") == (

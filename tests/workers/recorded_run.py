@@ -16,6 +16,10 @@ ENGINE_FLAGS...` on every worker. The environment says what to do:
                      it however fast the remaining steps are.
   ELASTIC_SLEEP_AT   every worker sleeps ELASTIC_SLEEP_SECONDS after its
                      Nth step: time the run's clock must keep.
+  RECORD_STUCK_RANK  the process of this rank sleeps an hour after its Nth
+  RECORD_STUCK_AT    step, as one stuck on a hung file system would: alive,
+                     Horovod's thread still answering, never reaching the
+                     next collective.
 """
 import json
 import os
@@ -52,9 +56,13 @@ def _step_with_events(original):
     done = len(_journal)
     if done == int(os.environ.get("ELASTIC_SLEEP_AT", 0)):
       time.sleep(float(os.environ["ELASTIC_SLEEP_SECONDS"]))
-    if (os.environ.get("HOROVOD_HOSTNAME") == os.environ.get(
-        "ELASTIC_KILL_HOST") and done == int(os.environ["ELASTIC_KILL_AT"])):
+    if (os.environ.get("ELASTIC_KILL_HOST") and os.environ.get(
+        "HOROVOD_HOSTNAME") == os.environ["ELASTIC_KILL_HOST"]
+        and done == int(os.environ["ELASTIC_KILL_AT"])):
       os.kill(os.getpid(), signal.SIGKILL)
+    if (done == int(os.environ.get("RECORD_STUCK_AT", 0))
+        and hvd.rank() == int(os.environ["RECORD_STUCK_RANK"])):
+      time.sleep(3600)
     if (os.environ.get("ELASTIC_ADD_HOST") and hvd.rank() == 0
         and done == int(os.environ["ELASTIC_ADD_AT"])):
       with open(os.environ["ELASTIC_HOSTS"], "a") as f:

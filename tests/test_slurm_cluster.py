@@ -1,0 +1,275 @@
+"""scripts/slurm/train.sbatch under a real SLURM, across two simulated hosts.
+
+tests/simulated_slurm.py runs Debian's munge, slurmctld and a slurmd on
+each of tests/simulated_hosts.py's two hosts; the jobs here are submitted
+with `sbatch -N 2` as a cluster's users submit them, each process running
+tests/workers/recorded_run.py (the engine, recording its rank, host and
+final weights) on a tiny Fashion-MNIST:
+
+  each launcher (horovodrun over ssh, mpirun, srun with the PMI it
+  chooses where the site's default is none), world size 2 across the two
+  hosts; Adasum under srun's MPI; an srun without a PMI, refused in one
+  line; a job preempted by SIGTERM, requeued and resumed; a frozen rank
+  under MPI, ended by Horovod's stall shutdown.
+
+Skipped, with the reason, where not root or where SLURM, munge or Open MPI
+are missing (scripts/setup.sh installs them as root).
+"""
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from tests import fixtures
+from tests import simulated_hosts
+from tests import simulated_slurm
+
+SBATCH = os.path.join(fixtures.REPO, "scripts", "slurm", "train.sbatch")
+WORKER = os.path.join("tests", "workers", "recorded_run.py")
+
+reason = simulated_slurm.unavailable() or (
+    None if shutil.which("mpirun") else "no mpirun: apt-get install "
+    "openmpi-bin libopenmpi-dev (scripts/setup.sh does, as root)")
+# Serial: namespaces, mounts and daemons of its own (make test).
+pytestmark = [pytest.mark.serial,
+              pytest.mark.skipif(reason is not None, reason=str(reason))]
+
+# A run of a few seconds: the cnn at width 4 on 601 images, batch 32.
+ENGINE = ["--model=cnn", "--filters=4", "--batch_size=32", "--progress=none"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("slurm")
+  data_dir = fixtures.write_fashion_mnist(str(tmp / "data"))
+  with simulated_hosts.SimulatedHosts(2) as hosts, \
+      simulated_slurm.SimulatedSlurm(hosts) as slurm:
+    yield Cluster(slurm, tmp, data_dir)
+
+
+class Cluster:
+  """Submits train.sbatch jobs, each recording into a directory of its own."""
+
+  def __init__(self, slurm, tmp, data_dir):
+    self.slurm = slurm
+    self.tmp = tmp
+    self.data_dir = data_dir
+
+  def submit(self, name, *engine_flags, launcher="horovodrun", sbatch=(),
+             **env):
+    out = self.tmp / name
+    out.mkdir()
+    environment = fixtures.engine_env(
+        SLURM_CONF=self.slurm.conf, LAUNCHER=launcher, PROGRAM=WORKER,
+        RECORD_OUT=str(out), IFACE=simulated_hosts.INTERFACE,
+        # Open MPI refuses root unless told twice; these tests run as root.
+        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        **env)
+    job_id = self.slurm.submit(
+        ["-N", "2", "--ntasks-per-node=1", f"--chdir={fixtures.REPO}",
+         f"--output={out}/job.out", *sbatch, SBATCH,
+         f"--data_dir={self.data_dir}", f"--model_dir={out / 'run'}",
+         *ENGINE, *engine_flags], env=environment)
+    return Job(self, job_id, out)
+
+
+class Job:
+
+  def __init__(self, cluster_, job_id, out):
+    self.cluster = cluster_
+    self.id = job_id
+    self.out = out
+
+  def wait(self, **kwargs):
+    return self.cluster.slurm.wait(self.id, **kwargs)
+
+  @property
+  def output(self):
+    with open(self.out / "job.out", errors="replace") as f:
+      return f.read()
+
+  @property
+  def processes(self):
+    return sorted(fixtures.recorded_processes(self.out),
+                  key=lambda p: p["rank"])
+
+  def metrics(self):
+    path = self.out / "run" / "metrics.jsonl"
+    if not path.exists():
+      return []
+    with open(path) as f:
+      return [json.loads(line) for line in f]
+
+
+def assert_trained_on_both_hosts(job):
+  fields = job.wait()
+  assert fields["JobState"] == "COMPLETED", job.output[-3000:]
+  processes = job.processes
+  assert [p["rank"] for p in processes] == [0, 1], job.output[-3000:]
+  assert {p["size"] for p in processes} == {2}
+  assert sorted(p["hostname"] for p in processes) == ["host0", "host1"]
+  first, second = processes
+  for a, b in zip(first["weights"], second["weights"]):
+    np.testing.assert_array_equal(a, b)
+  assert [m["world_size"] for m in job.metrics()] == [2]
+
+
+@pytest.fixture(scope="module")
+def launchers(cluster):  # pylint: disable=redefined-outer-name
+  """One job per launcher, submitted together: SLURM runs two at a time,
+  each on a core of each host."""
+  return {
+      "horovodrun": cluster.submit("horovodrun", "--epochs=1"),
+      "mpirun": cluster.submit("mpirun", "--epochs=1", launcher="mpirun"),
+      "srun": cluster.submit("srun", "--epochs=1", "--allreduce_op=adasum",
+                             launcher="srun"),
+  }
+
+
+def test_horovodrun_over_ssh_trains_across_the_hosts(launchers):
+  job = launchers["horovodrun"]
+  assert_trained_on_both_hosts(job)
+  assert "2 processes on host0:1,host1:1 via horovodrun" in job.output
+
+
+def test_mpirun_trains_across_the_hosts(launchers):
+  job = launchers["mpirun"]
+  assert_trained_on_both_hosts(job)
+  assert "via mpirun" in job.output
+
+
+def test_srun_chooses_pmix_where_the_sites_default_is_none(launchers):
+  job = launchers["srun"]
+  assert_trained_on_both_hosts(job)  # with Adasum: MPI's controller
+  assert "via srun --mpi=pmix" in job.output
+
+
+def test_srun_without_a_pmi_is_refused_in_one_line(cluster):  # pylint: disable=redefined-outer-name
+  # What train.sbatch avoids: srun under the site's default, none.
+  out = cluster.tmp / "no_pmi"
+  out.mkdir()
+  job_id = cluster.slurm.submit(
+      ["-N", "2", "--ntasks-per-node=1", f"--chdir={fixtures.REPO}",
+       f"--output={out}/job.out", "--wrap",
+       f"srun {fixtures.PYTHON} -m engine.train --data_dir={cluster.data_dir}"
+       f" --model_dir={out}/run"],
+      env=fixtures.engine_env(SLURM_CONF=cluster.slurm.conf))
+  fields = cluster.slurm.wait(job_id)
+  with open(out / "job.out") as f:
+    output = f.read()
+  assert fields["JobState"] == "FAILED", output
+  errors = [line for line in output.splitlines() if "error" in line.lower()
+            and not line.startswith("srun:")]
+  assert errors == ["engine.train: error: srun started 2 tasks with no "
+                    "PMI (--mpi=none, the default of many sites), so each "
+                    "would train alone: launch with srun --mpi=pmix (srun "
+                    "--mpi=list shows this cluster's) or through "
+                    "scripts/slurm/train.sbatch"] * 2, output
+  assert not os.path.exists(out / "run" / "checkpoints")
+
+
+def test_a_preempted_job_requeues_and_resumes(cluster):  # pylint: disable=redefined-outer-name
+  epochs = 30
+  job = cluster.submit("preempted", f"--epochs={epochs}")
+  deadline = time.monotonic() + 120
+  while not job.metrics():  # an epoch in: signal it mid-run
+    assert time.monotonic() < deadline, job.output[-3000:]
+    time.sleep(0.2)
+  # What SLURM does before the time limit (--signal=B:TERM@120).
+  signalled = cluster.slurm.run(["scancel", "--batch", "--signal=TERM",
+                                 str(job.id)])
+  assert signalled.returncode == 0, signalled.stderr
+  fields = job.wait(states=("PENDING", "COMPLETED", "FAILED"))
+  assert (fields["JobState"], fields["Restarts"]) == ("PENDING", "1"), (
+      job.output[-3000:])
+  stopped_at = len(job.metrics())
+  assert stopped_at < epochs, "the signal came after the run had finished"
+  # SLURM holds the requeued job for the credentials' lifetime
+  # (simulated_slurm.CRED_EXPIRE_SECONDS here), then starts it again.
+  fields = job.wait()
+  output = job.output
+  assert fields["JobState"] == "COMPLETED", (
+      f"{fields}\n{output[-3000:]}\n{cluster.slurm.logs(30)}")
+  assert "preempted and saved: job" in output and "requeued" in output
+  assert "(job %d, restart 1)" % job.id in output
+  assert "run the same command again to continue" in output
+  metrics = job.metrics()
+  assert [m["epoch"] for m in metrics] == list(range(1, epochs + 1))
+  seconds = [m["cumulative_seconds"] for m in metrics]
+  assert seconds == sorted(seconds)
+  assert_trained_on_both_hosts_after_restart(job)
+
+
+def assert_trained_on_both_hosts_after_restart(job):
+  # The requeued job's processes recorded last; the first part's stopped.
+  processes = job.processes
+  assert sorted(p["hostname"] for p in processes) == ["host0", "host1"]
+  first, second = processes
+  for a, b in zip(first["weights"], second["weights"]):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_stuck_rank_under_mpi_ends_by_the_stall_shutdown(cluster):  # pylint: disable=redefined-outer-name
+  job = cluster.submit(
+      "stuck", "--epochs=3", launcher="mpirun", STALL_SHUTDOWN_SECONDS="6",
+      HOROVOD_STALL_CHECK_TIME_SECONDS="2", RECORD_STUCK_RANK="1",
+      RECORD_STUCK_AT="3")
+  fields = job.wait(timeout=120)
+  output = job.output
+  assert fields["JobState"] == "FAILED", output[-3000:]
+  # Horovod's stall check names the rank (marked "!") as it shuts down;
+  # the engine's line points there.
+  assert "Missing ranks:\n1!: [" in output, output[-3000:]
+  assert "stalled for longer than 6 seconds. Will shutdown." in output
+  assert ("engine.train: error: another process stopped the job (its "
+          "error, if any, is above), or stopped answering: Horovod's stall "
+          "check ends a job whose ranks wait 6 s for one "
+          "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), and its last warning "
+          "above marks that rank with '!'; run the same command again: it "
+          "starts from the beginning (no checkpoint yet)") in output
+
+
+def test_slurm_leaves_the_machine_as_it_found_it():
+  def namespaces():
+    return subprocess.run(["ip", "netns", "list"], capture_output=True,
+                          text=True).stdout
+  before = namespaces()
+  with pytest.raises(RuntimeError, match="a failure inside"):
+    with simulated_hosts.SimulatedHosts(2) as hosts, \
+        simulated_slurm.SimulatedSlurm(hosts) as slurm:
+      directory = os.path.dirname(slurm.conf)
+      raise RuntimeError("a failure inside")
+  assert namespaces() == before
+  assert not os.path.exists(directory)
+  # Every daemon named its files in that directory on its command line.
+  running = subprocess.run(["pgrep", "-f", directory], capture_output=True)
+  assert running.returncode == 1, running.stdout
+
+
+def test_the_scaling_script_runs_the_recipe_on_1_and_2_nodes(cluster):  # pylint: disable=redefined-outer-name
+  out = cluster.tmp / "scaling"
+  result = cluster.slurm.run(
+      [os.path.join(fixtures.REPO, "scripts", "slurm", "scaling.sh"),
+       "--nodes=1,2", f"--out={out}", "--sbatch=--ntasks-per-node=1",
+       "--wait", "--", *fixtures.ENGINE_FLAGS,
+       f"--data_dir={cluster.data_dir}", *ENGINE, "--epochs=2"],
+      env=fixtures.engine_env(SLURM_CONF=cluster.slurm.conf,
+                              IFACE=simulated_hosts.INTERFACE),
+      timeout=300)
+  assert result.returncode == 0, result.stderr
+  header, *rows, wrote = result.stdout.splitlines()
+  assert wrote == f"wrote {out / 'scaling.png'}"
+  assert header.split() == ["run", "epochs", "best", "final", "img/s",
+                            "procs", "speedup", "efficiency", "state"]
+  assert [row.split()[0] for row in rows] == ["nodes_1", "nodes_2"]
+  assert [row.split()[5:8] for row in rows][0] == ["1", "1.00x", "100%"]
+  assert rows[1].split()[5] == "2"
+  assert all(row.split()[-1] == "finished" for row in rows), result.stdout
+  with open(out / "scaling.png", "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  with open(out / "nodes_2.out") as f:
+    assert "2 processes on host0:1,host1:1 via horovodrun" in f.read()
