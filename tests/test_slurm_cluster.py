@@ -127,6 +127,9 @@ def launchers(cluster):  # pylint: disable=redefined-outer-name
       "mpirun": cluster.submit("mpirun", "--epochs=1", launcher="mpirun"),
       "srun": cluster.submit("srun", "--epochs=1", "--allreduce_op=adasum",
                              launcher="srun"),
+      # A user's (or site's) choice of PMI: a version of PMIx by name.
+      "srun chosen": cluster.submit("srun_chosen", "--epochs=1",
+                                    launcher="srun", SLURM_MPI_TYPE="pmix_v4"),
   }
 
 
@@ -146,6 +149,12 @@ def test_srun_chooses_pmix_where_the_sites_default_is_none(launchers):
   job = launchers["srun"]
   assert_trained_on_both_hosts(job)  # with Adasum: MPI's controller
   assert "via srun --mpi=pmix" in job.output
+
+
+def test_srun_keeps_the_pmi_the_user_or_site_chose(launchers):
+  job = launchers["srun chosen"]
+  assert_trained_on_both_hosts(job)
+  assert "via srun --mpi=pmix_v4" in job.output
 
 
 def test_srun_without_a_pmi_is_refused_in_one_line(cluster):  # pylint: disable=redefined-outer-name
@@ -169,6 +178,7 @@ def test_srun_without_a_pmi_is_refused_in_one_line(cluster):  # pylint: disable=
                     "would train alone: launch with srun --mpi=pmix (srun "
                     "--mpi=list shows this cluster's) or through "
                     "scripts/slurm/train.sbatch"] * 2, output
+  assert "PMI support" not in output  # Open MPI's page on it
   assert not os.path.exists(out / "run" / "checkpoints")
 
 
