@@ -99,7 +99,7 @@ class SimulatedHosts:
 
   def __exit__(self, *exc_info) -> None:
     for sshd in self._sshds:
-      _kill_group(sshd)
+      kill_group(sshd)
     for namespace in reversed(self._namespaces):
       # Anything still running in a namespace (a stray rank) goes with it.
       pids = subprocess.run(["ip", "netns", "pids", namespace],
@@ -236,7 +236,8 @@ def _ip(namespace: str, *args: str) -> None:
                  capture_output=True)
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def kill_group(process: subprocess.Popen) -> None:
+  """Kills a daemon started in a session of its own, with its children."""
   try:
     os.killpg(process.pid, signal.SIGKILL)
   except ProcessLookupError:
@@ -244,27 +245,35 @@ def _kill_group(process: subprocess.Popen) -> None:
   process.wait()
 
 
-def main() -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def command_line_main(doc: str, name: str, unavailable_here, run) -> int:
+  """`--hosts=N -- COMMAND...` by hand: `run(hosts, command)` gives the
+  CompletedProcess whose output and exit code are passed on; `name:
+  reason` and exit 2 where `unavailable_here()` gives a reason."""
+  parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
   parser.add_argument("--hosts", type=int, default=2)
   parser.add_argument("command", nargs=argparse.REMAINDER)
   args = parser.parse_args()
   command = args.command[1:] if args.command[:1] == ["--"] else args.command
-  reason = unavailable()
+  reason = unavailable_here()
   if reason:
-    print(f"simulated_hosts: {reason}", file=sys.stderr)
+    print(f"{name}: {reason}", file=sys.stderr)
     return 2
-  # SIGTERM and SIGINT go through __exit__ too.
+  # SIGTERM and SIGINT go through the context managers' __exit__ too.
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-  with SimulatedHosts(args.hosts) as hosts:
+  result = run(args.hosts, command)
+  sys.stdout.write(result.stdout)
+  sys.stderr.write(result.stderr)
+  return result.returncode
+
+
+def _run_on_first_host(count: int, command: list[str]):
+  with SimulatedHosts(count) as hosts:
     values = dict(hosts=",".join(f"{n}:1" for n in hosts.names),
                   ssh_port=hosts.ssh_port, ssh_key=hosts.ssh_key,
                   interface=hosts.interface)
-    result = hosts.run([part.format(**values) for part in command])
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
-    return result.returncode
+    return hosts.run([part.format(**values) for part in command])
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(command_line_main(__doc__, "simulated_hosts", unavailable,
+                             _run_on_first_host))

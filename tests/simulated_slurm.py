@@ -19,11 +19,9 @@ By hand (as root), sbatch on the first host of two:
   .venv/bin/python tests/simulated_slurm.py --hosts=2 -- \
       sbatch -N 2 --wrap=hostname
 """
-import argparse
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -91,11 +89,7 @@ class SimulatedSlurm:
 
   def __exit__(self, *exc_info) -> None:
     for daemon in reversed(self._daemons):
-      try:
-        os.killpg(daemon.pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-      daemon.wait()
+      simulated_hosts.kill_group(daemon)
     self._daemons = []
     if self._dir:
       shutil.rmtree(self._dir, ignore_errors=True)
@@ -227,24 +221,12 @@ SlurmdLogFile={d}/slurmd.%n.log
       time.sleep(0.3)
 
 
-def main() -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--hosts", type=int, default=2)
-  parser.add_argument("command", nargs=argparse.REMAINDER)
-  args = parser.parse_args()
-  command = args.command[1:] if args.command[:1] == ["--"] else args.command
-  reason = unavailable()
-  if reason:
-    print(f"simulated_slurm: {reason}", file=sys.stderr)
-    return 2
-  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-  with simulated_hosts.SimulatedHosts(args.hosts) as hosts, \
+def _run_on_first_host(count: int, command: list[str]):
+  with simulated_hosts.SimulatedHosts(count) as hosts, \
       SimulatedSlurm(hosts) as slurm:
-    result = slurm.run(command, timeout=600)
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
-    return result.returncode
+    return slurm.run(command, timeout=600)
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(simulated_hosts.command_line_main(
+      __doc__, "simulated_slurm", unavailable, _run_on_first_host))

@@ -59,8 +59,7 @@ class Cluster:
     self.tmp = tmp
     self.data_dir = data_dir
 
-  def submit(self, name, *engine_flags, launcher="horovodrun", sbatch=(),
-             **env):
+  def submit(self, name, *engine_flags, launcher="horovodrun", **env):
     out = self.tmp / name
     out.mkdir()
     environment = fixtures.engine_env(
@@ -71,7 +70,7 @@ class Cluster:
         **env)
     job_id = self.slurm.submit(
         ["-N", "2", "--ntasks-per-node=1", f"--chdir={fixtures.REPO}",
-         f"--output={out}/job.out", *sbatch, SBATCH,
+         f"--output={out}/job.out", SBATCH,
          f"--data_dir={self.data_dir}", f"--model_dir={out / 'run'}",
          *ENGINE, *engine_flags], env=environment)
     return Job(self, job_id, out)

@@ -1,12 +1,16 @@
-"""The engine under an elastic horovodrun, with a worker lost or added.
+"""The engine, recording what each process did: its rank, host, steps and
+final weights; under elastic horovodrun with a worker lost or added, across
+simulated hosts, and under SLURM.
 
-Run by tests/test_elastic.py as `python tests/workers/elastic_run.py
-ENGINE_FLAGS...` on every worker. The environment says what to do:
+Run as `python tests/workers/recorded_run.py ENGINE_FLAGS...` on every
+process, by tests/test_elastic.py, tests/test_multihost.py and
+tests/test_slurm_cluster.py. The environment says what to do:
 
-  ELASTIC_OUT        each process writes OUT/<pid>.json at the end: the
+  RECORD_OUT         each process writes OUT/<pid>.json at the end: the
                      steps it ran (number of processes, the optimizer's step
-                     counter and learning rate before each), its final rank,
-                     and OUT/<pid>.npz, its final weights.
+                     counter and learning rate before each), its rank and
+                     host, and OUT/<pid>.npz, its final weights
+                     (fixtures.recorded_processes reads them).
   ELASTIC_KILL_HOST  the worker on this host (HOROVOD_HOSTNAME) kills itself
   ELASTIC_KILL_AT    with SIGKILL after its Nth step, as a lost machine would.
   ELASTIC_ADD_HOST   rank 0 appends this host to $ELASTIC_HOSTS, the file
