@@ -1,0 +1,47 @@
+"""engine.distributed.start_horovod: which controller a process takes, and
+the starts it refuses. Under real launchers: tests/test_slurm_cluster.py."""
+import os
+
+import horovod.tensorflow as hvd
+import pytest
+
+from engine import distributed
+from engine.errors import UserError
+
+LAUNCHER_MARKS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                   "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")
+
+
+@pytest.fixture(autouse=True)
+def no_launcher(monkeypatch):
+  for name in LAUNCHER_MARKS:
+    monkeypatch.delenv(name, raising=False)
+
+
+def test_a_process_alone_keeps_gloo_and_leaves_no_setting_behind(
+    monkeypatch):
+  monkeypatch.delenv("HOROVOD_CONTROLLER", raising=False)
+  monkeypatch.delenv("HOROVOD_CPU_OPERATIONS", raising=False)
+  distributed.start_horovod()
+  assert hvd.gloo_enabled() and not hvd.mpi_enabled()
+  assert "HOROVOD_CONTROLLER" not in os.environ
+  assert "HOROVOD_CPU_OPERATIONS" not in os.environ
+
+
+def test_an_mpi_launch_of_a_horovod_without_mpi_is_refused(monkeypatch):
+  monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+  monkeypatch.setattr(hvd, "mpi_built", lambda: False)
+  with pytest.raises(UserError, match="an MPI launcher started this "
+                     "process, but this Horovod was built without MPI"):
+    distributed.start_horovod()
+
+
+def test_srun_tasks_without_a_pmi_are_refused(monkeypatch):
+  monkeypatch.setenv("SLURM_STEP_ID", "0")
+  monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
+  with pytest.raises(UserError, match=r"srun started 4 tasks with no PMI "
+                     r"\(--mpi=none"):
+    distributed.start_horovod()
+  # One task alone (srun -n 1) trains alone anyway.
+  monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
+  distributed.start_horovod()
