@@ -75,3 +75,18 @@ def test_an_unknown_launcher_is_refused(slurm):
                           text=True, capture_output=True)
   assert result.returncode == 2
   assert "LAUNCHER=pdsh is unknown" in result.stderr
+
+
+def test_the_scaling_scripts_bad_options_are_one_line(tmp_path):
+  def scaling(*args):
+    return subprocess.run([os.path.join(SCRIPTS, "scaling.sh"), *args],
+                          text=True, capture_output=True)
+  counts = scaling("--nodes=1,two", f"--out={tmp_path}/out")
+  assert (counts.returncode, counts.stderr) == (
+      2, "scaling.sh: --nodes=1,two: give node counts separated by commas, "
+      "e.g. 1,2,4\n")
+  flag = scaling("--epochs=2")
+  assert (flag.returncode, flag.stderr) == (
+      2, "scaling.sh: --epochs=2 is not an option of this script; put the "
+      "engine's flags after --\n")
+  assert not os.path.exists(tmp_path / "out")
