@@ -37,7 +37,6 @@ from tests import simulated_slurm
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("repeats", 3, "Rounds of the three launchers.")
 
-SBATCH = os.path.join(fixtures.REPO, "scripts", "slurm", "train.sbatch")
 LAUNCHERS = ("horovodrun", "mpirun", "srun")
 ENGINE = [*fixtures.ENGINE_FLAGS, "--model=cnn", "--filters=4",
           "--batch_size=32", "--progress=none"]
@@ -64,14 +63,9 @@ def first_line_after(output: str, pattern: str, after: float = 0.0) -> float:
 
 def submit(slurm, out: str, launcher: str, data_dir: str, *engine):
   os.makedirs(out)
-  env = fixtures.engine_env(
-      SLURM_CONF=slurm.conf, LAUNCHER=launcher,
-      IFACE=simulated_hosts.INTERFACE, OMPI_ALLOW_RUN_AS_ROOT="1",
-      OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-  return slurm.submit(
-      ["-N", "2", "--ntasks-per-node=1", f"--chdir={fixtures.REPO}",
-       f"--output={out}/job.out", SBATCH, f"--data_dir={data_dir}",
-       f"--model_dir={out}/run", *ENGINE, *engine], env=env)
+  return slurm.submit_training(
+      out, [f"--data_dir={data_dir}", f"--model_dir={out}/run", *ENGINE,
+            *engine], env=fixtures.engine_env(LAUNCHER=launcher))
 
 
 def wait_running(slurm, job_id: int) -> float:

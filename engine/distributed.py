@@ -163,7 +163,6 @@ def start_horovod() -> None:
   setting is read by hvd.init alone and not left in the environment, so
   the processes this one launches choose for themselves.
   """
-  tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
   if _started_by_mpi():
     if not hvd.mpi_built():
       raise UserError("an MPI launcher started this process, but this "
@@ -172,6 +171,7 @@ def start_horovod() -> None:
                       "Horovod with MPI (BUILD.md)")
     hvd.init()
     return
+  tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
   if "SLURM_STEP_ID" in os.environ and tasks > 1:
     raise UserError(f"srun started {tasks} tasks with no PMI (--mpi=none, "
                     "the default of many sites), so each would train "

@@ -31,6 +31,8 @@ from typing import Optional
 from tests import simulated_hosts
 
 SLURM_DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch")
+TRAIN_SBATCH = os.path.join(simulated_hosts.REPO, "scripts", "slurm",
+                            "train.sbatch")
 # How long a job's credentials live, which is also how long SLURM holds a
 # requeued job before it may start again (120 s by default): short, for
 # tests that requeue. Starting it sooner by hand (scontrol update
@@ -106,6 +108,20 @@ class SimulatedSlurm:
     if result.returncode:
       raise RuntimeError(f"sbatch {' '.join(args)}: {result.stderr.strip()}")
     return int(result.stdout.strip().split(";")[0])
+
+  def submit_training(self, out: str, engine_args: list[str], *,
+                      env: dict) -> int:
+    """scripts/slurm/train.sbatch with `engine_args` on every host, a
+    process each, its output in OUT/job.out; the job's id. `env` is the
+    job's environment (LAUNCHER, PROGRAM, ...), to which this adds this
+    SLURM, the hosts' interface, and Open MPI's consent to run as root
+    (asked for twice)."""
+    env = dict(env, SLURM_CONF=self.conf, IFACE=simulated_hosts.INTERFACE,
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return self.submit(
+        ["-N", str(len(self.hosts.names)), "--ntasks-per-node=1",
+         f"--chdir={simulated_hosts.REPO}", f"--output={out}/job.out",
+         TRAIN_SBATCH, *engine_args], env=env)
 
   def job(self, job_id: int) -> dict:
     """`scontrol show job`'s fields, as strings."""

@@ -28,7 +28,6 @@ from tests import fixtures
 from tests import simulated_hosts
 from tests import simulated_slurm
 
-SBATCH = os.path.join(fixtures.REPO, "scripts", "slurm", "train.sbatch")
 WORKER = os.path.join("tests", "workers", "recorded_run.py")
 
 reason = simulated_slurm.unavailable() or (
@@ -62,17 +61,11 @@ class Cluster:
   def submit(self, name, *engine_flags, launcher="horovodrun", **env):
     out = self.tmp / name
     out.mkdir()
-    environment = fixtures.engine_env(
-        SLURM_CONF=self.slurm.conf, LAUNCHER=launcher, PROGRAM=WORKER,
-        RECORD_OUT=str(out), IFACE=simulated_hosts.INTERFACE,
-        # Open MPI refuses root unless told twice; these tests run as root.
-        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        **env)
-    job_id = self.slurm.submit(
-        ["-N", "2", "--ntasks-per-node=1", f"--chdir={fixtures.REPO}",
-         f"--output={out}/job.out", SBATCH,
-         f"--data_dir={self.data_dir}", f"--model_dir={out / 'run'}",
-         *ENGINE, *engine_flags], env=environment)
+    job_id = self.slurm.submit_training(
+        str(out), [f"--data_dir={self.data_dir}",
+                   f"--model_dir={out / 'run'}", *ENGINE, *engine_flags],
+        env=fixtures.engine_env(LAUNCHER=launcher, PROGRAM=WORKER,
+                                RECORD_OUT=str(out), **env))
     return Job(self, job_id, out)
 
 
