@@ -4,17 +4,24 @@
 #                              recipe fastest to 93% (flags/fashion_mnist_fast.cfg)
 #   make train ARGS=--epochs=1 extra flags for engine.train
 #   make test                  the test suite
+#   make smoke                 2-process training checks alone (CI runs
+#                              them on Python 3.13 too, .ci/run)
+#   make train PYTHON=python3.13
+#                              set-up with another supported Python (3.11,
+#                              3.12, 3.13); VENV=dir puts that venv elsewhere
 PROCESSES ?= 2
 FLAGFILE ?= flags/fashion_mnist_fast.cfg
 ARGS ?=
+VENV ?= .venv
+export VENV PYTHON
 
-.PHONY: setup train test
+.PHONY: setup train test smoke
 setup:
 	@bash scripts/setup.sh
 
 train: setup
-	TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/horovodrun --gloo -np $(PROCESSES) \
-	  .venv/bin/python -m engine.train --flagfile=$(FLAGFILE) $(ARGS)
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/horovodrun --gloo -np $(PROCESSES) \
+	  $(VENV)/bin/python -m engine.train --flagfile=$(FLAGFILE) $(ARGS)
 
 # Most tests start a process or two on one core each, so two pytest workers
 # (one test file each) keep both cores busy; the tests marked serial (they
@@ -22,6 +29,12 @@ train: setup
 # alone. Both phases run; either failing fails the target.
 test: setup
 	@status=0; \
-	.venv/bin/python -m pytest -n 2 --dist loadfile -m "not serial" || status=$$?; \
-	.venv/bin/python -m pytest -m serial || status=$$?; \
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile -m "not serial" || status=$$?; \
+	$(VENV)/bin/python -m pytest -m serial || status=$$?; \
 	exit $$status
+
+# Two processes train, then agree: identical weights on both ranks, every
+# validation figure that of the whole test set, the same whole epochs.
+smoke: setup
+	$(VENV)/bin/python -m pytest tests/test_multiprocess.py -k \
+	  "identical_on_every_rank or exactly_the_full_test_sets or same_whole_epochs"

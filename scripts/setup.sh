@@ -1,28 +1,56 @@
 #!/usr/bin/env bash
-# Idempotent set-up: .venv at the repository root with the pinned requirements,
-# Horovod 0.28.1 compiled against that TensorFlow with Gloo, Debian's
-# Fashion-MNIST, and an sshd for the simulated multi-host tests. Every step is skipped when its result is already in place, so
-# README's commands can run this every time at the cost of a second.
+# Idempotent set-up: a venv (.venv at the repository root, or VENV=) on
+# Python 3.11, 3.12 or 3.13 (PYTHON=, default python3) with the pinned
+# requirements, Horovod 0.28.1 compiled from its sdist with our patch
+# (patches/) against that TensorFlow with Gloo (and MPI where Open MPI is
+# installed), Debian's Fashion-MNIST, and an sshd for the simulated
+# multi-host tests. Every step is skipped when its result is already in
+# place, so README's commands can run this every time at the cost of a
+# second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-venv=$root/.venv
+venv=$(realpath -m "${VENV:-.venv}")
 py=$venv/bin/python
 data_dir=/usr/share/datasets/fashion-mnist
+horovod=horovod-0.28.1
+# The sdist our patch is written against: the patch applies to these bytes.
+horovod_sha256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
+horovod_patch=$root/patches/$horovod.patch
 
 say() { echo "[setup] $*" >&2; }
+python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
 
+# The interpreter: PYTHON if given, else the venv's own once it exists,
+# else python3. TensorFlow 2.21 publishes wheels for 3.10-3.13 and NumPy
+# 2.4 for 3.11 and later (BUILD.md).
+python=${PYTHON:-python3}
+[ -z "${PYTHON:-}" ] && [ -x "$py" ] && python=$py
+if ! version=$(python_version "$python"); then
+  say "PYTHON=$python does not run here; name an interpreter of Python 3.11, 3.12 or 3.13 (PYTHON=python3.12)"
+  exit 2
+fi
+case $version in
+  3.11|3.12|3.13) ;;
+  *) say "Python $version ($python) is not supported: TensorFlow 2.21 and NumPy 2.4 need 3.11, 3.12 or 3.13; pass one as PYTHON=python3.12"
+     exit 2 ;;
+esac
+if [ -x "$py" ] && [ "$(python_version "$py")" != "$version" ]; then
+  say "$venv has Python $(python_version "$py"), not $version ($python): remove it (rm -rf $venv) to rebuild it, or pass VENV=another/dir"
+  exit 2
+fi
 if [ ! -x "$py" ]; then
-  say "creating $venv"
-  python3.11 -m venv "$venv"
+  say "creating $venv with Python $version"
+  "$python" -m venv "$venv"
 fi
 
 stamp=$venv/.requirements.sha256
-want=$(sha256sum requirements.txt | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-no-deps.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "installing requirements.txt"
+  say "installing requirements.txt and requirements-no-deps.txt"
   "$py" -m pip install --quiet --upgrade "pip==24.3.1"
   "$py" -m pip install --quiet -r requirements.txt
+  "$py" -m pip install --quiet --no-deps -r requirements-no-deps.txt
   echo "$want" > "$stamp"
   rm -f "$venv/.horovod-built"   # a new TensorFlow needs a new Horovod build
 fi
@@ -49,36 +77,50 @@ if ! command -v mpicxx >/dev/null || ! command -v slurmctld >/dev/null; then
   fi
 fi
 
-# Horovod is compiled once per machine and set of pins: the wheel is kept
-# under ~/.cache, named by requirements.txt's hash and the build's settings,
-# so a fresh clone (CI's) installs it in seconds. pip's own wheel cache
-# cannot be used for it: its key is Horovod's version alone, so it would
-# hand over a wheel built against another TensorFlow.
+# Horovod is compiled once per machine, Python and set of pins: the wheel
+# is kept under ~/.cache, named by the requirements' hash, our patch, the
+# build's settings, the Python and the architecture, so a fresh clone (CI's)
+# installs it in seconds. pip's own wheel cache cannot be used for it: its
+# key is Horovod's version alone, so it would hand over a wheel built
+# against another TensorFlow.
 # With MPI where Open MPI is installed; Gloo always (BUILD.md says why both).
 mpi=WITHOUT
 command -v mpicxx >/dev/null && mpi=WITH
 horovod_env="HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_${mpi}_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1"
-wheels=${XDG_CACHE_HOME:-$HOME/.cache}/horovod-engine/$(echo "$want $horovod_env $(uname -m)" | sha256sum | cut -c1-16)
+key=$( (echo "$want $horovod_env $(uname -m) $version"; cat "$horovod_patch") | sha256sum | cut -c1-16)
+wheels=${XDG_CACHE_HOME:-$HOME/.cache}/horovod-engine/$key
 # The stamp names the wheel installed: new settings (Open MPI installed
-# since) build anew.
+# since, a new patch) build anew.
 if [ "$(cat "$venv/.horovod-built" 2>/dev/null)" != "$wheels" ] || ! "$py" -c "import horovod.tensorflow" 2>/dev/null; then
-  if ! ls "$wheels"/horovod-0.28.1-*.whl >/dev/null 2>&1; then
-    say "building horovod==0.28.1 against TensorFlow with Gloo$([ $mpi = WITH ] && echo ' and MPI') (2-3 minutes)"
-    # cmake<4 and wheel come from requirements.txt; --no-build-isolation
-    # makes the build see the venv's TensorFlow, whose headers and ABI it
-    # compiles to.
+  if ! ls "$wheels"/$horovod-*.whl >/dev/null 2>&1; then
+    say "building $horovod from its sdist with patches/$horovod.patch, against TensorFlow with Gloo$([ $mpi = WITH ] && echo ' and MPI') (2-3 minutes)"
+    src=$(mktemp -d)
+    trap 'rm -rf "$src"' EXIT
+    "$py" -m pip download --quiet --no-deps --no-binary :all: --dest "$src" "${horovod/-/==}"
+    if [ "$(sha256sum "$src/$horovod.tar.gz" | cut -d' ' -f1)" != "$horovod_sha256" ]; then
+      say "the package index served a $horovod.tar.gz other than the one patches/$horovod.patch is written for (sha256 $horovod_sha256)"
+      exit 1
+    fi
+    tar -xzf "$src/$horovod.tar.gz" -C "$src"
+    if ! patch -d "$src/$horovod" -p1 --forward --batch < "$horovod_patch" > "$src/patch.log" 2>&1; then
+      say "patches/$horovod.patch no longer applies to Horovod's sdist: $(grep -m1 -iE 'fail|malformed|reject' "$src/patch.log")"
+      exit 1
+    fi
+    # cmake<4, setuptools and wheel come from requirements.txt;
+    # --no-build-isolation makes the build see the venv's TensorFlow, whose
+    # headers and ABI it compiles to.
     rm -rf "$wheels.partial"
     env PATH="$venv/bin:$PATH" $horovod_env MAKEFLAGS="-j$(nproc)" \
       "$py" -m pip wheel --quiet --no-deps --no-cache-dir --no-build-isolation \
-      --wheel-dir "$wheels.partial" horovod==0.28.1
+      --wheel-dir "$wheels.partial" "$src/$horovod"
     rm -rf "$wheels"
     mv "$wheels.partial" "$wheels"
   else
-    say "installing horovod==0.28.1 as built before against these pins ($wheels)"
+    say "installing $horovod as built before against these pins ($wheels)"
   fi
   # Its requirements are pinned in requirements.txt, installed above.
-  "$py" -m pip install --quiet --no-deps --force-reinstall "$wheels"/horovod-0.28.1-*.whl
-  if ! "$py" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built() and hvd.mpi_built() == ('$mpi' == 'WITH')"; then
+  "$py" -m pip install --quiet --no-deps --force-reinstall "$wheels"/$horovod-*.whl
+  if ! TF_CPP_MIN_LOG_LEVEL=2 "$py" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built() and hvd.mpi_built() == ('$mpi' == 'WITH')"; then
     rm -rf "$wheels"
     say "the horovod build does not load (its wheel is removed; run again to rebuild)"
     exit 1

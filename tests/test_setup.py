@@ -1,0 +1,57 @@
+"""scripts/setup.sh's refusals: a Python that TensorFlow 2.21 does not
+support, or a venv made with another, are one line and exit 2, before
+anything is created or installed."""
+import os
+import subprocess
+
+import pytest
+
+from tests import fixtures
+
+SETUP = os.path.join(fixtures.REPO, "scripts", "setup.sh")
+
+
+def interpreter(directory, version: str) -> str:
+  """A stand-in for a Python of `version`: all setup.sh asks it first is
+  its version."""
+  path = directory / f"python{version}"
+  path.write_text(f"#!/bin/sh\necho {version}\n")
+  path.chmod(0o755)
+  return str(path)
+
+
+def setup(**env):
+  return subprocess.run(["bash", SETUP], env=dict(os.environ, **env),
+                        text=True, capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.14"])
+def test_an_unsupported_python_is_one_line(tmp_path, version):
+  venv = tmp_path / "venv"
+  ran = setup(PYTHON=interpreter(tmp_path, version), VENV=str(venv))
+  assert ran.returncode == 2
+  assert ran.stderr.splitlines() == [
+      f"[setup] Python {version} ({tmp_path}/python{version}) is not "
+      "supported: TensorFlow 2.21 and NumPy 2.4 need 3.11, 3.12 or 3.13; "
+      "pass one as PYTHON=python3.12"]
+  assert not venv.exists()
+
+
+def test_a_python_that_does_not_run_is_one_line(tmp_path):
+  ran = setup(PYTHON=str(tmp_path / "nowhere"), VENV=str(tmp_path / "venv"))
+  assert ran.returncode == 2
+  assert ran.stderr.splitlines() == [
+      f"[setup] PYTHON={tmp_path}/nowhere does not run here; name an "
+      "interpreter of Python 3.11, 3.12 or 3.13 (PYTHON=python3.12)"]
+
+
+def test_a_venv_of_another_python_is_one_line_and_kept(tmp_path):
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True)
+  os.rename(interpreter(tmp_path, "3.12"), venv / "bin" / "python")
+  ran = setup(PYTHON=interpreter(tmp_path, "3.13"), VENV=str(venv))
+  assert ran.returncode == 2
+  assert ran.stderr.splitlines() == [
+      f"[setup] {venv} has Python 3.12, not 3.13 ({tmp_path}/python3.13): "
+      f"remove it (rm -rf {venv}) to rebuild it, or pass VENV=another/dir"]
+  assert sorted(os.listdir(venv / "bin")) == ["python"]
