@@ -1,20 +1,84 @@
 """A TensorFlow 2 training engine for data-parallel training with Horovod.
 
-Two settings of TensorFlow's C++ runtime, which TensorFlow reads once, early
-(the log level as it loads; the kernels the first time it asks which to
-use), so they must be made before TensorFlow is imported or used, which is
-why they live here. Each is a default: a value the user exported wins.
+Three settings that TensorFlow reads once, early (the log level as it
+loads; the kernels the first time it asks which to use; the Keras behind
+`tf.keras` the first time `tf.keras` is touched), so they must be made
+before TensorFlow is imported or used, which is why they live here: every
+entry point, worker and test imports the engine first.
 
-- TF_CPP_MIN_LOG_LEVEL=2: the runtime logs every kernel registration and
-  oneDNN notice at start-up, once per process; with N processes under
-  horovodrun that buries the engine's own output.
-- TF_ENABLE_ONEDNN_OPTS=1: oneDNN's convolution, pooling and normalization
-  kernels. TensorFlow turns them on by itself only on CPUs with AVX512_VNNI,
-  AVX512_BF16 or AMX and runs Eigen's elsewhere; on an AVX2 AMD EPYC
-  oneDNN's step of ResNet-9 was 2.5x faster at width 8 and 1.45x at width
-  16 (BUILD.md, "CPU kernels"). GPU kernels are not affected.
+- TF_USE_LEGACY_KERAS=1, always: `tf.keras` is tf_keras, Keras 2. The
+  engine, its models and Horovod's TensorFlow bindings are written for it
+  (Horovod broadcasts through `Variable.ref`, which Keras 3's variables
+  lack); on TensorFlow 2.16 and later `tf.keras` would otherwise be Keras 3.
+  A script that imports TensorFlow and touches `tf.keras` before importing
+  the engine gets Keras 3 models, which the engine refuses in one line at
+  start-up (models/__init__.py, `refuse_keras3`).
+- TF_CPP_MIN_LOG_LEVEL=2, a default: the runtime logs every kernel
+  registration and oneDNN notice at start-up, once per process; with N
+  processes under horovodrun that buries the engine's own output.
+- TF_ENABLE_ONEDNN_OPTS=1, a default: oneDNN's convolution, pooling and
+  normalization kernels. TensorFlow turns them on by itself only on CPUs
+  with AVX512_VNNI, AVX512_BF16 or AMX and runs Eigen's elsewhere; on an
+  AVX2 AMD EPYC oneDNN's step of ResNet-9 was 2.5x faster at width 8 and
+  1.45x at width 16 (BUILD.md, "CPU kernels"). GPU kernels are not
+  affected.
+
+TensorFlow 2.21 is imported here too, with its standard error filtered:
+as it loads it logs through abseil before abseil's logging is initialized,
+which writes every line to standard error whatever TF_CPP_MIN_LOG_LEVEL
+says ("WARNING: All log messages before absl::InitializeLog() is called
+are written to STDERR", then the oneDNN notice, twice). The lines of a
+severity that TF_CPP_MIN_LOG_LEVEL hides are dropped; anything else it
+printed is passed on, in order. Without this, each process's one-line
+error would follow four lines of notices.
 """
 import os
+import re
+import sys
+import tempfile
 
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+# abseil's C++ log lines: severity, date, time, thread, file:line]. Before
+# its initialization the date is 0000 and the time seconds since the epoch.
+_ABSL_LINE = re.compile(r"([IWE])\d{4} [\d:.]+ +\d+ \S+:\d+\] ")
+_ABSL_UNINITIALIZED = ("WARNING: All log messages before absl::InitializeLog()"
+                       " is called are written to STDERR")
+
+
+def _shown(line: str, min_level: int) -> bool:
+  """Whether TF_CPP_MIN_LOG_LEVEL = `min_level` lets `line` through."""
+  if line.rstrip("\n") == _ABSL_UNINITIALIZED:
+    return min_level == 0
+  severity = _ABSL_LINE.match(line)
+  return not severity or "IWE".index(severity.group(1)) >= min_level
+
+
+def _import_tensorflow() -> None:
+  try:
+    min_level = int(os.environ["TF_CPP_MIN_LOG_LEVEL"])
+  except ValueError:
+    min_level = 0
+  if "tensorflow" in sys.modules or min_level == 0:
+    import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
+    return
+  sys.stderr.flush()
+  stderr = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as printed:
+    os.dup2(printed.fileno(), 2)
+    try:
+      import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
+    finally:
+      sys.stderr.flush()
+      os.dup2(stderr, 2)
+      os.close(stderr)
+      printed.seek(0)
+      for line in printed.read().decode(errors="replace").splitlines(True):
+        if _shown(line, min_level):
+          sys.stderr.write(line)
+      sys.stderr.flush()
+
+
+_import_tensorflow()

@@ -7,6 +7,7 @@ of files. A write that fails is one line (errors.WriteFailed, via storage).
 import contextlib
 import glob
 import json
+import logging as python_logging
 import os
 from typing import Optional
 
@@ -78,6 +79,18 @@ def shown(value: Optional[float]) -> str:
 
 def configure_logging(chief: bool) -> None:
   logging.set_verbosity(logging.INFO if chief else logging.WARNING)
+  logging.get_absl_logger().addFilter(_quiet_tensorflow)
+
+
+_TENSORFLOW_SOURCES = os.path.dirname(tf.__file__) + os.sep
+
+
+def _quiet_tensorflow(record) -> bool:
+  """Drops TensorFlow's own INFO lines, which share absl's logger with the
+  engine's: TensorFlow 2.21 logs one at every checkpoint save ("Sharding
+  callback duration"). Its warnings and errors still show."""
+  return (record.levelno >= python_logging.WARNING
+          or not record.pathname.startswith(_TENSORFLOW_SOURCES))
 
 
 class Reporter:

@@ -1,7 +1,9 @@
 import glob
 import json
+import logging as python_logging
 import os
 
+from absl import logging as absl_logging
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -155,3 +157,20 @@ def test_a_resume_drops_what_was_written_after_its_point(tmp_path):
                 if tag == "epoch_accuracy") == [1, 2]
   assert sorted(step for tag, step in scalars(str(tmp_path), "")
                 if tag == "final_val_accuracy") == [1, 2]
+
+
+def test_tensorflows_own_info_lines_are_dropped_and_its_warnings_kept(
+    tmp_path, caplog):
+  report.configure_logging(chief=True)
+  absl_logger = absl_logging.get_absl_logger()
+  with caplog.at_level(python_logging.INFO):
+    # TensorFlow 2.21 logs "Sharding callback duration" at every save.
+    tf.train.Checkpoint(v=tf.Variable(1.0)).write(str(tmp_path / "ckpt"))
+    absl_logging.info("the engine's own line")
+  assert "the engine's own line" in caplog.text
+  assert "Sharding callback" not in caplog.text
+  inside = os.path.join(os.path.dirname(tf.__file__), "python", "x.py")
+  for level, kept in [(python_logging.INFO, False),
+                      (python_logging.WARNING, True)]:
+    record = absl_logger.makeRecord("absl", level, inside, 1, "m", (), None)
+    assert bool(absl_logger.filter(record)) == kept
