@@ -190,8 +190,20 @@ class Checkpoints:
                       "scaling and cannot continue with "
                       "--mixed_precision=float16; resume it with "
                       "--mixed_precision=none or bfloat16")
-    checkpoint = self._checkpoint
     keys = reader.get_variable_to_shape_map()
+    if "optimizer" in self._objects and any(_LEGACY_SLOT in key
+                                            for key in keys):
+      # Refused before restoring: a failed restore leaves TensorFlow to log
+      # every value it did not place, dozens of lines after ours.
+      raise UserError(f"checkpoint {path} holds a legacy Keras optimizer's "
+                      "state (novograd or lamb from tensorflow-addons, "
+                      "saved on TensorFlow 2.15), which the engine's own "
+                      "NovoGrad and LAMB cannot continue: finish that run "
+                      "with the engine's last TensorFlow 2.15 revision "
+                      "(82c6a49), or start afresh in another --model_dir; "
+                      "its weights still evaluate (python -m "
+                      "engine.evaluate)")
+    checkpoint = self._checkpoint
     present = {name: saved for name, (saved, _) in self._added_later.items()
                if any(key.startswith(f"{name}/") for key in keys)}
     if len(present) < len(self._added_later):
@@ -307,6 +319,9 @@ def resolve(path: str) -> str:
 
 
 _IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
+# Where Keras' legacy optimizers (tensorflow-addons' among them) kept their
+# slots; the optimizers of today keep theirs under optimizer/.
+_LEGACY_SLOT = "/.OPTIMIZER_SLOT/optimizer/"
 _BEST_ACCURACY_KEY = "best_accuracy/.ATTRIBUTES/VARIABLE_VALUE"
 _LOSS_SCALE_KEY = "optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/" \
     "VARIABLE_VALUE"
