@@ -2,9 +2,9 @@
 
   horovodrun --gloo -np 2 .venv/bin/python examples/train_script.py [--epochs=5 ...]
 
-The engine is imported before TensorFlow: importing it chooses TensorFlow's
-CPU kernels (oneDNN's), which TensorFlow reads once, before it first uses
-them.
+The engine is imported before TensorFlow: importing it makes `tf.keras`
+Keras 2 (tf_keras), the Keras the engine trains, and chooses TensorFlow's
+CPU kernels (oneDNN's), both of which TensorFlow reads once, early.
 """
 import gzip
 import os

@@ -42,6 +42,23 @@ def build(name: str, *, input_shape, num_classes: int, output_shape=None,
   return model
 
 
+def refuse_keras3(model, where: str) -> None:
+  """A UserError for a Keras 3 model (`import keras` on TensorFlow 2.16+).
+
+  The engine's `tf.keras` is Keras 2 (tf_keras, engine/__init__.py): Keras
+  3's layers and variables do not mix with its models, optimizers and
+  losses, and Horovod's broadcast calls `Variable.ref`, which Keras 3's
+  variables lack. Told here, before anything fails ten calls later.
+  """
+  if any(cls.__module__.partition(".")[0] == "keras"
+         for cls in type(model).__mro__):
+    raise UserError(
+        f"{where} built a Keras 3 model ({type(model).__name__}, from "
+        "`import keras`); the engine trains Keras 2 models: build it with "
+        "`from tensorflow import keras` or `import tf_keras as keras`, and "
+        "in a script of your own import engine before TensorFlow")
+
+
 def _check(model, name: str, input_shape: tuple, num_classes: int,
            output_shape: tuple) -> None:
   """A Keras model giving float32 outputs of `output_shape` (logits per
@@ -50,6 +67,7 @@ def _check(model, name: str, input_shape: tuple, num_classes: int,
   Checked by calling it on two blank images, which also creates the
   variables of a subclassed model before anything saves or broadcasts them.
   """
+  refuse_keras3(model, f"--model={name}")
   if not isinstance(model, tf.keras.Model):
     raise UserError(f"--model={name} returned a {type(model).__name__}, not "
                     "a tf.keras.Model")

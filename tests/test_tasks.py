@@ -219,6 +219,23 @@ def test_a_user_task_missing_a_method_is_one_line(tmp_path):
     tasks.build(f"{path}:Partial", CLASSES)
 
 
+def test_a_user_tasks_keras3_model_is_one_line(tmp_path):
+  source = GOOD_TASK.replace("class Mean(Task):", """class Mean(Task):
+  def build_model(self, build):
+    import keras
+    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                             keras.layers.Dense(3)])
+""")
+  for name, value in GOOD.items():
+    source = source.replace(f"__{name}__", value)
+  (tmp_path / "keras3.py").write_text(source)
+  spec = f"{tmp_path / 'keras3.py'}:Mean"
+  task = tasks.build(spec, CLASSES)
+  with pytest.raises(UserError, match=f"--task={spec} built a Keras 3 model "
+                     r"\(Sequential, from `import keras`\)"):
+    tasks.build_model(task, spec, build=None)
+
+
 def test_arrays_of_float_targets_are_read_as_targets(tmp_path):
   path = fixtures.write_regression_arrays(str(tmp_path / "t.npz"))
   splits = arrays.load(data_dir=path, array_keys=[], labels="targets")

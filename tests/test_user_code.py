@@ -71,12 +71,19 @@ def test_spec_of_names_a_function_so_that_load_finds_it_again():
      "      tf.keras.layers.Flatten()(i)))\n",
      "m.py:build", r"outputs shape \[2, 5\] for 2 images; it must output "
      r"\[batch, 3\] logits"),
+    ("import keras\n"
+     "def build(input_shape, num_classes):\n"
+     "  return keras.Sequential([keras.Input(input_shape),\n"
+     "      keras.layers.Flatten(), keras.layers.Dense(num_classes)])\n",
+     "m.py:build", r"--model=DIR/m.py:build built a Keras 3 model "
+     r"\(Sequential, from `import keras`\); the engine trains Keras 2 "
+     r"models: build it with `from tensorflow import keras`"),
     ("def build(shape):\n  pass\n", "m.py:build",
      r"build\(\) raised TypeError: build\(\) missing 1 required "
      "positional argument: 'shape'"),
     ("", "m.py:not an identifier", "give package.module:function"),
 ], ids=["import", "missing", "not_callable", "not_a_model", "shape",
-        "signature", "malformed"])
+        "keras3", "signature", "malformed"])
 def test_a_bad_model_is_one_line_naming_it(tmp_path, source, spec, message):
   write(tmp_path, "m.py", source)
   spec = spec.replace("m.py", f"{tmp_path}/m.py")

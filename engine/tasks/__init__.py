@@ -21,6 +21,7 @@ from engine.tasks.reconstruction import Reconstruction
 from engine.tasks.regression import Regression
 from engine.tasks.segmentation import Segmentation
 from engine.tasks.task import Task
+import models
 
 _TASKS = Registry("task", {
     "classification": Classification,
@@ -41,7 +42,9 @@ EXAMPLES = "examples"
 def build_model(task: Task, spec: str, build) -> tf.keras.Model:
   """The task's model (`build(output_shape)` builds --model's); a failure
   of the task's own build_model is one line."""
-  return _called(f"--task={spec}", "build_model", task.build_model, build)
+  model = _called(f"--task={spec}", "build_model", task.build_model, build)
+  models.refuse_keras3(model, f"--task={spec}")
+  return model
 
 
 def defines(task: Task, method: str) -> bool:
