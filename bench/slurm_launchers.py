@@ -10,7 +10,7 @@ with PMIx), the order reversed every other round. For each job:
 
   start-up   from the job's start (RUNNING, polled every 0.1 s) to the
              engine's first line after Horovod started on every rank
-             ("N processes; ...")
+             ("N processes on ...")
   to epoch 1 from the job's start to the end of its first epoch
 
 Then a requeue, as a preemptible queue does it: a 30-epoch job signalled
@@ -88,7 +88,7 @@ def launcher_round(slurm, tmp: str, data_dir: str, launcher: str,
   output = read(f"{out}/job.out")
   if fields["JobState"] != "COMPLETED":
     raise RuntimeError(f"{launcher}: {fields['JobState']}\n{output[-2000:]}")
-  return (first_line_after(output, r"\d+ processes; ") - started,
+  return (first_line_after(output, r"\d+ processes on ") - started,
           first_line_after(output, r"epoch 1/1 ") - started)
 
 

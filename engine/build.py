@@ -63,7 +63,10 @@ def prepare(config: TrainConfig, measure_precision: bool = True
   for line in config.deprecations:
     logging.warning("%s", line)
   kernels, kernels_advice = distributed.cpu_kernels()
-  logging.info("%d processes; %s", world.size, _describe(world, kernels))
+  logging.info("%d processes on Horovod's %s controller; %s", world.size,
+               distributed.controller(), _describe(world, kernels))
+  if world.size > 1 and distributed.controller() == "MPI":
+    logging.warning("%s", distributed.MPI_FROZEN_PROCESS)
   if world.device == "CPU" and kernels_advice:
     logging.warning("%s", kernels_advice)
 

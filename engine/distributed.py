@@ -190,6 +190,24 @@ def start_horovod() -> None:
         del os.environ[name]
 
 
+def controller() -> str:
+  """The controller Horovod runs on: "Gloo" or "MPI". A plain `horovodrun`
+  picks MPI whenever Horovod has it (`horovodrun --gloo` picks Gloo), and
+  what a frozen process does to the others depends on it (BUILD.md,
+  "A process that stops answering")."""
+  return "MPI" if hvd.mpi_enabled() else "Gloo"
+
+
+# Said once at start-up on MPI's controller, where a guarantee differs.
+MPI_FROZEN_PROCESS = (
+    "Horovod runs on MPI's controller: a process that freezes holds up the "
+    "others until Horovod's stall shutdown "
+    "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) or the scheduler's time limit, "
+    "and no rank is named; on Gloo (horovodrun --gloo) they give up after "
+    "its timeout and the engine names the silent rank "
+    "(docs/scaling-out.md, \"Controllers\")")
+
+
 def _started_by_mpi() -> bool:
   """Whether an MPI launcher started this process: Open MPI's mpirun, or
   srun (or another launcher) through PMI or PMIx."""

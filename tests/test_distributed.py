@@ -24,6 +24,7 @@ def test_a_process_alone_keeps_gloo_and_leaves_no_setting_behind(
   monkeypatch.delenv("HOROVOD_CPU_OPERATIONS", raising=False)
   distributed.start_horovod()
   assert hvd.gloo_enabled() and not hvd.mpi_enabled()
+  assert distributed.controller() == "Gloo"
   assert "HOROVOD_CONTROLLER" not in os.environ
   assert "HOROVOD_CPU_OPERATIONS" not in os.environ
 

@@ -24,6 +24,7 @@ import time
 import numpy as np
 import pytest
 
+from engine import distributed
 from tests import fixtures
 from tests import simulated_hosts
 from tests import simulated_slurm
@@ -129,12 +130,17 @@ def test_horovodrun_over_ssh_trains_across_the_hosts(launchers):
   job = launchers["horovodrun"]
   assert_trained_on_both_hosts(job)
   assert "2 processes on host0:1,host1:1 via horovodrun" in job.output
+  assert "2 processes on Horovod's Gloo controller" in job.output
+  assert distributed.MPI_FROZEN_PROCESS not in job.output
 
 
 def test_mpirun_trains_across_the_hosts(launchers):
   job = launchers["mpirun"]
   assert_trained_on_both_hosts(job)
   assert "via mpirun" in job.output
+  # Said once, by rank 0: the frozen-process guarantee differs on MPI.
+  assert "2 processes on Horovod's MPI controller" in job.output
+  assert job.output.count(distributed.MPI_FROZEN_PROCESS) == 1
 
 
 def test_srun_chooses_pmix_where_the_sites_default_is_none(launchers):
