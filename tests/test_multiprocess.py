@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from tensorboard_plugin_profile.convert import raw_to_tool_data
+from xprof.convert import raw_to_tool_data
 
 from tests import fixtures
 

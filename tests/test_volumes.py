@@ -462,7 +462,9 @@ def test_cosmoflow_takes_its_depth_and_refuses_images():
      example(np.zeros((SIZE, SIZE, SIZE, 2)), [0.0] * 2),
      "record 18: field y holds 2 values; the spec y:float32:3 takes 3 "
      "values"),
-])
+    # Named: a serialized record's map of features has no fixed order
+    # (protobuf 7), and pytest-xdist's workers must collect the same names.
+], ids=["at start-up", "while training"])
 def test_a_mismatched_record_is_one_line(tmp_path, when, per_file, flags,
                                          bad, says):
   index = int(says.split()[1].rstrip(":"))
