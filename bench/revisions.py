@@ -7,15 +7,23 @@ or at one revision with two sets of flags.
       --before_flags=--nopool_first --after_flags=--pool_first \
       -- --flagfile=flags/fashion_mnist_94.cfg --epochs=3
 
+  .venv/bin/python -m bench.revisions --before=82c6a49 --own_venvs \
+      --seed_per_round --repeats=2 -- --flagfile=flags/fashion_mnist_fast.cfg
+
 Each revision is checked out once (`git worktree`, under --work_dir) and
 trained by the same command line (then --before_flags or --after_flags),
-`horovodrun --gloo -np --processes` with this
-checkout's virtualenv, one run at a time in interleaved rounds
+`horovodrun --gloo -np --processes` with this checkout's virtualenv, or
+with each worktree's own (`--own_venvs`, set up by its own
+scripts/setup.sh: for revisions whose pins differ, such as TensorFlow 2.15
+against 2.21), one run at a time in interleaved rounds
 (bench/interleaved.py); a run's figures are the images/s of its epochs
-after the first. It prints each run's figures, each revision's median,
+after the first, and its last epoch's deciding figure (val_accuracy for a
+classifier). `--seed_per_round` trains round N with --seed=N-1, both
+revisions alike. It prints each run's figures, each revision's median,
 and after / before per round: a change that costs speed shows in every
 round, the machine's drift in some.
 """
+import json
 import os
 import shutil
 import statistics
@@ -39,6 +47,9 @@ flags.DEFINE_integer("repeats", 4, "Rounds; each runs both revisions.",
 flags.DEFINE_integer("processes", 2, "Processes per run.", lower_bound=1)
 flags.DEFINE_string("work_dir", "/tmp/bench_revisions",
                     "Where the revisions are checked out and run.")
+flags.DEFINE_bool("own_venvs", False, "Run each revision with its own "
+                  "worktree's .venv, set up by its scripts/setup.sh.")
+flags.DEFINE_bool("seed_per_round", False, "Train round N with --seed=N-1.")
 
 
 def checkout(revision: str) -> str:
@@ -53,6 +64,25 @@ def checkout(revision: str) -> str:
   return path
 
 
+def virtualenv_bin(tree: str) -> str:
+  """The directory of the python and horovodrun a revision runs with."""
+  if not FLAGS.own_venvs:
+    return os.path.dirname(interleaved.PYTHON)
+  # Its own set-up, as a fresh clone of it would run (a second once done).
+  subprocess.run(["bash", "scripts/setup.sh"], cwd=tree, check=True,
+                 env=dict(os.environ, PYTHON="", VENV=""))
+  return os.path.join(tree, ".venv", "bin")
+
+
+def last_figure(model_dir: str) -> str:
+  """The deciding figure of a finished run's last epoch, as `name value`."""
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  last = [r for r in records if "event" not in r][-1]
+  name = last.get("best_metric", "val_accuracy:max").split(":")[0]
+  return f"{name} {last[name]:.4f}"
+
+
 def main(argv):
   if not FLAGS.before:
     sys.exit("--before=REVISION is required")
@@ -61,15 +91,19 @@ def main(argv):
            (("before", FLAGS.before), ("after", FLAGS.after))}
   own_flags = {"before": FLAGS.before_flags.split(),
                "after": FLAGS.after_flags.split()}
+  bins = {name: virtualenv_bin(tree) for name, tree in trees.items()}
 
   def measure(name: str, round_: int) -> list[float]:
     model_dir = os.path.join(FLAGS.work_dir, "runs", f"{name}_{round_}")
     shutil.rmtree(model_dir, ignore_errors=True)
+    seed = [f"--seed={round_}"] if FLAGS.seed_per_round else []
     run = subprocess.run(
-        [interleaved.HOROVODRUN, "--gloo", "-np", str(FLAGS.processes),
-         interleaved.PYTHON, "-m", "engine.train", "--progress=none",
+        [os.path.join(bins[name], "horovodrun"), "--gloo",
+         "-np", str(FLAGS.processes),
+         os.path.join(bins[name], "python"), "-m", "engine.train",
+         "--progress=none",
          # Last, so that a recipe's --model_dir in a flagfile is overridden.
-         *engine_flags, *own_flags[name], f"--model_dir={model_dir}"],
+         *engine_flags, *own_flags[name], *seed, f"--model_dir={model_dir}"],
         cwd=trees[name], env=dict(interleaved.engine_env(),
                                   PYTHONPATH=trees[name]),
         capture_output=True, text=True)
@@ -77,6 +111,8 @@ def main(argv):
       errors = [line for line in run.stderr.splitlines() if "error:" in line]
       sys.exit(f"{name} ({trees[name]}) failed: "
                f"{errors[0] if errors else run.stderr[-500:]}")
+    print(f"  round {round_ + 1} {name}: {last_figure(model_dir)}",
+          flush=True)
     return interleaved.images_per_sec(model_dir)
 
   print(f"{FLAGS.before} {FLAGS.before_flags} (before) and {FLAGS.after} "
