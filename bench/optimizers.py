@@ -16,14 +16,10 @@ order reversed every other round.
 
   .venv/bin/python -m bench.optimizers [--filters=64] [--rounds=6]
 """
-import importlib
-import importlib.util
 import re
 import statistics
 import subprocess
-import sys
 import time
-import warnings
 
 # First: the engine makes tf.keras tf_keras (engine/__init__.py), which
 # must be set before TensorFlow is imported for addons to find tf_keras'
@@ -34,6 +30,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+from bench import addons
 from engine import distributed
 from engine import optimizers
 import models
@@ -43,13 +40,6 @@ flags.DEFINE_integer("steps", 20, "apply_gradients calls per timing.")
 flags.DEFINE_integer("rounds", 6, "Rounds over every variant.")
 FLAGS = flags.FLAGS
 
-# Addons 0.23.0 imports three Keras internals from `keras.src`: Keras 3's
-# package since TensorFlow 2.16, which lacks `engine`. tf_keras has each
-# under the same name; the packages on their paths are aliased too
-# (as in tests/test_optimizers.py).
-_ADDONS_KERAS_MODULES = ("src", "src.backend", "src.engine",
-                         "src.engine.keras_tensor", "src.utils",
-                         "src.utils.tf_utils")
 _ADDONS_NAMES = {"novograd": "NovoGrad", "lamb": "LAMB"}
 
 
@@ -63,7 +53,7 @@ def main(argv):
   rng = np.random.default_rng(0)
   gradients = [tf.constant(0.01 * rng.normal(size=v.shape), v.dtype)
                for v in model.trainable_variables]
-  addons = _addons_optimizers()
+  addons = addons.optimizers()
   timed = {}
   for name in _ADDONS_NAMES:
     timed[f"{name}, ours"] = _applies(
@@ -104,27 +94,6 @@ def _applies(optimizer, model, gradients):
     return optimizer.iterations.read_value()
 
   return lambda: int(apply(FLAGS.steps))
-
-
-def _addons_optimizers():
-  """tensorflow-addons' optimizers on tf_keras, or None if not installed."""
-  if importlib.util.find_spec("tensorflow_addons") is None:
-    return None
-  aliases = {f"keras.{name}": importlib.import_module(f"tf_keras.{name}")
-             for name in _ADDONS_KERAS_MODULES}
-  saved = {name: sys.modules.get(name) for name in aliases}
-  sys.modules.update(aliases)
-  try:
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore")  # end-of-life, TensorFlow too new
-      addons = importlib.import_module("tensorflow_addons.optimizers")
-  finally:
-    for name, module in saved.items():
-      if module is None:
-        del sys.modules[name]
-      else:
-        sys.modules[name] = module
-  return addons
 
 
 def _report(milliseconds, model, intra, inter) -> None:

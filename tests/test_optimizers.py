@@ -1,11 +1,8 @@
-import importlib.util
-import sys
-import warnings
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from bench import addons
 import models
 from engine import distributed
 from engine import optimizers, schedules
@@ -54,37 +51,12 @@ def test_unknown_optimizer():
 
 # Our NovoGrad and LAMB, against tensorflow-addons' and by hand.
 
-# Addons 0.23.0 imports three Keras internals from `keras.src`: Keras 3's
-# package since TensorFlow 2.16, which lacks `engine` (when Keras 3 is
-# installed at all). tf_keras has each under the same name; the packages
-# on their paths are aliased too, so that Keras 3 is never imported.
-_ADDONS_KERAS_MODULES = ("src", "src.backend", "src.engine",
-                         "src.engine.keras_tensor", "src.utils",
-                         "src.utils.tf_utils")
-
-
 def _addons_optimizers():
-  """tensorflow-addons' optimizers, on tf_keras: `keras.src...` points at
-  tf_keras' modules while addons imports, and back at whatever it was
-  after, so nothing else in the process sees the aliases."""
-  if importlib.util.find_spec("tensorflow_addons") is None:
+  found = addons.optimizers()
+  if found is None:
     pytest.skip("tensorflow-addons is not installed (requirements-no-deps.txt "
                 "installs it on Python 3.11 only, where it has wheels)")
-  aliases = {f"keras.{name}": importlib.import_module(f"tf_keras.{name}")
-             for name in _ADDONS_KERAS_MODULES}
-  saved = {name: sys.modules.get(name) for name in aliases}
-  sys.modules.update(aliases)
-  try:
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore")  # end-of-life, TensorFlow too new
-      addons = importlib.import_module("tensorflow_addons.optimizers")
-  finally:
-    for name, module in saved.items():
-      if module is None:
-        del sys.modules[name]
-      else:
-        sys.modules[name] = module
-  return addons
+  return found
 
 
 def _decaying_schedule():
