@@ -11,8 +11,9 @@ entry point, worker and test imports the engine first.
   (Horovod broadcasts through `Variable.ref`, which Keras 3's variables
   lack); on TensorFlow 2.16 and later `tf.keras` would otherwise be Keras 3.
   A script that imports TensorFlow and touches `tf.keras` before importing
-  the engine gets Keras 3 models, which the engine refuses in one line at
-  start-up (models/__init__.py, `refuse_keras3`).
+  the engine has Keras 3 as `tf.keras` for good: the import below stops it
+  with what to do. A Keras 3 model from `import keras` is refused in one
+  line at start-up (models/__init__.py, `refuse_keras3`).
 - TF_CPP_MIN_LOG_LEVEL=2, a default: the runtime logs every kernel
   registration and oneDNN notice at start-up, once per process; with N
   processes under horovodrun that buries the engine's own output.
@@ -82,3 +83,8 @@ def _import_tensorflow() -> None:
 
 
 _import_tensorflow()
+if not sys.modules["tensorflow"].keras.__name__.startswith("tf_keras"):
+  raise ImportError("tf.keras is Keras 3: it was used before the engine was "
+                    "imported, too late for TF_USE_LEGACY_KERAS=1; import "
+                    "engine before TensorFlow, or export "
+                    "TF_USE_LEGACY_KERAS=1")

@@ -30,3 +30,13 @@ def test_tensorflows_import_prints_nothing_that_its_log_level_hides():
       text=True, capture_output=True, timeout=300)
   assert everything.returncode == 0
   assert "oneDNN custom operations are on" in everything.stderr
+
+
+def test_a_script_that_used_keras_3_as_tf_keras_first_is_told_what_to_do():
+  # (the tests' environment has TF_USE_LEGACY_KERAS=1 from their own import)
+  ran = fixtures.launch(["-c", "import tensorflow as tf; tf.keras.layers; "
+                         "import engine"], env={"TF_USE_LEGACY_KERAS": "0"})
+  assert ran.returncode == 1
+  assert ("ImportError: tf.keras is Keras 3: it was used before the engine "
+          "was imported, too late for TF_USE_LEGACY_KERAS=1; import engine "
+          "before TensorFlow") in ran.stderr
