@@ -24,66 +24,21 @@ entry point, worker and test imports the engine first.
   1.45x at width 16 (BUILD.md, "CPU kernels"). GPU kernels are not
   affected.
 
-TensorFlow 2.21 is imported here too, with its standard error filtered:
-as it loads it logs through abseil before abseil's logging is initialized,
-which writes every line to standard error whatever TF_CPP_MIN_LOG_LEVEL
-says ("WARNING: All log messages before absl::InitializeLog() is called
-are written to STDERR", then the oneDNN notice, twice). The lines of a
-severity that TF_CPP_MIN_LOG_LEVEL hides are dropped; anything else it
-printed is passed on, in order. Without this, each process's one-line
-error would follow four lines of notices.
+TensorFlow's own import prints nothing that TF_CPP_MIN_LOG_LEVEL hides
+(engine/quiet_import.py says why that takes more than the setting).
 """
 import os
-import re
 import sys
-import tempfile
+
+from engine import quiet_import
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
-# abseil's C++ log lines: severity, date, time, thread, file:line]. Before
-# its initialization the date is 0000 and the time seconds since the epoch.
-_ABSL_LINE = re.compile(r"([IWE])\d{4} [\d:.]+ +\d+ \S+:\d+\] ")
-_ABSL_UNINITIALIZED = ("WARNING: All log messages before absl::InitializeLog()"
-                       " is called are written to STDERR")
-
-
-def _shown(line: str, min_level: int) -> bool:
-  """Whether TF_CPP_MIN_LOG_LEVEL = `min_level` lets `line` through."""
-  if line.rstrip("\n") == _ABSL_UNINITIALIZED:
-    return min_level == 0
-  severity = _ABSL_LINE.match(line)
-  return not severity or "IWE".index(severity.group(1)) >= min_level
-
-
-def _import_tensorflow() -> None:
-  try:
-    min_level = int(os.environ["TF_CPP_MIN_LOG_LEVEL"])
-  except ValueError:
-    min_level = 0
-  if "tensorflow" in sys.modules or min_level == 0:
-    import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
-    return
-  sys.stderr.flush()
-  stderr = os.dup(2)
-  with tempfile.TemporaryFile(mode="w+b") as printed:
-    os.dup2(printed.fileno(), 2)
-    try:
-      import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
-    finally:
-      sys.stderr.flush()
-      os.dup2(stderr, 2)
-      os.close(stderr)
-      printed.seek(0)
-      for line in printed.read().decode(errors="replace").splitlines(True):
-        if _shown(line, min_level):
-          sys.stderr.write(line)
-      sys.stderr.flush()
-
-
-_import_tensorflow()
-if not sys.modules["tensorflow"].keras.__name__.startswith("tf_keras"):
+quiet_import.install()
+if "tensorflow" in sys.modules and not sys.modules[
+    "tensorflow"].keras.__name__.startswith("tf_keras"):
   raise ImportError("tf.keras is Keras 3: it was used before the engine was "
                     "imported, too late for TF_USE_LEGACY_KERAS=1; import "
                     "engine before TensorFlow, or export "

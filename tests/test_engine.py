@@ -17,14 +17,14 @@ def test_tf_keras_is_keras_2_even_where_the_user_asked_for_keras_3():
 
 def test_tensorflows_import_prints_nothing_that_its_log_level_hides():
   # (fixtures.launch sets TF_CPP_MIN_LOG_LEVEL=2, as users' runs have it)
-  quiet = fixtures.launch(["-c", "import engine"],
+  quiet = fixtures.launch(["-c", "import engine, tensorflow"],
                           env={"TF_ENABLE_ONEDNN_OPTS": "1"})
   assert quiet.returncode == 0
   assert quiet.stderr == ""
   # What TensorFlow 2.21 prints before abseil's logging is initialized,
   # shown where the user asks for everything.
   everything = subprocess.run(
-      [fixtures.PYTHON, "-c", "import engine"], cwd=fixtures.REPO,
+      [fixtures.PYTHON, "-c", "import engine, tensorflow"], cwd=fixtures.REPO,
       env=dict(fixtures.engine_env(), TF_CPP_MIN_LOG_LEVEL="0",
                TF_ENABLE_ONEDNN_OPTS="1"),
       text=True, capture_output=True, timeout=300)
