@@ -65,7 +65,8 @@ def prepare(config: TrainConfig, measure_precision: bool = True
   kernels, kernels_advice = distributed.cpu_kernels()
   logging.info("%d processes on Horovod's %s controller; %s", world.size,
                distributed.controller(), _describe(world, kernels))
-  if world.size > 1 and distributed.controller() == "MPI":
+  if (world.size > 1 and distributed.controller() == "MPI"
+      and distributed.is_chief()):  # (the others log warnings too)
     logging.warning("%s", distributed.MPI_FROZEN_PROCESS)
   if world.device == "CPU" and kernels_advice:
     logging.warning("%s", kernels_advice)
