@@ -118,9 +118,10 @@ if [ "$(cat "$venv/.horovod-built" 2>/dev/null)" != "$wheels" ] || ! "$py" -c "i
   else
     say "installing $horovod as built before against these pins ($wheels)"
   fi
-  # Its requirements are pinned in requirements.txt, installed above.
+  # Its requirements are pinned in requirements.txt, installed above. The
+  # check imports the engine first, whose import of TensorFlow is quiet.
   "$py" -m pip install --quiet --no-deps --force-reinstall "$wheels"/$horovod-*.whl
-  if ! TF_CPP_MIN_LOG_LEVEL=2 "$py" -c "import horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built() and hvd.mpi_built() == ('$mpi' == 'WITH')"; then
+  if ! "$py" -c "import engine, horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built() and hvd.mpi_built() == ('$mpi' == 'WITH')"; then
     rm -rf "$wheels"
     say "the horovod build does not load (its wheel is removed; run again to rebuild)"
     exit 1
