@@ -1,9 +1,12 @@
 """engine.distributed.start_horovod: which controller a process takes, and
-the starts it refuses. Under real launchers: tests/test_slurm_cluster.py."""
+the starts it refuses; Horovod's Keras bindings as set-up builds them.
+Under real launchers: tests/test_slurm_cluster.py."""
 import os
 
 import horovod.tensorflow as hvd
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from engine import distributed
 from engine.errors import UserError
@@ -46,3 +49,22 @@ def test_srun_tasks_without_a_pmi_are_refused(monkeypatch):
   # One task alone (srun -n 1) trains alone anyway.
   monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
   distributed.start_horovod()
+
+
+def test_horovods_keras_fit_callbacks_run_on_tf_keras():
+  """Horovod's Keras bindings as set-up builds them (patches/, hunk 5): a
+  user's Keras fit with Horovod, and bench/keras_fit.py, the benchmarks'
+  baseline. Unpatched they use Keras 3's backend on TensorFlow 2.21, and
+  the metric averaging fails at the first epoch's end."""
+  import horovod.tensorflow.keras as hvd_keras  # pylint: disable=import-outside-toplevel
+  distributed.start_horovod()
+  inputs = tf.keras.Input((4,))
+  model = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(inputs))
+  model.compile(optimizer=hvd_keras.DistributedOptimizer(
+      tf.keras.optimizers.SGD(0.1)), loss="mse")
+  history = model.fit(
+      np.ones((8, 4)), np.zeros((8, 2)), epochs=2, batch_size=4, verbose=0,
+      callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0),
+                 hvd_keras.callbacks.MetricAverageCallback()])
+  losses = history.history["loss"]
+  assert len(losses) == 2 and losses[1] < losses[0]
