@@ -190,9 +190,10 @@ def volume(params, size: int, channels: int,
   power[nonzero] = (k[nonzero] ** slope *
                     np.exp(-(k[nonzero] * smoothing) ** 2))
   # The field's expected variance is its correlation function at zero lag.
-  variance = np.fft.irfftn(power, s=shape)[0, 0, 0]
+  variance = np.fft.irfftn(power, s=shape, axes=(0, 1, 2))[0, 0, 0]
   noise = np.fft.rfftn(rng.standard_normal(shape))
-  field = np.fft.irfftn(noise * np.sqrt(power / variance), s=shape)
+  field = np.fft.irfftn(noise * np.sqrt(power / variance), s=shape,
+                       axes=(0, 1, 2))
   field *= amplitude
   counts = np.empty(shape + (channels,), np.int16)
   for channel, growth in enumerate(growth_factors(channels)):
