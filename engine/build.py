@@ -20,6 +20,7 @@ import tensorflow as tf
 from engine import data
 from engine import datasets
 from engine import distributed
+from engine import ema
 from engine import metrics
 from engine import optimizers
 from engine import precision
@@ -385,3 +386,54 @@ def _describe(world: distributed.World, kernels: str) -> str:
           f"{world.inter_op_threads} inter-op threads per process, "
           f"{kernels} kernels, Horovod cycle "
           f"{os.environ['HOROVOD_CYCLE_TIME']} ms")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingParts:
+  """What engine.train's loop is built from, in the order it is built."""
+  config: TrainConfig  # as given, with what the start-up measured
+  world: distributed.World
+  splits: datasets.Splits
+  staged: Optional[dict]  # --stage_dir's record, for metrics.jsonl
+  task: tasks.Task
+  model: tf.keras.Model
+  learning_rate: schedules.WarmupThenDecay
+  weight_average: Optional[Any]  # ema.WeightAverage
+  optimizer: Any
+  train_step: steps.TrainStep
+  eval_step: steps.EvalStep
+  decider: tasks.Decider
+
+
+def training_parts(config: TrainConfig) -> TrainingParts:
+  """The parts of a training run, built on every rank alike."""
+  # Distributed setup (Horovod, this process's device and cores), the data
+  # set every rank reads its own shard of, and the model.
+  config, world, splits, task, model = prepare(config)
+  # With --stage_dir, each rank reads its files from node-local copies.
+  splits, staged = stage(config, world, splits)
+  info = splits.info
+  logging.info("%s: %d train, %d test examples of %s", info.name,
+               info.num_train, info.num_test,
+               "x".join(map(str, info.image_shape)))
+  logging.info("model %s: %d parameters; task %s", model.name,
+               model.count_params(), task.name)
+  # Optimizer and learning rate: scaled with the global batch (linear:
+  # base_lr * world.size, set for each number of processes the loop runs
+  # on), warmed up per step, then decayed; a function of the step evaluated
+  # inside the train step.
+  learning_rate = learning_rate_schedule(config)
+  # The weights' moving average, which evaluation and exports use.
+  weight_average = ema.maybe_average(model, config.ema_decay)
+  optimizer, train_step = optimizer_and_step(config, task, model,
+                                             learning_rate, weight_average)
+  parts = TrainingParts(
+      config=config, world=world, splits=splits, staged=staged, task=task,
+      model=model, learning_rate=learning_rate,
+      weight_average=weight_average, optimizer=optimizer,
+      train_step=train_step, eval_step=eval_step(config, task, model),
+      # The validation figure that decides best/, early stopping and
+      # --target.
+      decider=decider(config, task))
+  describe_numerics(config, world)
+  return parts

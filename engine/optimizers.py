@@ -89,6 +89,12 @@ class Several(tf.Module):
     return next(iter(self.by_name.values())).iterations
 
 
+def step(optimizer) -> int:
+  """The step counter: the steps taken (the first of Several's; they go
+  alike)."""
+  return int(optimizer.iterations.numpy())
+
+
 def set_step(optimizer, step: int) -> None:
   """Sets the step counter (of each of Several optimizers), which the
   learning-rate schedule reads."""

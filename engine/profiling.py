@@ -18,6 +18,7 @@ from absl import logging
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from engine import actions
 from engine import storage
 
 PROFILE_DIR = "profile"
@@ -52,10 +53,11 @@ class EpochTimes:
     self.step_seconds += time.perf_counter() - start
 
 
-class StepProfiler:
+class StepProfiler(actions.Action):
   """Traces global steps `steps[0]..steps[1]` (inclusive, 1-based).
 
-  Wrap each step (its input and the step) in `step(global_step)`, and call
+  Wrap each call (its input and the step) in `step(global_step)`, run it
+  as an action after the calls it says (engine/actions.py), and call
   `close()` when the loop ends, however it ends: a run that stops or fails
   inside the range still closes its trace. Rank 0 writes model_dir/profile;
   with `all_ranks`, rank r > 0 writes model_dir/profile/rank_<r> (one
@@ -79,18 +81,24 @@ class StepProfiler:
   def close(self) -> None:
     self._stop()
 
-  def steps_untraced(self, global_step: int, count: int) -> int:
-    """Of `count` steps from `global_step` on, how many one call may take:
-    all of them before the traced range (up to it), one within it (each
-    traced step is a call of its own, marked with its number)."""
-    if self._first <= global_step <= self._last:
-      return 1
-    if global_step < self._first:
-      return min(count, self._first - global_step)
-    return count
+  def next_due(self, global_step: int) -> Optional[int]:
+    """The step after `global_step` that ends a call: the one before the
+    traced range (up to it), each within it (each traced step is a call of
+    its own, marked with its number); None after it."""
+    if global_step + 1 < self._first:
+      return self._first - 1
+    if global_step < self._last:
+      return global_step + 1
+    return None
+
+  def run(self, at: actions.At) -> None:
+    """Ends the trace after the range's last step."""
+    if at.global_step >= self._last:
+      self._stop()
 
   @contextlib.contextmanager
   def step(self, global_step: int):
+    """Around the call that takes global step `global_step` (1-based)."""
     if not self._first <= global_step <= self._last:
       yield
       return
@@ -102,8 +110,6 @@ class StepProfiler:
         yield
     else:
       yield
-    if global_step == self._last:
-      self._stop()
 
   def _start(self, global_step: int) -> None:
     if self._traces:

@@ -17,10 +17,14 @@ continue from is split by where it lives:
   RunState in one place and commits it in one place.
 """
 import dataclasses
+import time
+from typing import Optional
 
 from absl import logging
 import numpy as np
 
+from engine import metrics
+from engine import optimizers
 from engine.checkpoint import Position
 
 # The sums of an epoch before its first step (metrics.Totals): a zero that
@@ -75,3 +79,160 @@ def starting_point(position: Position, steps_per_epoch: int,
   # A stop after an epoch's last step resumes with no steps left in it: the
   # epoch is still evaluated and recorded.
   return position.epoch, min(step, steps_per_epoch)
+
+
+class LoopState:
+  """The run's state as the train loop moves it on, and its one owner:
+  the loop changes it through these methods only.
+
+  One step counter: the optimizer's `iterations` (as Orbit's global step),
+  which every step taken advances (one the loss scaler or a non-finite
+  check skipped too) and which the learning-rate schedule reads. The
+  position in the data derives from it and the epoch being trained:
+  `step` = `global_step` - `epoch` * `steps_per_epoch`, so an epoch whose
+  steps are all done but which is not yet evaluated and recorded is
+  (epoch, steps_per_epoch), never (epoch + 1, 0).
+
+  A start (engine/session.py) makes one from the RunState it continues
+  from; a commit, a checkpoint and a rollback read and set it as a whole
+  (`snapshot`, `position`, `rolled_back`).
+  """
+
+  def __init__(self, *, optimizer, learning_rate, start: RunState,
+               steps_per_epoch: int, global_batch: int, world_size: int,
+               epochs: int, best_metric: str):
+    """`learning_rate`: the schedule of the step; `best_metric`: the
+    deciding figure, as "val_accuracy:max", which each epoch's record
+    names for engine.runs."""
+    self._optimizer = optimizer
+    self._learning_rate = learning_rate
+    self.steps_per_epoch = steps_per_epoch
+    self.global_batch = global_batch
+    self.world_size = world_size
+    self._epochs = epochs
+    self._best_metric = best_metric
+    self._history = list(start.history)
+    self._epoch_sums = start.epoch_sums  # of steps committed before
+    self._epoch_began_seconds = start.epoch_began_seconds
+    self._began = time.perf_counter()
+    self._seconds_before = start.position.seconds  # before this start
+    self._continue_at(*starting_point(start.position, steps_per_epoch,
+                                      global_batch, world_size))
+
+  # Where the run stands.
+
+  @property
+  def global_step(self) -> int:
+    """The steps taken over the run: the optimizer's step counter."""
+    return optimizers.step(self._optimizer)
+
+  @property
+  def epoch(self) -> int:
+    """The epoch being trained (or done and not yet recorded), from 0."""
+    return self._epoch
+
+  @property
+  def step(self) -> int:
+    """The steps of the epoch being trained that are done."""
+    return self.global_step - self.epoch * self.steps_per_epoch
+
+  @property
+  def epoch_done(self) -> bool:
+    return self.step >= self.steps_per_epoch
+
+  @property
+  def first_step(self) -> int:
+    """The step of the epoch its training began from, in this start (or
+    since a rollback): 0 but in the epoch a run continues in."""
+    return self._first_step
+
+  @property
+  def history(self) -> tuple:
+    """The epochs' metrics.jsonl records."""
+    return tuple(self._history)
+
+  def learning_rate(self) -> float:
+    """The rate of the last step taken, as the optimizer applied it."""
+    return float(self._learning_rate(self.global_step - 1))
+
+  def seconds(self) -> float:
+    """The run's time so far: before this start, and since."""
+    return self._seconds_before + time.perf_counter() - self._began
+
+  def position(self, seconds: Optional[float] = None) -> Position:
+    """Where the run stands, at the run's time `seconds` (now, by
+    default): what a checkpoint saves."""
+    return Position(self.epoch, self.step, self.global_batch,
+                    self.world_size,
+                    self.seconds() if seconds is None else seconds)
+
+  def snapshot(self, seconds: Optional[float] = None) -> RunState:
+    """The run state now, for a commit."""
+    return RunState(position=self.position(seconds),
+                    epoch_began_seconds=self._epoch_began_seconds,
+                    epoch_sums=self._epoch_sums, history=self.history)
+
+  def epoch_sums(self, since_commit: np.ndarray) -> np.ndarray:
+    """The epoch's train sums: those committed before, and `since_commit`
+    (the train step's running sums over every rank)."""
+    return self._epoch_sums + since_commit
+
+  # How it moves on.
+
+  def committed(self, sums: np.ndarray) -> None:
+    """A commit within the epoch took the steps' sums so far with it
+    (counted once, if a restart redoes the steps after it)."""
+    self._epoch_sums = self._epoch_sums + sums
+
+  def end_epoch(self, train: metrics.Result, val: Optional[metrics.Result],
+                *, train_seconds: float, input_seconds: float,
+                step_seconds: float, skipped_steps: int) -> dict:
+    """Records the epoch that is done (`val` None: not evaluated) and moves
+    on to the next; returns its line in metrics.jsonl, with its time since
+    it began or since this start (its saves count too)."""
+    cumulative_seconds = self.seconds()
+    epoch_seconds = cumulative_seconds - self._epoch_began_seconds
+    steps_run = self.steps_per_epoch - self._first_step
+    record = {
+        "epoch": self.epoch + 1,
+        "global_step": self.global_step,
+        # The task's figures: train_loss, train_accuracy, ...
+        **{f"train_{name}": value for name, value in train.figures.items()},
+        "train_examples": train.examples,
+        **{f"val_{name}": val.figures[name] if val else None
+           for name in train.figures},
+        # The rate of the epoch's last update.
+        "learning_rate": self.learning_rate(),
+        "images_per_sec": steps_run * self.global_batch / train_seconds,
+        # Rank 0's split of the train time: a large input share means the
+        # input pipeline, not the step, bounds the run.
+        "input_seconds": input_seconds,
+        "step_seconds": step_seconds,
+        "epoch_seconds": epoch_seconds,
+        "cumulative_seconds": cumulative_seconds,
+        "world_size": self.world_size,
+        "skipped_steps": skipped_steps,
+        "epochs": self._epochs,
+        "best_metric": self._best_metric,
+        "time": round(time.time(), 3),
+    }
+    self._history.append(record)
+    self._epoch_began_seconds = cumulative_seconds
+    self._epoch_sums = NO_EXAMPLES
+    self._epoch += 1
+    self._first_step = 0
+    return record
+
+  def rolled_back(self, position: Position) -> None:
+    """Back at a checkpoint's `position`: its epochs' records kept, the
+    epoch's sums counted again from there. The run's clock goes on: the
+    time of the undone steps was spent."""
+    self._continue_at(*starting_point(position, self.steps_per_epoch,
+                                      self.global_batch, self.world_size))
+    self._history = [r for r in self._history if r["epoch"] <= self._epoch]
+    self._epoch_sums = NO_EXAMPLES
+
+  def _continue_at(self, epoch: int, step: int) -> None:
+    self._epoch = epoch
+    self._first_step = step
+    optimizers.set_step(self._optimizer, epoch * self.steps_per_epoch + step)

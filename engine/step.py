@@ -126,6 +126,12 @@ class TrainStep:
     self._step = tf.function(self._train_step)
     self._steps = tf.function(self._train_steps)
 
+  def start_epoch(self) -> None:
+    """The epoch's counters from zero: its running sums and the steps the
+    loss scaler skipped."""
+    self.totals.reset()
+    self.skipped_steps = 0
+
   def _build_optimizer_state(self) -> None:
     optimizers.build_state(self.optimizer, self.model.trainable_variables)
 

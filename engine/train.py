@@ -15,12 +15,13 @@ the command line and its one-line errors (cli.py).
 import dataclasses
 import functools
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from absl import app
 from absl import logging
 import tensorflow as tf
 
+from engine import actions
 from engine import build
 from engine import cli
 from engine import data
@@ -31,16 +32,15 @@ from engine import metrics
 from engine import optimizers
 from engine import preemption
 from engine import report
-from engine import schedules
 from engine import step as steps
 from engine import stopping
 from engine import tasks
 from engine.config import TrainConfig
 from engine.errors import Diverged
+from engine.errors import UserError
 from engine.model_dir import RunDirectory
-from engine.run_state import NO_EXAMPLES
+from engine.run_state import LoopState
 from engine.run_state import RunState
-from engine.run_state import starting_point
 from engine.session import Session
 
 # Test examples the task draws in TensorBoard each evaluated epoch.
@@ -57,48 +57,25 @@ class TrainResult:
   weight_average: Optional[ema.WeightAverage] = None
 
 
-def train(config: TrainConfig) -> TrainResult:
+def train(config: TrainConfig,
+          user_actions: Sequence[actions.Action] = ()) -> TrainResult:
+  """Trains as `config` says; `user_actions` run beside the engine's
+  cadences (engine/actions.py)."""
+  for action in user_actions:
+    if not isinstance(action, actions.Action):
+      raise UserError(f"run(actions=...): {action!r} is not an action; make "
+                      "one with engine.actions.Every(steps, function)")
   elastic.check_launch(config.elastic)
-  # Distributed setup (Horovod, this process's device and cores), the data
-  # set every rank reads its own shard of, and the model.
-  config, world, splits, task, model = build.prepare(config)
-  # With --stage_dir, each rank reads its files from node-local copies.
-  splits, staged = build.stage(config, world, splits)
-  info = splits.info
-  logging.info("%s: %d train, %d test examples of %s", info.name,
-               info.num_train, info.num_test,
-               "x".join(map(str, info.image_shape)))
-  logging.info("model %s: %d parameters; task %s", model.name,
-               model.count_params(), task.name)
-
-  # Optimizer and learning rate: scaled with the global batch (linear:
-  # base_lr * world.size, set for each number of processes the loop runs
-  # on), warmed up per step, then decayed; a function of the step evaluated
-  # inside the train step.
-  learning_rate = build.learning_rate_schedule(config)
-  # The weights' moving average, which evaluation and exports use.
-  weight_average = ema.maybe_average(model, config.ema_decay)
-  optimizer, train_step = build.optimizer_and_step(config, task, model,
-                                                   learning_rate,
-                                                   weight_average)
-  eval_step = build.eval_step(config, task, model)
-  # The validation figure that decides best/, early stopping and --target.
-  decider = build.decider(config, task)
-  build.describe_numerics(config, world)
-
+  # Distributed setup, input pipeline, model, optimizer and steps
+  # (build.training_parts says in which order, and why).
+  parts = build.training_parts(config)
   # The train loop, from the checkpoint in model_dir if there is one. Under
   # --elastic, Horovod runs it again after each change of workers, from the
   # state last committed.
-  loop = _TrainLoop(config=config, world=world, splits=splits, model=model,
-                    optimizer=optimizer, learning_rate=learning_rate,
-                    train_step=train_step, eval_step=eval_step,
-                    weight_average=weight_average, decider=decider,
-                    staged=staged,
-                    stop=stopping.Target(config.target, config.patience,
-                                         minimize=decider.minimize))
+  loop = TrainLoop(parts, user_actions=user_actions)
   state = elastic.TrainingState(loop.variables, run_state=None)
   try:
-    history = (elastic.restarting(loop)(state) if config.elastic
+    history = (elastic.restarting(loop)(state) if parts.config.elastic
                else loop(state))
     # Whoever is rank 0 at the end exports; every rank learns if it failed.
     distributed.on_chief(loop.directory.export if distributed.is_chief()
@@ -107,11 +84,12 @@ def train(config: TrainConfig) -> TrainResult:
     if loop.directory:  # rank 0's (Horovod may be shut down: no hvd.rank())
       loop.directory.record_end(e)  # for engine.runs: how the run stopped
     raise
-  return TrainResult(model=model, history=history, train_step=train_step,
-                     eval_step=eval_step, weight_average=weight_average)
+  return TrainResult(model=parts.model, history=history,
+                     train_step=parts.train_step, eval_step=parts.eval_step,
+                     weight_average=parts.weight_average)
 
 
-class _TrainLoop:
+class TrainLoop:
   """The epochs, from an elastic.TrainingState to the end of training.
 
   Runs once; under --elastic, again after each reset, from the last commit,
@@ -120,58 +98,59 @@ class _TrainLoop:
   steps per epoch, the learning rate, this rank's data, who is rank 0.
   """
 
-  def __init__(self, *, config: TrainConfig, world: distributed.World,
-               splits, model: tf.keras.Model, optimizer,
-               learning_rate: schedules.WarmupThenDecay,
-               train_step: steps.TrainStep, eval_step: steps.EvalStep,
-               weight_average: Optional[ema.WeightAverage],
-               decider, staged: Optional[dict], stop: stopping.Target):
-    self._config = config
-    self._world = world
-    self._splits = splits
-    self._model = model
-    self._optimizer = optimizer
-    self._learning_rate = learning_rate
-    self._train_step = train_step
-    self._eval_step = eval_step
-    self._weight_average = weight_average
-    self._decider = decider
-    self._staged = staged  # the staging's record, for metrics.jsonl
-    self._stop = stop
+  def __init__(self, parts: build.TrainingParts,
+               user_actions: Sequence[actions.Action] = ()):
+    self._config = parts.config
+    self._world = parts.world
+    self._splits = parts.splits
+    self._model = parts.model
+    self._optimizer = parts.optimizer
+    self._learning_rate = parts.learning_rate
+    self._train_step = parts.train_step
+    self._eval_step = parts.eval_step
+    self._weight_average = parts.weight_average
+    self._decider = parts.decider
+    self._staged = parts.staged  # the staging's record, for metrics.jsonl
+    # The early stopping count, with --target and --patience.
+    self._stop = stopping.Target(self._config.target, self._config.patience,
+                                 minimize=parts.decider.minimize)
+    self._user_actions = list(user_actions)
     self._rollbacks = 0  # in this process's life (see --max_rollbacks)
+    self._actions = []  # the start's (_begin)
     self._elastic_state = None  # the call's elastic.TrainingState
     self.directory = None  # rank 0's model_dir: checkpoints, flags, exports
 
   def variables(self) -> list[tf.Variable]:
     """What every rank must hold alike, and a checkpoint or a commit keeps:
-    weights, optimizer state, the learning rate's factor, the weights'
-    average and the early stopping count."""
+    weights, optimizer state (its step counter first), the learning rate's
+    factor, the weights' average and the early stopping count."""
     return (self._model.variables + optimizers.state(self._optimizer)
             + [self._learning_rate.factor]
             + ema.variables(self._weight_average)
             + list(self._stop.variables))
 
-  def __call__(self, state: elastic.TrainingState) -> list[dict]:
-    self._elastic_state = state
-    session = self._begin(state.run_state)
+  def __call__(self, elastic_state: elastic.TrainingState) -> list[dict]:
+    self._elastic_state = elastic_state
+    session = self._begin(elastic_state.run_state)
+    state = session.state
+    last_val = None
     try:
-      epoch = session.first_epoch
-      while epoch < self._config.epochs:
+      while state.epoch < self._config.epochs:
         try:
-          train, train_seconds = self._train_epoch(session, epoch)
+          train, train_seconds = self._train_epoch(session)
         except steps.NonFinite as nonfinite:
-          epoch = self._diverged(session, nonfinite)
+          self._diverged(session, nonfinite)
           continue
         val, pictures = (self._evaluate(session)
-                         if self._config.evaluates(epoch) else (None, {}))
-        if self._end_epoch(session, epoch, train, val, pictures,
-                           train_seconds):
+                         if self._config.evaluates(state.epoch)
+                         else (None, {}))
+        last_val = val or last_val
+        if self._end_epoch(session, train, val, pictures, train_seconds):
           break
-        epoch += 1
     finally:
       session.close()
-    session.say_how_it_ended()
-    return session.history
+    self._say_how_it_ended(session, last_val)
+    return list(state.history)
 
   # A start: where training continues from, on how many processes.
 
@@ -195,20 +174,18 @@ class _TrainLoop:
                  if config.grad_accum_steps > 1 else "", steps_per_epoch)
     run_state, fresh = self._continue_from(committed, world, chief,
                                            global_batch)
-    first_epoch, first_step = starting_point(
-        run_state.position, steps_per_epoch, global_batch, world.size)
-    self._set_learning_rate(world, steps_per_epoch,
-                            first_epoch * steps_per_epoch + first_step)
+    self._set_learning_rate(world, steps_per_epoch)
+    state = LoopState(optimizer=self._optimizer,
+                      learning_rate=self._learning_rate, start=run_state,
+                      steps_per_epoch=steps_per_epoch,
+                      global_batch=global_batch, world_size=world.size,
+                      epochs=config.epochs, best_metric=str(self._decider))
     if committed is None:
       # What a worker lost before the first commit would go back to.
-      self._commit(run_state)
+      self._commit(state.snapshot())
     session = Session(
         config=config, world=world, directory=self.directory if chief
-        else None, steps_per_epoch=steps_per_epoch,
-        global_batch=global_batch, first_epoch=first_epoch,
-        first_step=first_step, run_state=run_state,
-        train_totals=self._train_step.totals,
-        best_metric=str(self._decider),
+        else None, state=state, train_totals=self._train_step.totals,
         batches_from=functools.partial(
             data.train_batches, self._splits.train, info, rank=world.rank,
             world_size=world.size, batch_size=step_batch,
@@ -217,8 +194,9 @@ class _TrainLoop:
             resizing=config.progressive_resizing))
     if fresh and config.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.
-      session.on_chief(lambda directory: directory.save(
-          session.position(0, 0), 0), name="initial_checkpoint")
+      session.save()
+    self._actions = self._cadences(session) + self._user_actions + [
+        session.profiler]
     return session
 
   def _continue_from(self, committed: Optional[RunState],
@@ -259,12 +237,11 @@ class _TrainLoop:
     return RunState.at(position), False
 
   def _set_learning_rate(self, world: distributed.World,
-                         steps_per_epoch: int, global_step: int) -> None:
-    """The schedule for this number of processes, at `global_step`."""
+                         steps_per_epoch: int) -> None:
+    """The schedule for this number of processes."""
     config = self._config
     self._learning_rate.set_world(world_size=world.size,
                                   steps_per_epoch=steps_per_epoch)
-    optimizers.set_step(self._optimizer, global_step)
     logging.info("learning rate %g x %d processes (%s) = %g%s",
                  config.base_lr, world.size, config.lr_scaling,
                  self._learning_rate.peak_lr,
@@ -278,125 +255,123 @@ class _TrainLoop:
     if self._config.elastic:
       self._elastic_state.commit(run_state=run_state)
 
-  # An epoch: its steps, its evaluation, its record.
+  # What happens between steps: the cadences, as actions
+  # (engine/actions.py), in the order they run after a call.
 
-  def _train_epoch(self, session: Session,
-                   epoch: int) -> tuple[metrics.Result, float]:
-    """The epoch's remaining steps; its train figures over all ranks and
-    this rank's seconds."""
-    train_step = self._train_step
-    began = time.perf_counter()
-    train_step.totals.reset()
-    train_step.skipped_steps = 0
-    session.times.reset()
-    session.window.start_epoch(session.first_step)
-    session.progress.start_epoch(epoch, session.first_step)
-    done = session.first_step
-    while done < session.steps_per_epoch:
-      count = self._steps_in_call(session, epoch, done)
-      first = epoch * session.steps_per_epoch + done + 1
-      session.global_step = first
-      with session.profiler.step(first):
-        ran, stop_agreed = self._call(session, count)
-      done += ran
-      session.global_step = first + ran - 1
-      if not session.optimizer_state_broadcast:
+  def _cadences(self, session: Session) -> list[actions.Action]:
+    config = self._config
+    return [
         # Once per start, after the first update: whatever state an
         # optimizer creates at its first step rather than in
         # optimizers.build_state becomes rank 0's too. The model's
         # variables are every rank's already (BatchNorm's statistics are
         # averaged at every step: steps.TrainStep._shared).
-        distributed.broadcast_from_chief(optimizers.state(self._optimizer))
-        session.optimizer_state_broadcast = True
-      self._after_step(session, epoch, done, stop_agreed)
-      session.progress.step(done)
-    session.steps_run = session.steps_per_epoch - session.first_step
-    session.first_step = 0
+        actions.Once(lambda at: (
+            distributed.broadcast_from_chief(
+                optimizers.state(self._optimizer)))),
+        actions.AfterEveryCall(functools.partial(self._stop_if_agreed,
+                                                 session)),
+        *actions.every(config.checkpoint_every_steps,
+                       lambda at: session.save()),
+        *actions.every(config.commit_every_steps if config.elastic else 0,
+                       functools.partial(self._commit_within_epoch,
+                                         session)),
+        *(actions.every(config.summary_every_steps,
+                        functools.partial(self._summarize, session))
+          if session.directory else []),
+        actions.AfterEveryCall(
+            lambda at: session.progress.step(at.step)),
+    ]
+
+  def _stop_if_agreed(self, session: Session, at: actions.At) -> None:
+    """Ends the run where every rank agreed to stop (a signal on one of
+    them: preemption.py), rank 0 saving first."""
+    if not at.stop_agreed:
+      return
+    state, directory = session.state, session.directory
+    preemption.stop(
+        session.stop_requests.signum,
+        f"epoch {state.epoch + 1}, step {state.step}",
+        directory and functools.partial(directory.save, state.position(),
+                                        state.global_step))
+
+  def _commit_within_epoch(self, session: Session, at: actions.At) -> None:
+    # The epoch's figures so far go with the commit: the steps a restart
+    # redoes are counted once.
+    totals = self._train_step.totals
+    session.state.committed(totals.sums())
+    totals.reset()
+    self._commit(session.state.snapshot())
+
+  def _summarize(self, session: Session, at: actions.At) -> None:
+    # Rank 0's figures since the last summary: its running sums and times,
+    # read on the host after a step whose status was read.
+    session.reporter.steps(at.global_step, dict(
+        session.window.read(at.step, self._train_step.totals.local_sums(),
+                            session.times.step_seconds),
+        learning_rate=session.state.learning_rate()))
+
+  # An epoch: its steps, its evaluation, its record.
+
+  def _train_epoch(self, session: Session) -> tuple[metrics.Result, float]:
+    """The epoch's remaining steps; its train figures over all ranks and
+    this rank's seconds."""
+    state = session.state
+    began = time.perf_counter()
+    self._train_step.start_epoch()
+    session.start_epoch()
+    while not state.epoch_done:
+      before = state.global_step
+      count = actions.steps_in_call(
+          self._actions, before, at_most=min(
+              self._config.steps_per_call,
+              state.steps_per_epoch - state.step))
+      with session.profiler.step(before + 1):
+        stop_agreed = self._call(session, count)
+      at = self._at(session, stop_agreed)
+      for action in actions.due(self._actions, before, at.global_step):
+        action.run(at)
     # An allreduce: all ranks are done.
-    train = train_step.totals.result_of(session.epoch_sums
-                                        + train_step.totals.sums())
-    session.epoch_sums = NO_EXAMPLES
+    train = self._train_step.totals.result_of(
+        state.epoch_sums(self._train_step.totals.sums()))
     return train, time.perf_counter() - began
 
-  def _call(self, session: Session, count: int) -> tuple[int, bool]:
+  def _call(self, session: Session, count: int) -> bool:
     """`count` steps (fewer if the ranks agree to stop): one call of the
     train step per step at --steps_per_call=1, the batch read on the host
     and its wait timed apart; one call for all of them beyond, reading its
-    batches inside (their wait is then step time). Returns the steps run
-    and whether the ranks agreed to stop."""
+    batches inside (their wait is then step time). Returns whether the
+    ranks agreed to stop."""
     requested = session.stop_requests.requested
     if self._config.steps_per_call == 1:
       with session.times.input():
         images, labels = next(session.batches)
       with session.times.step():
-        return 1, self._train_step(images, labels, requested)
+        return self._train_step(images, labels, requested)
     with session.times.step():
-      return self._train_step.steps(session.batches, count, requested)
+      _, stop_agreed = self._train_step.steps(session.batches, count,
+                                              requested)
+      return stop_agreed
 
-  def _steps_in_call(self, session: Session, epoch: int, done: int) -> int:
-    """How many steps the next call takes, after step `done` of `epoch`: up
-    to --steps_per_call, ending at the epoch's end and at every step where
-    something is due (a checkpoint, a commit, a summary), so cadences hold
-    step by step at any K; one alone for the start's first step (its
-    optimizer state is broadcast after it) and each profiled step (traced
-    and marked one by one)."""
-    config = self._config
-    if not session.optimizer_state_broadcast:
-      return 1
-    taken = epoch * session.steps_per_epoch + done
-    count = min(config.steps_per_call, session.steps_per_epoch - done)
-    for every in (config.checkpoint_every_steps, config.summary_every_steps,
-                  config.commit_every_steps if config.elastic else 0):
-      if every:
-        count = min(count, every - taken % every)
-    return session.profiler.steps_untraced(taken + 1, count)
-
-  def _after_step(self, session: Session, epoch: int, done: int,
-                  stop_agreed: bool) -> None:
-    """What follows step `done` of `epoch` (the last of a call): a stop the
-    ranks agreed on, and the saves, commits and summaries due at this
-    step."""
-    config, totals = self._config, self._train_step.totals
-    global_step = session.global_step
-    position = session.position(epoch, done)
-    if stop_agreed:
-      preemption.stop(
-          session.stop_requests.signum,
-          f"epoch {position.epoch + 1}, step {position.step}",
-          session.directory and functools.partial(
-              session.directory.save, position, global_step))
-    if (config.checkpoint_every_steps
-        and global_step % config.checkpoint_every_steps == 0):
-      session.on_chief(lambda directory: directory.save(position,
-                                                        global_step),
-                       name="save")
-    if (config.elastic and config.commit_every_steps
-        and global_step % config.commit_every_steps == 0):
-      # The epoch's figures so far go with the commit: the steps a
-      # restart redoes are counted once.
-      session.epoch_sums = session.epoch_sums + totals.sums()
-      totals.reset()
-      self._commit(session.run_state(position))
-    if (session.directory and config.summary_every_steps
-        and global_step % config.summary_every_steps == 0):
-      # Rank 0's figures since the last summary: its running sums and
-      # times, read on the host after a step whose status was read.
-      session.reporter.steps(global_step, dict(
-          session.window.read(done, totals.local_sums(),
-                              session.times.step_seconds),
-          learning_rate=float(self._learning_rate(global_step - 1))))
+  def _at(self, session: Session, stop_agreed: bool = False) -> actions.At:
+    state = session.state
+    return actions.At(global_step=state.global_step, epoch=state.epoch,
+                      step=state.step, model=self._model,
+                      is_chief=session.directory is not None,
+                      model_dir=self._config.model_dir,
+                      stop_agreed=stop_agreed)
 
   def _evaluate(self, session: Session) -> tuple[metrics.Result, dict]:
     """The whole test split, each rank its shard, reduced exactly; and on
     rank 0 the task's pictures of the first few test examples."""
     pictures = {}
     with ema.averaged(self._weight_average):
-      session.val = steps.evaluate(self._eval_step, data.eval_batches(
+      val = steps.evaluate(self._eval_step, data.eval_batches(
           self._splits.test, self._splits.info, rank=session.world.rank,
           world_size=session.world.size, batch_size=self._config.batch_size))
       if session.directory:
         pictures = self._pictures()
-    return session.val, pictures
+    return val, pictures
 
   def _pictures(self) -> dict:
     """The task's TensorBoard pictures of the first SAMPLES test examples
@@ -411,20 +386,19 @@ class _TrainLoop:
       return task.sample_images(self._model, images, labels)
     return {}  # an empty test split
 
-  def _end_epoch(self, session: Session, epoch: int,
-                 train: metrics.Result, val: Optional[metrics.Result],
-                 pictures: dict, train_seconds: float) -> bool:
+  def _end_epoch(self, session: Session, train: metrics.Result,
+                 val: Optional[metrics.Result], pictures: dict,
+                 train_seconds: float) -> bool:
     """Records, saves and commits the epoch (`val` None: not evaluated),
     with the task's TensorBoard `pictures`; returns whether to stop."""
-    config = self._config
-    global_step = (epoch + 1) * session.steps_per_epoch
-    record = session.end_epoch(
-        epoch, train, val, train_seconds=train_seconds,
-        # The rate of the epoch's last update, as the optimizer applied it.
-        learning_rate=float(self._learning_rate(global_step - 1)),
+    config, state = self._config, session.state
+    record = state.end_epoch(
+        train, val, train_seconds=train_seconds,
+        input_seconds=session.times.input_seconds,
+        step_seconds=session.times.step_seconds,
         skipped_steps=self._train_step.skipped_steps)
     stop_now = bool(val) and self._stop.update(
-        epoch=epoch + 1, value=val.figures[self._decider.figure],
+        epoch=record["epoch"], value=val.figures[self._decider.figure],
         cumulative_seconds=record["cumulative_seconds"])
     if stop_now:
       record["stopped_early"] = True
@@ -432,14 +406,14 @@ class _TrainLoop:
       record["target_accuracy_first_epoch"] = self._stop.first_reached_epoch
       record["target_accuracy_first_seconds"] = \
           self._stop.first_reached_seconds
-    position = session.position(epoch + 1, 0,
-                                seconds=record["cumulative_seconds"])
+    position = state.position(seconds=record["cumulative_seconds"])
+    global_step = state.global_step
     session.on_chief(lambda directory: directory.end_epoch(
         session.reporter, record,
         {**self._eval_step.task.summary_images(val.sums), **pictures}
         if val else {},
         position, global_step), name="end_epoch")
-    self._commit(session.run_state(position))
+    self._commit(state.snapshot(seconds=record["cumulative_seconds"]))
     if stop_now:
       logging.info("stopping early: %s %s %g for %d epochs; first reached "
                    "at epoch %d, %.1fs", self._decider.key,
@@ -449,23 +423,31 @@ class _TrainLoop:
                    self._stop.first_reached_seconds)
     return stop_now
 
+  def _say_how_it_ended(self, session: Session,
+                        last_val: Optional[metrics.Result]) -> None:
+    if last_val:
+      logging.info("final %s (%d examples); metrics in %s",
+                   report.in_words(last_val.figures), last_val.examples,
+                   session.reporter.metrics_path)
+    elif not session.state.history:
+      logging.info("%s has finished its %d epochs already; pass a larger "
+                   "--epochs to train on, or another --model_dir for a new "
+                   "run", self._config.model_dir, self._config.epochs)
+
   # A divergence: stop, or roll back.
 
-  def _diverged(self, session: Session,
-                nonfinite: steps.NonFinite) -> int:
-    """After a step that was not finite (and not applied, on any rank):
-    stops with Diverged, or rolls back (--on_nonfinite=rollback) and
-    returns the epoch to go on from."""
-    config = self._config
-    session.global_step += nonfinite.step - 1  # the call's step that failed
-    global_step = session.global_step
-    epoch, step = divmod(global_step - 1, session.steps_per_epoch)
-    rate = float(self._learning_rate(global_step - 1))
-    what = (f"at global step {global_step} (epoch {epoch + 1}, step "
-            f"{step + 1}) with learning rate {rate:.4g}: {nonfinite}")
+  def _diverged(self, session: Session, nonfinite: steps.NonFinite) -> None:
+    """After a step that was not finite (and not applied, on any rank; the
+    step counter counted it): stops with Diverged, or rolls back
+    (--on_nonfinite=rollback)."""
+    config, state = self._config, session.state
+    what = (f"at global step {state.global_step} (epoch {state.epoch + 1}, "
+            f"step {state.step}) with learning rate "
+            f"{state.learning_rate():.4g}: {nonfinite}")
     rolling_back = config.on_nonfinite == "rollback"
     if rolling_back and self._rollbacks < config.max_rollbacks:
-      return self._roll_back(session, what)
+      self._roll_back(session, what)
+      return
     latest = session.on_chief(
         lambda directory: directory.checkpoints.latest_path, name="latest")
     kept = (f"nothing was saved after {latest}, the last good checkpoint"
@@ -476,12 +458,13 @@ class _TrainLoop:
     raise Diverged(f"training diverged {what}; the step was not applied and "
                    f"{kept}; {advice}")
 
-  def _roll_back(self, session: Session, what: str) -> int:
+  def _roll_back(self, session: Session, what: str) -> None:
     """Back to the last good checkpoint (rank 0 restores it, every rank
     receives it: weights, optimizer, and the early stopping count as it
     was then), with the learning rate multiplied by --rollback_lr_factor
     from then on: what practitioners do by hand after a loss spike."""
-    config = self._config
+    config, state = self._config, session.state
+    diverged_at_step = state.global_step
     factor = float(self._learning_rate.factor.numpy()) * \
         config.rollback_lr_factor
     position, path = session.on_chief(
@@ -489,37 +472,30 @@ class _TrainLoop:
     distributed.broadcast_from_chief(self.variables())
     self._learning_rate.factor.assign(factor)
     self._rollbacks += 1
-    first_epoch, first_step = starting_point(
-        position, session.steps_per_epoch, session.global_batch,
-        session.world.size)
-    first_global_step = first_epoch * session.steps_per_epoch + first_step
-    optimizers.set_step(self._optimizer, first_global_step)
-    session.read_from(first_epoch, first_step)
-    session.history = [r for r in session.history
-                       if r["epoch"] <= first_epoch]
-    session.epoch_sums = NO_EXAMPLES
+    state.rolled_back(position)
+    session.read_from_state()
     logging.warning("rolling back %s; back to %s (global step %d), learning "
                     "rate x%g from now on (rollback %d of at most %d)", what,
-                    path, first_global_step, factor, self._rollbacks,
+                    path, state.global_step, factor, self._rollbacks,
                     config.max_rollbacks)
-    record = {"event": "rollback", "epoch": first_epoch,
-              "global_step": first_global_step,
-              "diverged_at_step": session.global_step, "checkpoint": path,
+    record = {"event": "rollback", "epoch": state.epoch,
+              "global_step": state.global_step,
+              "diverged_at_step": diverged_at_step, "checkpoint": path,
               "learning_rate_factor": factor, "rollback": self._rollbacks}
     session.on_chief(lambda directory: directory.record_rollback(
         session.reporter, record), name="record_rollback")
     # The run's clock goes on: the time of the undone steps was spent.
-    self._commit(session.run_state(session.position(first_epoch,
-                                                    first_step)))
-    return first_epoch
+    self._commit(state.snapshot())
 
 
-
-def run(*, model=None, dataset=None, **flag_values) -> TrainResult:
+def run(*, model=None, dataset=None, actions=(),  # pylint: disable=redefined-outer-name
+        **flag_values) -> TrainResult:
   """Trains from a Python script, launched as `horovodrun --gloo -np N python
-  SCRIPT.py`: `model` and `dataset` are functions or names, any other
+  SCRIPT.py`: `model` and `dataset` are functions or names, `actions` the
+  script's own (engine/actions.py: `Every(steps, function)`), any other
   keyword a flag's default (engine.cli.run says how)."""
-  return cli.run(train, model=model, dataset=dataset, **flag_values)
+  return cli.run(functools.partial(train, user_actions=actions),
+                 model=model, dataset=dataset, **flag_values)
 
 
 def main(argv):

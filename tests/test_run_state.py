@@ -1,12 +1,14 @@
 """The state a resume, a rollback and an elastic restart continue from
-(engine/run_state.py), and a start's clock built on it (engine/session.py)."""
+(engine/run_state.py), and a start's clock built on it."""
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from engine import distributed
 from engine import metrics
 from engine.tasks.classification import Classification
 from engine.checkpoint import Position
+from engine.run_state import LoopState
 from engine.run_state import RunState
 from engine.run_state import starting_point
 from engine.session import Session
@@ -40,32 +42,35 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
   distributed.start_horovod()
   world = distributed.World(rank=0, size=1, device="CPU",
                             intra_op_threads=1, inter_op_threads=1)
-  committed = RunState(position=Position(1, 5, 8, 2, seconds=100.0),
+  committed = RunState(position=Position(1, 10, 8, 2, seconds=100.0),
                        epoch_began_seconds=60.0,
                        epoch_sums=np.array([3.0, 4.0, 5.0]),
                        history=({"epoch": 1},))
+  state = LoopState(optimizer=tf.keras.optimizers.SGD(0.1),
+                    learning_rate=lambda step: 0.1, start=committed,
+                    steps_per_epoch=10, global_batch=8, world_size=1,
+                    epochs=3, best_metric="val_accuracy:max")
   session = Session(config=fixtures.train_config(model_dir=str(tmp_path),
                                                  progress="none"),
-                    world=world, directory=None, steps_per_epoch=10,
-                    global_batch=8, first_epoch=1, first_step=10,
-                    run_state=committed, batches_from=lambda **at: [at],
+                    world=world, directory=None, state=state,
+                    batches_from=lambda **at: [at],
                     train_totals=metrics.Totals(
-                        "train", Classification(num_classes=2)),
-                    best_metric="val_accuracy:max")
+                        "train", Classification(num_classes=2)))
   try:
     assert next(session.batches) == dict(first_epoch=1, first_step=10)
-    assert session.seconds() >= 100.0
-    assert session.history == [{"epoch": 1}]
-    record = session.end_epoch(
-        1, metrics.Result(figures=dict(loss=0.6, accuracy=0.8), examples=5),
-        None,
-        train_seconds=1.0, learning_rate=0.1, skipped_steps=0)
+    assert state.seconds() >= 100.0
+    assert state.history == ({"epoch": 1},)
+    record = state.end_epoch(
+        metrics.Result(figures=dict(loss=0.6, accuracy=0.8), examples=5),
+        None, train_seconds=1.0, input_seconds=0.0, step_seconds=1.0,
+        skipped_steps=0)
     assert record["cumulative_seconds"] >= 100.0
     assert record["epoch_seconds"] == pytest.approx(
         record["cumulative_seconds"] - 60.0)
-    assert session.history[-1] is record
+    assert state.history[-1] is record
     # The next commit carries the epoch's new start.
-    assert session.run_state(session.position(2, 0)).epoch_began_seconds \
+    assert state.snapshot().epoch_began_seconds \
         == record["cumulative_seconds"]
+    assert (state.epoch, state.step) == (2, 0)
   finally:
     session.close()

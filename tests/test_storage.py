@@ -5,6 +5,7 @@ from absl import logging
 import pytest
 import tensorflow as tf
 
+from engine import actions
 from engine import profiling
 from engine import storage
 from engine.errors import WriteFailed
@@ -73,4 +74,6 @@ def test_a_profile_trace_that_cannot_be_written_is_one_line(tmp_path):
                      rf"{tmp_path}/profile: .* free on its file system"):
     with profiler.step(1):
       tf.constant(1.0) + 1.0
+    profiler.run(actions.At(global_step=1, epoch=0, step=1, model=None,
+                            is_chief=True, model_dir=str(tmp_path)))
   profiler.close()  # after a failed write: nothing left to stop

@@ -1,0 +1,201 @@
+"""The train loop's decisions, in this process, with a fake train step
+(engine/train.py's TrainLoop, engine/actions.py, engine/run_state.py).
+
+The fake step takes no gradient: it moves the optimizer's step counter,
+counts its batches in the epoch's sums, records each call's steps and the
+first batch each call reads, and fails or stops at the steps a test says.
+Everything else is the engine's own: the data, the model_dir and its
+checkpoints, evaluation, the actions. What needs ranks (identical weights,
+agreement on a stop or a failure) is pinned by the multi-process tests.
+"""
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from engine import actions
+from engine import build
+from engine import data
+from engine import distributed
+from engine import elastic
+from engine import metrics
+from engine import optimizers
+from engine import preemption
+from engine import step as steps
+from engine import train as train_lib
+from engine.errors import Diverged
+from engine.errors import UserError
+from tests import fixtures
+
+# fixtures.write_fashion_mnist's 601 training examples in batches of 32.
+STEPS_PER_EPOCH = 18
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return fixtures.write_fashion_mnist(str(tmp_path_factory.mktemp("data")))
+
+
+class FakeStep:
+  """The train step's interface, without training."""
+
+  def __init__(self, parts: build.TrainingParts, *, nonfinite_at=(),
+               stop_at=None):
+    self.task = parts.task
+    self._optimizer = parts.optimizer
+    self.totals = metrics.Totals("train_totals", parts.task)
+    self.skipped_steps = 0
+    self.calls = []  # (first global step, steps taken)
+    self.first_batches = []  # the labels of each call's first batch
+    self._nonfinite_at = set(nonfinite_at)
+    self._stop_at = stop_at
+
+  def start_epoch(self) -> None:
+    self.totals.reset()
+    self.skipped_steps = 0
+
+  def __call__(self, images, labels, stop_requested=False) -> bool:
+    return self.steps(iter([(images, labels)]), 1, stop_requested)[1]
+
+  def steps(self, batches, count, stop_requested=False):
+    first = optimizers.step(self._optimizer) + 1
+    ran = 0
+    for ran in range(1, count + 1):
+      images, labels = next(batches)
+      if ran == 1:
+        self.first_batches.append(labels.numpy().tolist())
+      self._optimizer.iterations.assign_add(1)
+      self.totals.update(labels, tf.one_hot(labels, 10),
+                         tf.zeros(tf.shape(labels)[0]))
+      global_step = first + ran - 1
+      if global_step in self._nonfinite_at:
+        self._nonfinite_at.remove(global_step)
+        self.calls.append((first, ran))
+        raise steps.NonFinite("the loss was nan", step=ran)
+      if global_step == self._stop_at:
+        self.calls.append((first, ran))
+        return ran, True
+    self.calls.append((first, ran))
+    return ran, False
+
+
+def run_loop(data_dir, model_dir, *, user_actions=(), fake=None, **flags):
+  """The loop over fixtures' Fashion-MNIST with `flags`: its history and
+  its fake step."""
+  config = fixtures.train_config(
+      dataset="fashion_mnist", data_dir=data_dir, model="cnn",
+      model_dir=str(model_dir), batch_size=32, progress="none",
+      **{"epochs": 2, **flags})
+  parts = build.training_parts(config)
+  step = FakeStep(parts, **(fake or {}))
+  loop = train_lib.TrainLoop(dataclasses.replace(parts, train_step=step),
+                             user_actions=user_actions)
+  history = loop(elastic.TrainingState(loop.variables, run_state=None))
+  return history, step, parts
+
+
+def recorded(steps_seen):
+  """An action's function that records the steps it ran at."""
+  return lambda at: steps_seen.append((at.global_step, at.epoch, at.step))
+
+
+def test_calls_end_where_an_action_is_due_and_at_the_epochs_end(data_dir,
+                                                                tmp_path):
+  seen = []
+  history, step, _ = run_loop(
+      data_dir, tmp_path, steps_per_call=4, checkpoint_every_steps=5,
+      summary_every_steps=3, epochs=1,
+      user_actions=[actions.Every(7, recorded(seen))])
+  # The first call is one step (the optimizer state's broadcast follows
+  # it); then up to 4, ending at every 3rd, 5th and 7th step.
+  assert step.calls == [(1, 1), (2, 2), (4, 2), (6, 1), (7, 1), (8, 2),
+                        (10, 1), (11, 2), (13, 2), (15, 1), (16, 3)]
+  assert seen == [(7, 0, 7), (14, 0, 14)]
+  assert [r["global_step"] for r in history] == [STEPS_PER_EPOCH]
+
+
+def test_the_step_counter_is_the_optimizers_and_each_epoch_is_whole(
+    data_dir, tmp_path):
+  history, step, parts = run_loop(data_dir, tmp_path, steps_per_call=5)
+  assert optimizers.step(parts.optimizer) == 2 * STEPS_PER_EPOCH
+  assert [r["global_step"] for r in history] == [18, 36]
+  assert [r["train_examples"] for r in history] == [18 * 32, 18 * 32]
+  assert [c for c in step.calls if c[0] > 18][0] == (19, 5)
+  assert all(first + taken - 1 <= 18 or first > 18
+             for first, taken in step.calls)  # no call crosses an epoch
+
+
+def test_a_stop_saves_where_it_stands_and_the_rerun_reads_on_from_there(
+    data_dir, tmp_path):
+  with pytest.raises(preemption.Preempted, match=r"at epoch 2, step 3; "
+                     r"saved .*ckpt"):
+    run_loop(data_dir, tmp_path, steps_per_call=4,
+             fake=dict(stop_at=STEPS_PER_EPOCH + 3))
+  history, step, parts = run_loop(data_dir, tmp_path, steps_per_call=4)
+  assert step.calls[0] == (STEPS_PER_EPOCH + 4, 1)
+  assert [r["epoch"] for r in history] == [2]
+  # The batch after the stop: step 3 of epoch 2 onwards, as a run that had
+  # not stopped reads it.
+  expected = data.train_batches(
+      parts.splits.train, parts.splits.info, rank=0, world_size=1,
+      batch_size=32, steps=STEPS_PER_EPOCH, seed=parts.config.seed,
+      flip=parts.config.random_flip, shift=parts.config.random_shift,
+      transpose=parts.config.random_transpose,
+      resizing=parts.config.progressive_resizing, first_epoch=1,
+      first_step=3)
+  _, labels = next(iter(expected))
+  assert step.first_batches[0] == labels.numpy().tolist()
+
+
+def test_a_nonfinite_step_rolls_back_to_the_last_checkpoint(data_dir,
+                                                            tmp_path):
+  history, step, parts = run_loop(
+      data_dir, tmp_path, steps_per_call=4, checkpoint_every_steps=5,
+      on_nonfinite="rollback", rollback_lr_factor=0.5,
+      fake=dict(nonfinite_at={8}))
+  # Steps 6-9 failed at 8; back to the checkpoint at 5: step 6 on.
+  failed = step.calls.index((6, 3))
+  assert step.calls[failed + 1] == (6, 4)
+  assert [r["epoch"] for r in history] == [1, 2]
+  assert [r["global_step"] for r in history] == [18, 36]
+  assert float(parts.learning_rate.factor.numpy()) == 0.5
+  with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
+    events = [r for r in map(json.loads, f) if r.get("event") == "rollback"]
+  assert [(e["global_step"], e["diverged_at_step"]) for e in events] \
+      == [(5, 8)]
+
+
+def test_a_nonfinite_step_without_rollback_stops_naming_the_step(data_dir,
+                                                                 tmp_path):
+  with pytest.raises(Diverged, match=r"^training diverged at global step 21 "
+                     r"\(epoch 2, step 3\) with learning rate .*: the loss "
+                     r"was nan; the step was not applied and nothing was "
+                     r"saved after \S+, the last good checkpoint"):
+    run_loop(data_dir, tmp_path, steps_per_call=2, fake=dict(
+        nonfinite_at={STEPS_PER_EPOCH + 3}))
+
+
+def test_a_scripts_actions_must_be_actions(data_dir, tmp_path):
+  with pytest.raises(UserError, match=r"^run\(actions=...\): .* is not an "
+                     r"action; make one with engine.actions.Every"):
+    train_lib.train(fixtures.train_config(model_dir=str(tmp_path)),
+                    user_actions=[print])
+
+
+def test_every_is_due_at_its_multiples_and_once_after_the_first_call():
+  ran = []
+  every = actions.Every(5, ran.append)
+  once = actions.Once(ran.append)
+  assert [every.next_due(g) for g in (0, 4, 5, 9)] == [5, 5, 10, 10]
+  assert actions.steps_in_call([every, once], 3, at_most=8) == 1
+  assert actions.due([every, once], 3, 4) == [once]
+  once.run("at step 4")
+  assert ran == ["at step 4"] and once.next_due(4) is None
+  assert actions.steps_in_call([every, once], 4, at_most=8) == 1
+  assert actions.due([every, once], 4, 5) == [every]
+  assert actions.due([every], 5, 9) == []
+  with pytest.raises(ValueError, match="steps must be 1 or more"):
+    actions.Every(0, print)
