@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from engine.datasets import cifar10, fashion_mnist, idx
+from tests import timeouts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
@@ -114,19 +115,21 @@ ENGINE_FLAGS = ("--mixed_precision=none",)
 ENGINE_PROGRAMS = ("engine.train", "engine.find_lr")
 
 
-def launch(python_args, *, processes: int = 1, timeout: int = 300,
+def launch(python_args, *, processes: int = 1, timeout: float = 300,
            env: Optional[dict] = None) -> subprocess.CompletedProcess:
   """Runs `python *python_args` directly, or under `horovodrun --gloo -np N`.
 
   `python_args` is what follows the interpreter: `["-m", "engine.train",
   "--epochs=1"]` or `[script_path, ...]`; `env`, variables to add. The
-  engine's programs get ENGINE_FLAGS first.
+  engine's programs get ENGINE_FLAGS first. `timeout` is in nominal
+  seconds, which a slow or busy machine stretches (tests/timeouts.py).
   """
   command = [PYTHON, *engine_args(python_args)]
   if processes > 1:
     command = [*horovodrun(processes), *command]
   return subprocess.run(command, cwd=REPO, env=engine_env(**(env or {})),
-                        text=True, capture_output=True, timeout=timeout)
+                        text=True, capture_output=True,
+                        timeout=timeouts.bound(timeout))
 
 
 def engine_args(python_args: list[str]) -> list[str]:

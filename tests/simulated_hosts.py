@@ -38,6 +38,8 @@ import tempfile
 import time
 from typing import Optional
 
+from tests import timeouts
+
 SUBNET = "10.77.0"
 _INSTANCES = itertools.count()  # several at once in one process
 INTERFACE = "eth0"
@@ -115,12 +117,14 @@ class SimulatedHosts:
 
   def run(self, command: list[str], *, host: int = 0, env=None,
           timeout: float = 600) -> subprocess.CompletedProcess:
-    """`command` on host `host`, as a process of that host."""
+    """`command` on host `host`, as a process of that host; `timeout` in
+    nominal seconds (tests/timeouts.py)."""
     env = dict(env or os.environ)
     # ssh through the wrapper, which keeps known_hosts out of ~/.ssh.
     env["PATH"] = os.path.join(self._dir, "bin") + ":" + env.get("PATH", "")
     return subprocess.run(self.on_host(host, command), env=env, text=True,
-                          capture_output=True, timeout=timeout,
+                          capture_output=True,
+                          timeout=timeouts.bound(timeout),
                           start_new_session=True)
 
   # Set-up.
@@ -220,14 +224,15 @@ class SimulatedHosts:
     login = self.on_host(0, ["ssh", "-F", f"{self._dir}/ssh_config",
                               "-i", self.ssh_key, "-p", str(SSHD_PORT),
                               "-o", "BatchMode=yes", self.names[i], "true"])
-    deadline = time.monotonic() + 20
+    seconds = timeouts.bound(20)
+    deadline = time.monotonic() + seconds
     while subprocess.run(login, capture_output=True).returncode:
       if sshd.poll() is not None:
         raise RuntimeError(f"sshd on {self.names[i]} stopped: "
                            f"{sshd.stderr.read().strip()}")
       if time.monotonic() > deadline:
         raise RuntimeError(f"sshd on {self.names[i]} did not accept a login "
-                           "within 20 s")
+                           f"within {seconds:.0f} s")
       time.sleep(0.2)
 
 

@@ -29,6 +29,7 @@ import time
 from typing import Optional
 
 from tests import simulated_hosts
+from tests import timeouts
 
 SLURM_DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch")
 TRAIN_SBATCH = os.path.join(simulated_hosts.REPO, "scripts", "slurm",
@@ -98,7 +99,8 @@ class SimulatedSlurm:
 
   def run(self, command: list[str], *, host: int = 0, env=None,
           timeout: float = 60) -> subprocess.CompletedProcess:
-    """`command` on a host, talking to this SLURM."""
+    """`command` on a host, talking to this SLURM; `timeout` in nominal
+    seconds (tests/timeouts.py)."""
     return self.hosts.run(command, host=host, env=env or self.env(),
                           timeout=timeout)
 
@@ -132,15 +134,17 @@ class SimulatedSlurm:
                                          "TIMEOUT", "NODE_FAIL",
                                          "PREEMPTED", "OUT_OF_MEMORY"),
            timeout: float = 300) -> dict:
-    """Until the job reaches one of `states`; its fields then."""
-    deadline = time.monotonic() + timeout
+    """Until the job reaches one of `states`, for `timeout` nominal seconds
+    (tests/timeouts.py); its fields then."""
+    seconds = timeouts.bound(timeout)
+    deadline = time.monotonic() + seconds
     while True:
       fields = self.job(job_id)
       if fields.get("JobState") in states:
         return fields
       if time.monotonic() > deadline:
         raise TimeoutError(f"job {job_id} still {fields.get('JobState')} "
-                           f"after {timeout:.0f} s: {self.logs()}")
+                           f"after {seconds:.0f} s: {self.logs()}")
       time.sleep(0.5)
 
   def logs(self, lines: int = 5) -> str:
@@ -168,7 +172,7 @@ class SimulatedSlurm:
          f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + timeouts.bound(10)
     while not os.path.exists(f"{d}/munge.socket"):
       if time.monotonic() > deadline:
         raise RuntimeError(f"munged did not start: {self.logs()}")
@@ -223,7 +227,8 @@ SlurmdLogFile={d}/slurmd.%n.log
         stderr=subprocess.DEVNULL, start_new_session=True))
 
   def _wait_for_nodes(self, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
+    seconds = timeouts.bound(timeout)
+    deadline = time.monotonic() + seconds
     while True:
       shown = self.run(["sinfo", "--noheader", "--format=%T"], timeout=10)
       states = shown.stdout.split()
@@ -231,7 +236,7 @@ SlurmdLogFile={d}/slurmd.%n.log
           s == "idle" for s in states):
         return
       if time.monotonic() > deadline:
-        raise RuntimeError(f"SLURM's nodes not idle after {timeout:.0f} s "
+        raise RuntimeError(f"SLURM's nodes not idle after {seconds:.0f} s "
                            f"({shown.stdout.strip() or shown.stderr.strip()})"
                            f": {self.logs()}")
       time.sleep(0.3)

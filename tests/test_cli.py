@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests import fixtures
+from tests import timeouts
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,8 @@ class TrainCommands:
     self._log = open(log_path, "w")
     self._server = None
 
-  def run(self, args, timeout: int) -> subprocess.CompletedProcess:
+  def run(self, args, timeout: float) -> subprocess.CompletedProcess:
+    """`timeout` in nominal seconds (tests/timeouts.py)."""
     if self._server is None:
       self._server = subprocess.Popen(
           [fixtures.PYTHON, "-m", "tests.workers.engine_server"],
@@ -40,12 +42,13 @@ class TrainCommands:
           env=fixtures.engine_env())
     self._server.stdin.write(json.dumps(args) + "\n")
     self._server.stdin.flush()
-    ready, _, _ = select.select([self._server.stdout], [], [], timeout)
+    seconds = timeouts.bound(timeout)
+    ready, _, _ = select.select([self._server.stdout], [], [], seconds)
     answer = self._server.stdout.readline() if ready else ""
     if not answer:  # hung or died: the next command starts a new server
       self.close()
       raise AssertionError(f"engine.train {' '.join(args)}: no answer "
-                           f"within {timeout} s; see {self._log.name}")
+                           f"within {seconds:.0f} s; see {self._log.name}")
     answer = json.loads(answer)
     return subprocess.CompletedProcess(args, answer["code"], answer["stdout"],
                                        answer["stderr"])

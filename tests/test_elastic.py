@@ -25,6 +25,7 @@ from engine import distributed
 from engine import elastic
 from engine.errors import UserError
 from tests import fixtures
+from tests import timeouts
 
 # Serial (make test): workers killed and added against Horovod's discovery
 # and its timeouts.
@@ -58,7 +59,7 @@ def launch(tmp, name, *, hosts, processes, epochs, **events):
       RECORD_OUT=str(out), ELASTIC_HOSTS=str(hosts_file),
       **{f"ELASTIC_{k.upper()}": str(v) for k, v in events.items()})
   result = subprocess.run(command, cwd=fixtures.REPO, env=env, text=True,
-                          capture_output=True, timeout=600)
+                          capture_output=True, timeout=timeouts.bound(600))
   processes = fixtures.recorded_processes(out)
   with open(tmp / "run" / "metrics.jsonl") as f:
     records = [json.loads(line) for line in f]

@@ -4,6 +4,7 @@ TF_CPP_MIN_LOG_LEVEL hides."""
 import subprocess
 
 from tests import fixtures
+from tests import timeouts
 
 KERAS = ("import engine, tensorflow as tf; "
          "print(tf.keras.Model.__module__.split('.')[0])")
@@ -27,7 +28,7 @@ def test_tensorflows_import_prints_nothing_that_its_log_level_hides():
       [fixtures.PYTHON, "-c", "import engine, tensorflow"], cwd=fixtures.REPO,
       env=dict(fixtures.engine_env(), TF_CPP_MIN_LOG_LEVEL="0",
                TF_ENABLE_ONEDNN_OPTS="1"),
-      text=True, capture_output=True, timeout=300)
+      text=True, capture_output=True, timeout=timeouts.bound(300))
   assert everything.returncode == 0
   assert "oneDNN custom operations are on" in everything.stderr
 

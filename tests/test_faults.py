@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests import fixtures
+from tests import timeouts
 
 # Serial (make test): tmpfs mounts, a frozen worker timed against Gloo's
 # timeout.
@@ -246,7 +247,7 @@ def test_a_frozen_worker_is_named_with_the_wait_and_the_resume_point(
       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   frozen = None
   try:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeouts.bound(120)
     while not (model_dir / "checkpoints" / "checkpoint").exists():
       assert time.monotonic() < deadline and job.poll() is None
       time.sleep(0.1)
@@ -258,7 +259,7 @@ def test_a_frozen_worker_is_named_with_the_wait_and_the_resume_point(
     # What horovodrun would do 10 s later: a stopped process ignores its
     # SIGTERM.
     os.kill(frozen, signal.SIGKILL)
-    stdout, stderr = job.communicate(timeout=120)
+    stdout, stderr = job.communicate(timeout=timeouts.bound(120))
   finally:
     job.kill()
     if frozen:  # a stopped process outlives a killed horovodrun

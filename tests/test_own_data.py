@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from tests import fixtures
+from tests import timeouts
 
 WORKER = os.path.join(fixtures.REPO, "tests", "workers", "own_data_run.py")
 CASES = ["image_folder", "npz", "npy", "h5", "users_data"]
@@ -99,7 +100,7 @@ def test_exports_load_without_the_users_code(launched):
            for which in ("final", "best")]
   result = subprocess.run(
       [fixtures.PYTHON, "-c", LOAD_EXPORTS, *paths], cwd="/",
-      capture_output=True, text=True, timeout=300,
+      capture_output=True, text=True, timeout=timeouts.bound(300),
       env={"PATH": os.environ["PATH"], "TF_CPP_MIN_LOG_LEVEL": "2"})
   assert result.returncode == 0, result.stderr[-3000:]
   found = json.loads(result.stdout)

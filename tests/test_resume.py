@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from tests import fixtures
+from tests import timeouts
 
 # Serial (make test): SIGTERM and SIGKILL land in horovodrun's 5 s grace and
 # the survivors' 2.5 s watch.
@@ -153,7 +154,7 @@ def start(data_dir, model_dir, processes=2, epochs=4):
 
 
 def wait_for(path, process, timeout=120):
-  deadline = time.time() + timeout
+  deadline = time.time() + timeouts.bound(timeout)
   while not os.path.exists(path):
     assert process.poll() is None, process.stdout.read()[-3000:]
     assert time.time() < deadline, f"{path} never appeared"
@@ -166,7 +167,7 @@ def sigterm(data_dir, runs):
   run = start(data_dir, model_dir)
   wait_for(model_dir / "checkpoints" / f"ckpt-{STEPS}.index", run)
   run.send_signal(signal.SIGTERM)  # horovodrun passes it to every rank
-  output, _ = run.communicate(timeout=120)
+  output, _ = run.communicate(timeout=timeouts.bound(120))
   checkpoints = sorted(os.listdir(model_dir / "checkpoints"))
   resumed = train(data_dir, model_dir, processes=2)
   return model_dir, run.returncode, output, checkpoints, resumed.stderr
@@ -209,7 +210,7 @@ def test_sigkill_of_a_worker_ends_the_job_and_a_rerun_resumes(data_dir,
              and p.environ().get("HOROVOD_RANK") == "1"]
   assert workers
   workers[0].kill()
-  output, _ = run.communicate(timeout=120)  # no hang
+  output, _ = run.communicate(timeout=timeouts.bound(120))  # no hang
   assert run.returncode != 0
   assert re.search(r"\[0\]<stderr>:engine.train: error: rank 1 stopped \d+ s "
                    r"ago \(its error, if any, is above\); run the same "

@@ -9,6 +9,7 @@ import pytest
 
 from engine import runs
 from engine.errors import UserError
+from tests import timeouts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOW = 1_800_000_000.0
@@ -323,7 +324,8 @@ def test_plot_is_a_png(tmp_path):
 
 def run_cli(*args):
   return subprocess.run([sys.executable, *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=60)
+                        capture_output=True, text=True,
+                        timeout=timeouts.bound(60))
 
 
 def test_cli_prints_the_table_and_writes_the_plot(tmp_path):

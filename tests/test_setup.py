@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from tests import fixtures
+from tests import timeouts
 
 SETUP = os.path.join(fixtures.REPO, "scripts", "setup.sh")
 
@@ -22,7 +23,8 @@ def interpreter(directory, version: str) -> str:
 
 def setup(**env):
   return subprocess.run(["bash", SETUP], env=dict(os.environ, **env),
-                        text=True, capture_output=True, timeout=60)
+                        text=True, capture_output=True,
+                        timeout=timeouts.bound(60))
 
 
 @pytest.mark.parametrize("version", ["3.10", "3.14"])

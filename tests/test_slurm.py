@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from tests import fixtures
+from tests import timeouts
 
 SCRIPTS = os.path.join(fixtures.REPO, "scripts", "slurm")
 
@@ -61,7 +62,7 @@ def test_the_batch_script_trains_on_the_allocation(slurm, tmp_path):
        f"--data_dir={data_dir}",
        f"--model_dir={tmp_path / 'run'}", "--epochs=1", "--filters=4",
        "--batch_size=32", "--progress=none"],
-      env=env, text=True, capture_output=True, timeout=300)
+      env=env, text=True, capture_output=True, timeout=timeouts.bound(300))
   assert result.returncode == 0, result.stderr[-3000:]
   assert "2 processes on localhost:2 via horovodrun" in result.stderr
   with open(tmp_path / "run" / "metrics.jsonl") as f:

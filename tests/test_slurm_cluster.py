@@ -28,6 +28,7 @@ from engine import distributed
 from tests import fixtures
 from tests import simulated_hosts
 from tests import simulated_slurm
+from tests import timeouts
 
 WORKER = os.path.join("tests", "workers", "recorded_run.py")
 
@@ -183,7 +184,7 @@ def test_srun_without_a_pmi_is_refused_in_one_line(cluster):  # pylint: disable=
 def test_a_preempted_job_requeues_and_resumes(cluster):  # pylint: disable=redefined-outer-name
   epochs = 30
   job = cluster.submit("preempted", f"--epochs={epochs}")
-  deadline = time.monotonic() + 120
+  deadline = time.monotonic() + timeouts.bound(120)
   while not job.metrics():  # an epoch in: signal it mid-run
     assert time.monotonic() < deadline, job.output[-3000:]
     time.sleep(0.2)

@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 
 from tests import fixtures
+from tests import timeouts
 
 # Serial (make test): a run stopped by SIGTERM after its first checkpoint,
 # and a TensorBoard server on a port.
@@ -50,13 +51,14 @@ def root(tmp_path_factory):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   stopped = started["stopped"]
   first = root / "stopped" / "checkpoints" / f"ckpt-{STEPS}.index"
-  deadline = time.time() + 120
+  deadline = time.time() + timeouts.bound(120)
   while not first.exists():
     assert stopped.poll() is None, stopped.stdout.read()[-3000:]
     assert time.time() < deadline, f"{first} never appeared"
     time.sleep(0.05)
   stopped.send_signal(signal.SIGTERM)
-  codes = {name: run.wait(timeout=300) for name, run in started.items()}
+  codes = {name: run.wait(timeout=timeouts.bound(300))
+           for name, run in started.items()}
   outputs = {name: run.stdout.read() for name, run in started.items()}
   assert codes == {"adam": 0, "sgd": 0, "stopped": 128 + signal.SIGTERM,
                    "diverged": 3}, {n: o[-2000:] for n, o in outputs.items()}
@@ -74,7 +76,7 @@ def records(model_dir):
 def runs_table(*args):
   result = subprocess.run([fixtures.PYTHON, "-m", "engine.runs", *args],
                           cwd=fixtures.REPO, env=ENV, text=True,
-                          capture_output=True, timeout=60)
+                          capture_output=True, timeout=timeouts.bound(60))
   assert result.returncode == 0, result.stderr
   return result.stdout
 
@@ -123,11 +125,11 @@ def tensorboard(root):
           {k: json.dumps(v) if isinstance(v, dict) else v
            for k, v in query.items()})
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/{path}",
-                                timeout=30) as reply:
+                                timeout=timeouts.bound(30)) as reply:
       return json.loads(reply.read())
 
   try:
-    deadline = time.time() + 120
+    deadline = time.time() + timeouts.bound(120)
     while True:  # until it serves, and has read every run's files
       assert server.poll() is None, server.stderr.read()[-3000:]
       assert time.time() < deadline, "TensorBoard did not load the runs"
@@ -142,7 +144,7 @@ def tensorboard(root):
     yield get
   finally:
     server.terminate()
-    server.wait(timeout=30)
+    server.wait(timeout=timeouts.bound(30))
 
 
 def test_tensorboard_overlays_train_and_validation_as_keras_does(

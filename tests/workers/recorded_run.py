@@ -42,6 +42,7 @@ from engine import data
 from engine import step as steps
 from engine import train as engine_train
 from tests import fixtures
+from tests import timeouts
 
 OUT = os.environ["RECORD_OUT"]
 _journal = []
@@ -77,7 +78,7 @@ def _step_with_events(original):
 
 
 def _wait_for_announced_hosts(timeout: float = 120) -> None:
-  deadline = time.monotonic() + timeout
+  deadline = time.monotonic() + timeouts.bound(timeout)
   while not any(not state._host_messages.empty()  # pylint: disable=protected-access
                 for state in notification_manager._listeners):  # pylint: disable=protected-access
     if time.monotonic() > deadline:
