@@ -26,6 +26,8 @@ class At:
   epoch: int        # the epoch being trained, from 0
   step: int         # steps of that epoch done
   model: tf.keras.Model
+  rank: int
+  world_size: int   # the number of processes
   is_chief: bool    # this is rank 0, which owns model_dir
   model_dir: str
   stop_agreed: bool = False  # every rank received a stop request

@@ -357,7 +357,8 @@ class TrainLoop:
     state = session.state
     return actions.At(global_step=state.global_step, epoch=state.epoch,
                       step=state.step, model=self._model,
-                      is_chief=session.directory is not None,
+                      rank=session.world.rank,
+                      world_size=session.world.size, is_chief=session.directory is not None,
                       model_dir=self._config.model_dir,
                       stop_agreed=stop_agreed)
 

@@ -74,6 +74,17 @@ def test_every_rank_ran_the_same_whole_epochs(one, two):
     assert [h["world_size"] for h in ranks[0]["history"]] == [processes] * 2
 
 
+def test_a_scripts_action_runs_on_every_rank_at_the_same_steps(one, two):
+  # engine.train.run(actions=[actions.Every(2, ...)]): a collective in it
+  # meets every rank's at each even step, at the position the loop holds.
+  for processes, (_, ranks) in ((1, one), (2, two)):
+    steps = NUM_TRAIN // (16 * processes)
+    expected = [[g, (g - 1) // steps, g - (g - 1) // steps * steps,
+                 processes, processes * (processes + 1) / 2]
+                for g in range(2, 2 * steps + 1, 2)]
+    assert [r["action_runs"] for r in ranks] == [expected] * processes
+
+
 def test_steps_are_traced_once_per_run(two):
   _, ranks = two
   assert [(r["train_traces"], r["eval_traces"]) for r in ranks] == [(1, 1)] * 2

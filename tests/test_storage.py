@@ -75,5 +75,6 @@ def test_a_profile_trace_that_cannot_be_written_is_one_line(tmp_path):
     with profiler.step(1):
       tf.constant(1.0) + 1.0
     profiler.run(actions.At(global_step=1, epoch=0, step=1, model=None,
-                            is_chief=True, model_dir=str(tmp_path)))
+                            rank=0, world_size=1, is_chief=True,
+                            model_dir=str(tmp_path)))
   profiler.close()  # after a failed write: nothing left to stop

@@ -24,7 +24,8 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from engine import data, datasets, distributed, ema, optimizers, precision
+from engine import actions, data, datasets, distributed, ema, optimizers
+from engine import precision
 from engine import step as steps
 from engine.tasks import classification
 from engine import train as engine_train
@@ -48,7 +49,15 @@ STEP_VARIANTS = {
 def engine_run(config) -> dict:
   """Trains with `config`; what this rank holds and reports afterwards
   (with --ema_decay, of the weights' average, which the run evaluated)."""
-  result = engine_train.train(config)
+  # A script's own action every 2 steps: each rank's rank + 1, summed
+  # across ranks at the step it ran at.
+  action_runs = []
+  def sum_ranks(at: actions.At) -> None:
+    total = distributed.sum_across_ranks([at.rank + 1], name="action")
+    action_runs.append([at.global_step, at.epoch, at.step, at.world_size,
+                        float(total[0])])
+  result = engine_train.train(config,
+                              user_actions=[actions.Every(2, sum_ranks)])
   model = result.model
   flat = np.concatenate([v.numpy().ravel() for v in model.variables
                          + ema.variables(result.weight_average)])
@@ -70,6 +79,7 @@ def engine_run(config) -> dict:
           int(result.weight_average.updates.numpy())
           if result.weight_average else None),
       "history": result.history,
+      "action_runs": action_runs,
       "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
   }
 
