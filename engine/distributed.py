@@ -9,6 +9,7 @@ import dataclasses
 import os
 from typing import Any, Callable, Optional
 
+from absl import logging
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
@@ -77,8 +78,19 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
   auto_intra, auto_inter = cpu_threads(available_cores(), hvd.local_size())
   intra = intra_op_threads or auto_intra
   inter = inter_op_threads or auto_inter
-  tf.config.threading.set_intra_op_parallelism_threads(intra)
-  tf.config.threading.set_inter_op_parallelism_threads(inter)
+  try:
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+  except RuntimeError:
+    # TensorFlow ran before (a script's own ops, or an earlier run in this
+    # process): its threads are fixed for the process's life.
+    logging.warning(
+        "TensorFlow ran before the engine set up this process, so it keeps "
+        "its threads rather than %d intra-op and %d inter-op; run nothing "
+        "of TensorFlow's before training for the engine's choice", intra,
+        inter)
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    inter = tf.config.threading.get_inter_op_parallelism_threads()
   return World(hvd.rank(), hvd.size(), device="CPU", intra_op_threads=intra,
                inter_op_threads=inter)
 

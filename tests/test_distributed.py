@@ -68,3 +68,17 @@ def test_horovods_keras_fit_callbacks_run_on_tf_keras():
                  hvd_keras.callbacks.MetricAverageCallback()])
   losses = history.history["loss"]
   assert len(losses) == 2 and losses[1] < losses[0]
+
+
+def test_init_after_tensorflow_ran_keeps_its_threads_and_says_so(caplog):
+  tf.constant(1.0) + 1.0  # pylint: disable=expression-not-assigned
+  threads = (tf.config.threading.get_intra_op_parallelism_threads(),
+             tf.config.threading.get_inter_op_parallelism_threads())
+  with caplog.at_level("WARNING"):
+    world = distributed.init(intra_op_threads=threads[0] + 3,
+                             inter_op_threads=threads[1] + 3,
+                             bind_cpus=False)
+  assert (world.intra_op_threads, world.inter_op_threads) == threads
+  assert (f"TensorFlow ran before the engine set up this process, so it "
+          f"keeps its threads rather than {threads[0] + 3} intra-op and "
+          f"{threads[1] + 3} inter-op") in caplog.text
