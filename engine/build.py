@@ -61,8 +61,6 @@ def prepare(config: TrainConfig, measure_precision: bool = True
                            deterministic=config.deterministic,
                            timeline=config.horovod_timeline)
   report.configure_logging(distributed.is_chief())
-  for line in config.deprecations:
-    logging.warning("%s", line)
   kernels, kernels_advice = distributed.cpu_kernels()
   logging.info("%d processes on Horovod's %s controller; %s", world.size,
                distributed.controller(), _describe(world, kernels))
@@ -340,9 +338,9 @@ def eval_step(config: TrainConfig, task: tasks.Task,
 
 def eval_shift_pixels(config: TrainConfig, image_shape: tuple) -> int:
   """--eval_shift, a fraction of the width, in whole pixels of these
-  images (or --eval_shift_pixels, its old spelling, as given)."""
+  images."""
   if not config.eval_shift:
-    return config.eval_shift_pixels
+    return 0
   width = image_shape[1]
   pixels = round(config.eval_shift * width)
   if not 0 < 2 * pixels < width:

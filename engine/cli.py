@@ -29,7 +29,6 @@ from engine.datasets import record_features
 from engine.errors import UserError
 from engine.errors import op_detail
 from engine.errors import WorkerLost
-from flags.data import DEPRECATED as DEPRECATED_FLAGS
 
 FLAGS = flags.FLAGS
 Result = TypeVar("Result")
@@ -53,20 +52,11 @@ def run(train: Callable[[config_lib.TrainConfig], Result], *, model=None,
   logging.use_absl_handler()  # as app.run does: absl's log format
   values = dict(flag_values, model=model, dataset=dataset)
   try:
-    given = {name: value for name, value in values.items()
-             if value is not None}
-    # An old spelling is read only where given (engine.config), so it is
-    # given below, after the command line and unless that gave it, rather
-    # than made a default.
-    old = given.keys() & DEPRECATED_FLAGS.keys()
-    for name, value in given.items():
-      if name not in old:
+    for name, value in values.items():
+      if value is not None:
         FLAGS.set_default(name, user_code.spec_of(value)
                           if callable(value) else value)
     FLAGS(sys.argv)
-    for name in old:
-      if not FLAGS[name].present:
-        FLAGS[name].parse(given[name])
   except UserError as e:
     exit_with_error(str(e))
   except (flags.Error, KeyError) as e:

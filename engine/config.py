@@ -29,7 +29,6 @@ class TrainConfig:
   random_flip: bool
   eval_flip: bool
   eval_shift: float  # a fraction of the width, as random_shift
-  eval_shift_pixels: int  # --eval_shift_pixels, deprecated; 0: not given
   random_shift: float
   random_transpose: bool  # volumes: a random order of their axes
   # ((side, last epoch), ...): smaller training images for the first epochs
@@ -72,7 +71,6 @@ class TrainConfig:
   keep_checkpoints: int
   checkpoint_every_steps: int
   command_line: str  # the flags as a flagfile, recorded in model_dir
-  deprecations: tuple  # a line for each old flag spelling given
   # Faults
   on_nonfinite: str
   rollback_lr_factor: float
@@ -133,7 +131,6 @@ class TrainConfig:
         random_flip=self.random_flip, random_shift=self.random_shift,
         progressive_resizing=self.resizing_text(),
         eval_flip=self.eval_flip, eval_shift=self.eval_shift,
-        eval_shift_pixels=self.eval_shift_pixels,
         seed=self.seed)
 
 
@@ -141,9 +138,6 @@ def config_from_flags() -> TrainConfig:
   mixed_precision, why = precision.resolve(FLAGS.mixed_precision)
   native = (precision.native()[0] if FLAGS.mixed_precision == "auto"
             else ())
-  if FLAGS.eval_shift and FLAGS.eval_shift_pixels:
-    raise UserError("--eval_shift and --eval_shift_pixels: give one, "
-                    "--eval_shift (--eval_shift_pixels is its old spelling)")
   if FLAGS.target and FLAGS.target_accuracy:
     raise UserError("--target and --target_accuracy: give one (--target is "
                     "for any figure, --target_accuracy for val_accuracy)")
@@ -153,7 +147,6 @@ def config_from_flags() -> TrainConfig:
       normalization=_normalization_from_flags(),
       random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
       eval_flip=FLAGS.eval_flip, eval_shift=FLAGS.eval_shift,
-      eval_shift_pixels=FLAGS.eval_shift_pixels,
       random_transpose=FLAGS.random_transpose,
       progressive_resizing=engine_flags.data.resizing_stages(
           FLAGS.progressive_resizing),
@@ -207,19 +200,7 @@ def config_from_flags() -> TrainConfig:
       rollback_lr_factor=FLAGS.rollback_lr_factor,
       max_rollbacks=FLAGS.max_rollbacks,
       elastic=FLAGS.elastic, commit_every_steps=FLAGS.commit_every_steps,
-      command_line=engine_flags.as_flagfile(),
-      deprecations=tuple(
-          f"--{name} is deprecated and goes in the next release: use "
-          f"{replacement}" for name, replacement in
-          engine_flags.data.DEPRECATED.items() if _given(name)))
-
-
-def _given(name: str) -> bool:
-  """Whether flag `name` was given a value of its own: a flags.txt from
-  before lists every flag, the old spellings at their defaults too, and
-  resuming it is no cause for a warning."""
-  flag = FLAGS[name]
-  return bool(flag.present) and flag.value != flag.default
+      command_line=engine_flags.as_flagfile())
 
 
 def default_model_dir(dataset: str, model: str) -> str:
@@ -231,25 +212,9 @@ def default_model_dir(dataset: str, model: str) -> str:
 
 
 def _data_params_from_flags() -> dict:
-  """What the data flags give loaders (each takes those it declares).
-
-  --synthetic_image_shape and --synthetic_classes, the old spellings of
-  --image_size, --channels and --num_classes for synthetic data, win where
-  given: a resumed run's flags.txt from before the new ones holds both.
-  """
-  image_size, channels = FLAGS.image_size, int(FLAGS.channels)
-  num_classes = FLAGS.num_classes
-  if FLAGS.dataset == "synthetic" and FLAGS["synthetic_image_shape"].present:
-    height, width, channels = (int(d) for d in FLAGS.synthetic_image_shape)
-    if height != width:
-      raise UserError(f"--synthetic_image_shape={height},{width},{channels}: "
-                      "synthetic images are square; pass --image_size and "
-                      "--channels instead")
-    image_size = height
-  if FLAGS.dataset == "synthetic" and FLAGS["synthetic_classes"].present:
-    num_classes = FLAGS.synthetic_classes
-  return dict(image_size=image_size, num_classes=num_classes,
-              channels=channels, label_offset=FLAGS.label_offset,
+  """What the data flags give loaders (each takes those it declares)."""
+  return dict(image_size=FLAGS.image_size, num_classes=FLAGS.num_classes,
+              channels=int(FLAGS.channels), label_offset=FLAGS.label_offset,
               train_examples=FLAGS.train_examples,
               test_examples=FLAGS.test_examples,
               validation_split=FLAGS.validation_split,

@@ -480,7 +480,7 @@ class EvalStep:
     self._shift = shift
     image_shape = image_shape or model.input_shape[1:]
     if shift and 2 * shift >= image_shape[1]:
-      raise UserError(f"--eval_shift_pixels={shift}: must be less than half "
+      raise UserError(f"EvalStep(shift={shift}): must be less than half "
                       f"the images' width ({image_shape[1]})")
     if (flip or shift) and not tasks.defines(self.task, "average_views"):
       raise UserError(f"--eval_flip, --eval_shift: the {self.task.name} "

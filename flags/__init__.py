@@ -20,12 +20,10 @@ def as_flagfile() -> str:
   """The engine's flags with their current values, as a flagfile's lines.
 
   Only the engine's own flags: absl's logging and debugging flags are not
-  part of what a run is; nor the old spellings of flags (data.DEPRECATED)
-  unless they were given.
+  part of what a run is.
   """
   values = absl_flags.FLAGS
   lines = [flag.serialize()
            for module in _MODULES
-           for flag in values.get_flags_for_module(module.__name__)
-           if flag.name not in data.DEPRECATED or flag.present]
+           for flag in values.get_flags_for_module(module.__name__)]
   return "\n".join(lines) + "\n"

@@ -165,20 +165,3 @@ flags.DEFINE_integer("test_examples", 0,
                      "As --train_examples, for the evaluation split "
                      "(synthetic default 1000).", lower_bound=0)
 
-# Old spellings, for one release: each still works, with a line saying which
-# flag replaces it (engine.config). flags.txt records the new ones.
-flags.DEFINE_list("synthetic_image_shape", ["32", "32", "3"],
-                  "Deprecated: use --image_size and --channels.")
-flags.register_validator(
-    "synthetic_image_shape",
-    lambda values: len(values) == 3 and all(
-        v.strip().isdigit() and int(v) > 0 for v in values),
-    "must be three positive integers: height,width,channels")
-flags.DEFINE_integer("synthetic_classes", 10,
-                     "Deprecated: use --num_classes.", lower_bound=2)
-flags.DEFINE_integer("eval_shift_pixels", 0,
-                     "Deprecated: use --eval_shift, a fraction of the width "
-                     "as --random_shift is.", lower_bound=0)
-DEPRECATED = {"synthetic_image_shape": "--image_size and --channels",
-              "synthetic_classes": "--num_classes",
-              "eval_shift_pixels": "--eval_shift (a fraction of the width)"}

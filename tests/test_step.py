@@ -338,6 +338,6 @@ def test_eval_shift_adds_each_view_moved_left_and_right():
   flipped = steps.EvalStep(model=model, flip=True)
   flipped(images, labels)
   assert flipped.totals.result().loss != pytest.approx(loss.mean(), rel=1e-5)
-  with pytest.raises(UserError, match="--eval_shift_pixels=14: must be less "
+  with pytest.raises(UserError, match=r"EvalStep\(shift=14\): must be less "
                      "than half the images' width"):
     steps.EvalStep(model=model, shift=14)

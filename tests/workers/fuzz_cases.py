@@ -814,11 +814,12 @@ FLAGFILE_LINES = {
         "--resume=sometimes", "--optimizer=sgdd", "--profile_steps=5,2",
         "--steps_per_epoch=-1", "--channels=2", "--keep_checkpoints=0",
         "--base_lr=fast", "--lr_decay_epochs=a,b", "--horovod_timeline",
-        "--flagfile=/nonexistent/x.cfg", "--flagfile={dir}"),
+        "--flagfile=/nonexistent/x.cfg", "--flagfile={dir}",
+        "--synthetic_classes=5"),
     "refused_by_the_engine": (
         "--data_dir=/nonexistent", "--dataset=cifar10",
         "--image_mean=x\n--image_std=1", "--image_mean=1,2\n--image_std=1,2",
-        "--resume_from=/nonexistent", "--synthetic_image_shape=x",
+        "--resume_from=/nonexistent",
         "--dataset=/nonexistent/data.py:load", "--model=os:getcwd"),
     "not_flags": ("hello world", "--", "-", "=5", "--=3", "batch_size=4"),
 }
