@@ -32,13 +32,12 @@ import tensorflow as tf
 
 from engine import optimizers
 from engine import precision
+from engine import run_files
 from engine import storage
 from engine.errors import UserError
 from engine.errors import WriteFailed
 from engine.errors import first_line
 
-CHECKPOINT_DIR = "checkpoints"
-BEST_DIR = "best"
 RESUME_MODES = ("auto", "never")
 
 
@@ -81,7 +80,7 @@ class Checkpoints:
                lr_factor: Optional[tf.Variable] = None,
                weight_average: Optional[tf.Module] = None,
                stop: Optional[tf.Module] = None):
-    self.directory = os.path.join(model_dir, CHECKPOINT_DIR)
+    self.directory = os.path.join(model_dir, run_files.CHECKPOINT_DIR)
     self._identity = identity
     self._scales_loss = precision.scales_loss(optimizer)
     self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -122,9 +121,11 @@ class Checkpoints:
     self.size = storage.size_of(model.variables + (
         optimizers.state(optimizer) if optimizer is not None else []))
     self.restored_path = None  # the last checkpoint restored
-    self._latest = _manager(self._checkpoint, self.directory, keep, "ckpt")
+    self._latest = _manager(self._checkpoint, self.directory, keep,
+                            run_files.CHECKPOINT_NAME)
     self._best = _manager(self._checkpoint,
-                          os.path.join(self.directory, BEST_DIR), 1, "best")
+                          os.path.join(self.directory, run_files.BEST_DIR), 1,
+                          run_files.BEST_NAME)
     if self.best_path:
       # The best so far, for a process that takes over as rank 0 in an
       # elastic run (a restore sets it too, from the checkpoint it reads).
@@ -239,7 +240,7 @@ class Checkpoints:
   def save(self, position: Position, global_step: int) -> str:
     """Saves as ckpt-<global_step>."""
     self._set_position(position)
-    return self._save(self._latest, "ckpt", global_step)
+    return self._save(self._latest, run_files.CHECKPOINT_NAME, global_step)
 
   def save_at_epoch_end(self, position: Position, global_step: int,
                         score: float) -> bool:
@@ -256,7 +257,7 @@ class Checkpoints:
     if best:
       self._best_score.assign(score)
       self._set_position(position)
-      self._save(self._best, "best", global_step)
+      self._save(self._best, run_files.BEST_NAME, global_step)
     self.save(position, global_step)
     return best
 
@@ -297,7 +298,7 @@ def _manager(checkpoint: tf.train.Checkpoint, directory: str, keep: int,
     return tf.train.CheckpointManager(checkpoint, directory,
                                       max_to_keep=keep, checkpoint_name=name)
   except (*_DAMAGE, ValueError, UnicodeDecodeError) as e:
-    state = os.path.join(directory, "checkpoint")
+    state = os.path.join(directory, run_files.CHECKPOINT_STATE_FILE)
     raise UserError(f"{state} is damaged ({first_line(e)}); it lists the "
                     "checkpoints beside it: restore it from a copy, or move "
                     f"{directory} away") from None
@@ -306,7 +307,7 @@ def _manager(checkpoint: tf.train.Checkpoint, directory: str, keep: int,
 def resolve(path: str) -> str:
   """A checkpoint prefix from `path`: a prefix, a checkpoint directory, or a
   model_dir (whose checkpoints/ holds them)."""
-  for directory in (path, os.path.join(path, CHECKPOINT_DIR)):
+  for directory in (path, os.path.join(path, run_files.CHECKPOINT_DIR)):
     if os.path.isdir(directory):
       latest = tf.train.latest_checkpoint(directory)
       if latest:

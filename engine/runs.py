@@ -21,7 +21,6 @@ run trains. --plot draws validation accuracy against training time.
 the same figures to TensorBoard's HParams dashboard.
 """
 import dataclasses
-import json
 import math
 import os
 import statistics
@@ -32,17 +31,11 @@ from typing import Optional
 from absl import app
 from absl import flags
 
+from engine import run_files
 from engine.errors import UserError
 from engine.errors import WriteFailed
 
 FLAGS = flags.FLAGS
-
-# The files of a model_dir that runs are read from, named here for every
-# module that writes or reads them (engine.report, engine.model_dir,
-# engine.evaluate): this module does not import TensorFlow.
-METRICS_FILE = "metrics.jsonl"
-FLAGS_FILE = "flags.txt"
-LATEST_FLAGS_FILE = "flags.latest.txt"
 
 # A run that has not recorded its end is taken as still running while its
 # last record is younger than this many of its longest epochs, plus
@@ -127,15 +120,21 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
   rollback, or after a resume from an earlier checkpoint) replaces that
   epoch's record and the ones after it, as the resumed run itself does.
   """
-  metrics_path = os.path.join(path, METRICS_FILE)
-  flags_path = os.path.join(path, FLAGS_FILE)
-  if not os.path.exists(metrics_path) and not os.path.exists(flags_path):
-    raise UserError(f"{path}: not a run: it holds no {METRICS_FILE} or "
-                    f"{FLAGS_FILE}; pass a model_dir written by engine.train")
-  run_flags = read_flags(flags_path)
-  run_flags.update(read_flags(os.path.join(path, LATEST_FLAGS_FILE)))
+  flags_path = os.path.join(path, run_files.FLAGS_FILE)
+  if not (os.path.exists(os.path.join(path, run_files.METRICS_FILE))
+          or os.path.exists(flags_path)):
+    raise UserError(f"{path}: not a run: it holds no "
+                    f"{run_files.METRICS_FILE} or {run_files.FLAGS_FILE}; "
+                    "pass a model_dir written by engine.train")
+  run_flags = run_files.read_flags(flags_path)
+  run_flags.update(run_files.read_flags(
+      os.path.join(path, run_files.LATEST_FLAGS_FILE)))
   records, events, end = [], [], None
-  for record in _read_metrics(metrics_path):
+  # A line that is not a record is skipped: the last line can be half
+  # written (by a run writing it now, or one killed while it wrote).
+  for _, record in run_files.read_metrics(path):
+    if record is None:
+      continue
     if "event" in record:
       events.append(record)
       if record["event"] == "end":
@@ -171,12 +170,13 @@ def find_runs(directories: list[str]) -> dict[str, str]:
     found = []
     for root, subdirectories, files in os.walk(directory):
       subdirectories.sort()
-      if METRICS_FILE in files or FLAGS_FILE in files:
+      if run_files.METRICS_FILE in files or run_files.FLAGS_FILE in files:
         found.append(root)
     if not found:
       raise UserError(f"{directory}: holds no run (no directory in it has a "
-                      f"{METRICS_FILE} or {FLAGS_FILE}); pass model_dirs "
-                      "written by engine.train or directories holding them")
+                      f"{run_files.METRICS_FILE} or {run_files.FLAGS_FILE}); "
+                      "pass model_dirs written by engine.train or "
+                      "directories holding them")
     base = os.path.abspath(directory)
     if len(directories) > 1 or found[0] == directory:
       base = os.path.dirname(base)
@@ -315,60 +315,6 @@ def plot(runs: dict[str, Run], path: str) -> None:
 
 
 # Reading a run's files.
-
-
-def _read_metrics(path: str) -> list[dict]:
-  """metrics.jsonl's JSON objects, in order. A line that is not one is
-  skipped: the last line can be half written (by a run writing it now, or
-  one killed while it wrote)."""
-  try:
-    with open(path, "rb") as f:
-      lines = f.readlines()
-  except FileNotFoundError:
-    return []
-  except OSError as e:
-    raise UserError(f"{path}: cannot read it ({e.strerror})") from None
-  return [record for record in map(record_of, lines) if record is not None]
-
-
-def record_of(line: bytes) -> Optional[dict]:
-  """A metrics.jsonl line's record (an epoch's, or an event's), or None if
-  it is not one. Here, not in engine.report, which writes the file: this
-  module reads runs without importing TensorFlow."""
-  try:
-    record = json.loads(line)
-  except (ValueError, UnicodeDecodeError):  # not JSON, or not UTF-8
-    return None
-  if isinstance(record, dict) and ("event" in record or isinstance(
-      record.get("epoch"), int)):
-    return record
-  return None
-
-
-def read_flags(path: str) -> dict[str, str]:
-  """A flagfile's values by flag name, booleans as "true" or "false".
-
-  A bare `--noname` is taken as name=false: no engine boolean flag's name
-  starts with "no".
-  """
-  try:
-    with open(path, encoding="utf-8", errors="replace") as f:
-      lines = f.read().splitlines()
-  except FileNotFoundError:
-    return {}
-  except OSError as e:
-    raise UserError(f"{path}: cannot read it ({e.strerror})") from None
-  values = {}
-  for line in lines:
-    line = line.strip()
-    if not line.startswith("--"):  # a blank line or a comment
-      continue
-    name, has_value, value = line[2:].partition("=")
-    if not has_value:
-      name, value = ((name[2:], "false") if name.startswith("no") else
-                     (name, "true"))
-    values[name] = value
-  return values
 
 
 def _planned_epochs(records: list[dict],
