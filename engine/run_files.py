@@ -12,7 +12,8 @@ written down once:
   classes.txt            the class names, one a line in label order
   normalization.json     the statistics the run normalizes with
   precision.json         what --mixed_precision=auto chose (engine.precision)
-  checkpoints/           ckpt-<global step>, best/best-<global step>
+  checkpoints/           ckpt-<global step>, best/best-<global step>, and
+                         format.json, their format's version
   tensorboard/           train/ and validation/, and the run's hparams
   export/                final/ and best/: SavedModels
   profile/, timeline.json  traces of --profile_steps (engine.profiling)
@@ -20,6 +21,7 @@ written down once:
 It imports no TensorFlow: engine.runs reads runs without it, in a fraction
 of a second.
 """
+import glob
 import json
 import os
 from typing import Callable, Optional
@@ -42,6 +44,14 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_NAME = "ckpt"
 BEST_DIR = BEST_NAME = "best"
 CHECKPOINT_STATE_FILE = "checkpoint"  # TensorFlow's name
+# The format of the checkpoints (which variables they hold, by what name,
+# meaning what), recorded beside them in FORMAT_FILE before a run's first
+# save. A run resumes, and engine.evaluate reads, checkpoints of this
+# format only: another is refused in one line (engine.checkpoint) rather
+# than restored wrongly. Format 0 stands for checkpoints written before the
+# format was recorded. Raise it with any change to what a checkpoint holds.
+FORMAT_FILE = "format.json"
+CHECKPOINT_FORMAT = 1
 
 TENSORBOARD_DIR = "tensorboard"
 # The Keras TensorBoard callback's runs, which users know (engine.report).
@@ -144,7 +154,7 @@ def record_of(line: bytes) -> Optional[dict]:
   return None
 
 
-# The JSON records: precision.json, normalization.json.
+# The JSON records: precision.json, normalization.json, format.json.
 
 
 def read_record(directory: str, name: str,
@@ -161,3 +171,41 @@ def read_record(directory: str, name: str,
       return check(json.load(f))
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise UserError(f"{path}: unreadable ({e}); it records {keeps}") from None
+
+
+# The checkpoints' format.
+
+
+def checkpoint_format(directory: str) -> Optional[int]:
+  """The format of the checkpoints in `directory` (a model_dir's
+  checkpoints/): the version its FORMAT_FILE records, 0 if it has none,
+  or None if it holds no checkpoint."""
+  def checked(recorded):
+    if type(recorded["version"]) is not int:
+      raise ValueError(f"version {recorded['version']!r}")
+    return recorded["version"]
+
+  if not any(glob.glob(os.path.join(glob.escape(place), "*.index"))
+             for place in (directory, os.path.join(directory, BEST_DIR))):
+    return None
+  version = read_record(
+      directory, FORMAT_FILE, checked,
+      "the format of the checkpoints beside it (this engine writes "
+      f'{{"version": {CHECKPOINT_FORMAT}}}): restore it from a copy')
+  return 0 if version is None else version
+
+
+def record_checkpoint_format(directory: str) -> None:
+  """FORMAT_FILE in `directory`, made if need be: CHECKPOINT_FORMAT."""
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, FORMAT_FILE), "w") as f:
+    json.dump({"version": CHECKPOINT_FORMAT}, f)
+
+
+def checkpoint_dir_of(prefix: str) -> str:
+  """The checkpoints/ directory that checkpoint `prefix` is in: its own,
+  or for a best checkpoint its parent."""
+  directory = os.path.dirname(prefix)
+  if os.path.basename(directory) == BEST_DIR:
+    return os.path.dirname(directory)
+  return directory

@@ -55,3 +55,10 @@ def test_an_unreadable_record_is_one_line_saying_what_it_keeps(tmp_path):
     run_files.read_record(str(tmp_path), "choice.json", dict,
                           "the choice: restore it")
   assert run_files.read_record(str(tmp_path), "none.json", dict, "") is None
+
+
+def test_a_checkpoints_directory_is_its_own_or_for_best_its_parent():
+  assert run_files.checkpoint_dir_of("run/checkpoints/ckpt-40") == \
+      "run/checkpoints"
+  assert run_files.checkpoint_dir_of("run/checkpoints/best/best-20") == \
+      "run/checkpoints"
