@@ -11,11 +11,15 @@ median images/s, processes, and the run's state (finished, stopped by a
 signal, diverged, an error, running, or ended without a word: killed).
 --scaling orders them by processes and adds each one's speedup and
 efficiency against the run with the fewest (scripts/slurm/scaling.sh).
+Runs whose checkpoints are of another format than this engine's, which it
+neither resumes nor evaluates, are listed like the others, with a column
+of each run's checkpoint format.
 
-It reads only metrics.jsonl, flags.txt and flags.latest.txt, never
-checkpoints or TensorBoard files, and does not import TensorFlow: it starts
-in a fraction of a second, and works on a copy of a model_dir or while the
-run trains. --plot draws validation accuracy against training time.
+It reads only metrics.jsonl, flags.txt, flags.latest.txt and the
+checkpoints' format.json, never checkpoints or TensorBoard files, and does
+not import TensorFlow: it starts in a fraction of a second, and works on a
+copy of a model_dir or while the run trains. --plot draws validation
+accuracy against training time.
 
 `summary` gives a run's figures from its epoch records; engine.report logs
 the same figures to TensorBoard's HParams dashboard.
@@ -56,6 +60,8 @@ class Run:
   records: list[dict]    # epoch records in epoch order (see read_run)
   events: list[dict]     # event records (rollbacks, an end), as written
   state: str             # "finished", "running", "stopped by SIGTERM", ...
+  # Of its checkpoints (run_files.checkpoint_format); None: it has none.
+  checkpoint_format: Optional[int] = None
 
   def planned_epochs(self) -> Optional[int]:
     return _planned_epochs(self.records, self.flags)
@@ -149,7 +155,8 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
   state = _state(records, events, end, _planned_epochs(records, run_flags),
                  time.time() if now is None else now)
   return Run(path=path, flags=run_flags, records=records, events=events,
-             state=state)
+             state=state, checkpoint_format=run_files.checkpoint_format(
+                 os.path.join(path, run_files.CHECKPOINT_DIR)))
 
 
 def find_runs(directories: list[str]) -> dict[str, str]:
@@ -199,7 +206,8 @@ def table(runs: dict[str, Run], *, scaling: bool = False) -> str:
   run does not have (written by an older engine) shows as "-", an empty
   value as ''. Best and final are of the figure that decided each run's
   best epoch: validation accuracy, or (in a column of its own when some
-  run has another) the task's (val_mae).
+  run has another) the task's (val_mae). Each run's checkpoint format
+  gets a column when some run's is not this engine's.
 
   `scaling` adds a scaling study's figures against the run with the
   fewest processes: speedup (its img/s over that run's) and efficiency
@@ -216,12 +224,15 @@ def table(runs: dict[str, Run], *, scaling: bool = False) -> str:
   show_target = any(run.target_set() or any(
       "target_accuracy_first_seconds" in r for r in run.records)
                     for run in runs.values())
+  show_format = any(run.checkpoint_format not in (
+      None, run_files.CHECKPOINT_FORMAT) for run in runs.values())
   header = ["run", *(f"--{name}" for name in flag_names), "epochs"]
   header += ["metric"] if show_metric else []
   header += ["best", "final"]
   header += ["s to target"] if show_target else []
   header += ["img/s", "procs"]
   header += ["speedup", "efficiency"] if scaling else []
+  header += ["ckpt format"] if show_format else []
   header += ["state"]
   rows = []
   for label, run in runs.items():
@@ -242,10 +253,11 @@ def table(runs: dict[str, Run], *, scaling: bool = False) -> str:
       speedup, efficiency = speedups.get(label, (None, None))
       row += [_number(speedup, ".2f") + ("x" if speedup else ""),
               _number(efficiency, ".0%")]
+    row += [_number(run.checkpoint_format)] if show_format else []
     row += [run.state]
     rows.append(row)
   numeric = {"epochs", "best", "final", "s to target", "img/s", "procs",
-             "speedup", "efficiency"}
+             "speedup", "efficiency", "ckpt format"}
   widths = [max(len(row[i]) for row in [header, *rows])
             for i in range(len(header))]
   lines = []
