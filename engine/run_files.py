@@ -205,7 +205,7 @@ def record_checkpoint_format(directory: str) -> None:
 def checkpoint_dir_of(prefix: str) -> str:
   """The checkpoints/ directory that checkpoint `prefix` is in: its own,
   or for a best checkpoint its parent."""
-  directory = os.path.dirname(prefix)
+  directory = os.path.dirname(os.path.abspath(prefix))
   if os.path.basename(directory) == BEST_DIR:
     return os.path.dirname(directory)
   return directory

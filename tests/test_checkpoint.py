@@ -264,8 +264,8 @@ def test_a_legacy_optimizers_checkpoint_is_one_line_and_kept(tmp_path):
           str(tmp_path / "checkpoints" / "ckpt"))
   before = {p: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
   with pytest.raises(UserError, match=f"checkpoint {path} is of format 0 .*"
-                     r"\(82c6a49 for a novograd or lamb run saved on TensorFlow "
-                     "2.15.* or give another checkpoint"):
+                     r"\(82c6a49 for a novograd or lamb run saved on "
+                     "TensorFlow 2.15.* or give another checkpoint"):
     manager(tmp_path / "new", *build()).restore(path)
   with pytest.raises(UserError, match=f"--model_dir={tmp_path} holds "
                      "checkpoints of format 0 .*82c6a49 .* or start a new "

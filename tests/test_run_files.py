@@ -1,5 +1,6 @@
 """engine.run_files: a model_dir's names, and the readers and writers of its
 small files that several modules share (no TensorFlow)."""
+import os
 import subprocess
 import sys
 
@@ -58,7 +59,8 @@ def test_an_unreadable_record_is_one_line_saying_what_it_keeps(tmp_path):
 
 
 def test_a_checkpoints_directory_is_its_own_or_for_best_its_parent():
-  assert run_files.checkpoint_dir_of("run/checkpoints/ckpt-40") == \
-      "run/checkpoints"
-  assert run_files.checkpoint_dir_of("run/checkpoints/best/best-20") == \
-      "run/checkpoints"
+  assert run_files.checkpoint_dir_of("/run/checkpoints/ckpt-40") == \
+      "/run/checkpoints"
+  assert run_files.checkpoint_dir_of("/run/checkpoints/best/best-20") == \
+      "/run/checkpoints"
+  assert run_files.checkpoint_dir_of("ckpt-40") == os.getcwd()
