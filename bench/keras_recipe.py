@@ -48,7 +48,7 @@ from engine import cli
 from engine import data
 from engine import distributed
 from engine import optimizers
-from engine import report
+from engine import run_files
 from engine import step as steps
 from engine.config import config_from_flags
 from engine.tasks import Regression, Segmentation
@@ -123,7 +123,7 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
     self._splits = splits
     self._task = task
     self._images_per_epoch = images_per_epoch
-    self._records = os.path.join(config.model_dir, report.METRICS_FILE)
+    self._records = os.path.join(config.model_dir, run_files.METRICS_FILE)
     self._started = self._epoch_started = 0.0
     self._eval_step = None
 

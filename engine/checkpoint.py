@@ -15,7 +15,9 @@ in the `checkpoint` state file, so a crash during a save leaves the previous
 one as latest. A latest checkpoint damaged afterwards (a truncated copy, a
 full disk) is detected when it is read, reported, and the one before it is
 used instead. A checkpoint of another model or data set is refused before
-anything is written, naming both.
+anything is written, naming both; so are checkpoints of another format
+than this engine's (run_files.CHECKPOINT_FORMAT, recorded beside them),
+naming the revision of the engine that reads them.
 
 A save that fails (a full disk) is one line (errors.WriteFailed), and what
 it left half-written is removed: the checkpoints before it stay whole, and
@@ -32,14 +34,17 @@ import tensorflow as tf
 
 from engine import optimizers
 from engine import precision
+from engine import run_files
 from engine import storage
 from engine.errors import UserError
 from engine.errors import WriteFailed
 from engine.errors import first_line
 
-CHECKPOINT_DIR = "checkpoints"
-BEST_DIR = "best"
 RESUME_MODES = ("auto", "never")
+# What finishes or evaluates a run whose checkpoints are of an earlier
+# format, by format: the engine's last revision that wrote it.
+_READERS = {0: "the engine's revision 27dc95f (82c6a49 for a novograd or "
+               "lamb run saved on TensorFlow 2.15)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,15 +86,17 @@ class Checkpoints:
                lr_factor: Optional[tf.Variable] = None,
                weight_average: Optional[tf.Module] = None,
                stop: Optional[tf.Module] = None):
-    self.directory = os.path.join(model_dir, CHECKPOINT_DIR)
+    self.directory = os.path.join(model_dir, run_files.CHECKPOINT_DIR)
+    self._format = _checked_format(
+        self.directory, f"--model_dir={model_dir} holds checkpoints",
+        "start a new run in another --model_dir")
     self._identity = identity
     self._scales_loss = precision.scales_loss(optimizer)
     self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._step = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._global_batch = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._world_size = tf.Variable(0, dtype=tf.int64, trainable=False)
-    # The best epoch's deciding figure, higher better (tasks.Decider.score);
-    # saved as best_accuracy, what it was when accuracy alone decided.
+    # The best epoch's deciding figure, higher better (tasks.Decider.score).
     self._best_score = tf.Variable(-math.inf, dtype=tf.float64,
                                    trainable=False)
     self._seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
@@ -97,40 +104,32 @@ class Checkpoints:
                                           trainable=False)
     objects = dict(model=model, epoch=self._epoch, step=self._step,
                    global_batch=self._global_batch,
-                   world_size=self._world_size,
-                   best_accuracy=self._best_score,
+                   world_size=self._world_size, seconds=self._seconds,
+                   best_score=self._best_score,
                    identity=self._identity_variable)
-    if optimizer is not None:
-      objects["optimizer"] = optimizer
+    # Training's state besides the model's; evaluation restores none of it.
+    for name, saved in dict(optimizer=optimizer, lr_factor=lr_factor,
+                            stop=stop).items():
+      if saved is not None:
+        objects[name] = saved
     self._objects = objects
-    # Saved since a later version (or a later flag), with what restoring a
-    # checkpoint without them sets: the learning rate at its full value,
-    # the clock unknown, the weights' average the weights restored, the
-    # early stopping count at nothing.
-    self._added_later = dict(seconds=(self._seconds,
-                                      lambda: self._seconds.assign(0.0)))
-    if lr_factor is not None:
-      self._added_later["lr_factor"] = (lr_factor,
-                                        lambda: lr_factor.assign(1.0))
-    if weight_average is not None:
-      self._added_later["weight_average"] = (weight_average,
-                                             weight_average.reset)
-    if stop is not None:
-      self._added_later["stop"] = (stop, stop.reset)
-    self._checkpoint = tf.train.Checkpoint(**objects, **{
-        name: saved for name, (saved, _) in self._added_later.items()})
+    self._weight_average = weight_average
+    self._checkpoint = tf.train.Checkpoint(**objects, **(
+        {} if weight_average is None else {_AVERAGE: weight_average}))
     self.size = storage.size_of(model.variables + (
         optimizers.state(optimizer) if optimizer is not None else []))
     self.restored_path = None  # the last checkpoint restored
-    self._latest = _manager(self._checkpoint, self.directory, keep, "ckpt")
+    self._latest = _manager(self._checkpoint, self.directory, keep,
+                            run_files.CHECKPOINT_NAME)
     self._best = _manager(self._checkpoint,
-                          os.path.join(self.directory, BEST_DIR), 1, "best")
+                          os.path.join(self.directory, run_files.BEST_DIR), 1,
+                          run_files.BEST_NAME)
     if self.best_path:
       # The best so far, for a process that takes over as rank 0 in an
       # elastic run (a restore sets it too, from the checkpoint it reads).
       try:
         self._best_score.assign(tf.train.load_checkpoint(
-            self.best_path).get_tensor(_BEST_ACCURACY_KEY))
+            self.best_path).get_tensor(_BEST_SCORE_KEY))
       except (*_DAMAGE, ValueError) as e:
         raise UserError(
             f"{self.best_path}, the best checkpoint, is unreadable "
@@ -157,7 +156,11 @@ class Checkpoints:
                     "start over")
 
   def restore(self, path: str) -> Position:
-    """Restores `path` into the model and optimizer; returns its position."""
+    """Restores `path` into the model and optimizer; returns its position.
+    It may be another run's (--resume_from, engine.evaluate --checkpoint),
+    whose format is checked first."""
+    _checked_format(run_files.checkpoint_dir_of(path),
+                    f"checkpoint {path} is", "give another checkpoint")
     try:
       return self._restore(path)
     except _Unreadable as e:
@@ -190,24 +193,14 @@ class Checkpoints:
                       "scaling and cannot continue with "
                       "--mixed_precision=float16; resume it with "
                       "--mixed_precision=none or bfloat16")
-    keys = reader.get_variable_to_shape_map()
-    if "optimizer" in self._objects and any(_LEGACY_SLOT in key
-                                            for key in keys):
-      # Refused before restoring: a failed restore leaves TensorFlow to log
-      # every value it did not place, dozens of lines after ours.
-      raise UserError(f"checkpoint {path} holds a legacy Keras optimizer's "
-                      "state (novograd or lamb from tensorflow-addons, "
-                      "saved on TensorFlow 2.15), which the engine's own "
-                      "NovoGrad and LAMB cannot continue: finish that run "
-                      "with the engine's last TensorFlow 2.15 revision "
-                      "(82c6a49), or start afresh in another --model_dir; "
-                      "its weights still evaluate (python -m "
-                      "engine.evaluate)")
     checkpoint = self._checkpoint
-    present = {name: saved for name, (saved, _) in self._added_later.items()
-               if any(key.startswith(f"{name}/") for key in keys)}
-    if len(present) < len(self._added_later):
-      checkpoint = tf.train.Checkpoint(**self._objects, **present)
+    # --ema_decay may be turned on when a run resumes: the average of a
+    # checkpoint saved without one starts at the weights restored.
+    starts_average = self._weight_average is not None and not any(
+        key.startswith(f"{_AVERAGE}/")
+        for key in reader.get_variable_to_shape_map())
+    if starts_average:
+      checkpoint = tf.train.Checkpoint(**self._objects)
     try:
       # expect_partial: evaluation restores a model without its optimizer.
       checkpoint.restore(path).expect_partial() \
@@ -217,9 +210,8 @@ class Checkpoints:
     except (AssertionError, ValueError) as e:
       raise UserError(f"checkpoint {path} does not match this model: "
                       f"{first_line(e)}") from None
-    for name, (_, reset) in self._added_later.items():
-      if name not in present:
-        reset()
+    if starts_average:
+      self._weight_average.reset()
     self.restored_path = path
     return Position(int(self._epoch.numpy()), int(self._step.numpy()),
                     int(self._global_batch.numpy()),
@@ -239,7 +231,7 @@ class Checkpoints:
   def save(self, position: Position, global_step: int) -> str:
     """Saves as ckpt-<global_step>."""
     self._set_position(position)
-    return self._save(self._latest, "ckpt", global_step)
+    return self._save(self._latest, run_files.CHECKPOINT_NAME, global_step)
 
   def save_at_epoch_end(self, position: Position, global_step: int,
                         score: float) -> bool:
@@ -256,14 +248,23 @@ class Checkpoints:
     if best:
       self._best_score.assign(score)
       self._set_position(position)
-      self._save(self._best, "best", global_step)
+      self._save(self._best, run_files.BEST_NAME, global_step)
     self.save(position, global_step)
     return best
 
   def _save(self, manager: tf.train.CheckpointManager, name: str,
             number: int) -> str:
     """A save whose failure leaves the directory as it was: the save's
-    temporary files and its unfinished checkpoint are removed."""
+    temporary files and its unfinished checkpoint are removed.
+
+    Before the first checkpoint in the directory, their format: a
+    checkpoint is never without it (a directory that holds some already
+    passed the format check and says so)."""
+    if self._format is None:
+      path = os.path.join(self.directory, run_files.FORMAT_FILE)
+      with storage.writing("the checkpoints' format", path):
+        run_files.record_checkpoint_format(self.directory)
+      self._format = run_files.CHECKPOINT_FORMAT
     prefix = os.path.join(manager.directory, f"{name}-{number}")
     try:
       with storage.writing("checkpoint", prefix, self.size):
@@ -297,7 +298,7 @@ def _manager(checkpoint: tf.train.Checkpoint, directory: str, keep: int,
     return tf.train.CheckpointManager(checkpoint, directory,
                                       max_to_keep=keep, checkpoint_name=name)
   except (*_DAMAGE, ValueError, UnicodeDecodeError) as e:
-    state = os.path.join(directory, "checkpoint")
+    state = os.path.join(directory, run_files.CHECKPOINT_STATE_FILE)
     raise UserError(f"{state} is damaged ({first_line(e)}); it lists the "
                     "checkpoints beside it: restore it from a copy, or move "
                     f"{directory} away") from None
@@ -306,7 +307,7 @@ def _manager(checkpoint: tf.train.Checkpoint, directory: str, keep: int,
 def resolve(path: str) -> str:
   """A checkpoint prefix from `path`: a prefix, a checkpoint directory, or a
   model_dir (whose checkpoints/ holds them)."""
-  for directory in (path, os.path.join(path, CHECKPOINT_DIR)):
+  for directory in (path, os.path.join(path, run_files.CHECKPOINT_DIR)):
     if os.path.isdir(directory):
       latest = tf.train.latest_checkpoint(directory)
       if latest:
@@ -319,10 +320,8 @@ def resolve(path: str) -> str:
 
 
 _IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
-# Where Keras' legacy optimizers (tensorflow-addons' among them) kept their
-# slots; the optimizers of today keep theirs under optimizer/.
-_LEGACY_SLOT = "/.OPTIMIZER_SLOT/optimizer/"
-_BEST_ACCURACY_KEY = "best_accuracy/.ATTRIBUTES/VARIABLE_VALUE"
+_BEST_SCORE_KEY = "best_score/.ATTRIBUTES/VARIABLE_VALUE"
+_AVERAGE = "weight_average"  # the weights' average, with --ema_decay
 _LOSS_SCALE_KEY = "optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/" \
     "VARIABLE_VALUE"
 # What TensorFlow's checkpoint reader raises for truncated or garbled files.
@@ -335,3 +334,22 @@ class _Unreadable(Exception):
 
 def _exists(prefix: str) -> bool:
   return bool(tf.io.gfile.glob(prefix + ".index"))
+
+
+def _checked_format(directory: str, holder: str,
+                    instead: str) -> Optional[int]:
+  """The format of the checkpoints in `directory`, None if it holds none.
+  Checkpoints of another format than this engine's are refused before
+  anything is read, in one line that starts with `holder` (who holds
+  them) and says what reads them, or `instead`: restored, their variables
+  would be missing, or mean something else."""
+  found = run_files.checkpoint_format(directory)
+  if found in (None, run_files.CHECKPOINT_FORMAT):
+    return found
+  unrecorded = (f" (written before {run_files.FORMAT_FILE} recorded it)"
+                if found == 0 else "")
+  raise UserError(
+      f"{holder} of format {found}{unrecorded}, and this engine reads "
+      f"format {run_files.CHECKPOINT_FORMAT} only: finish or evaluate that "
+      f"run with {_READERS.get(found, 'the engine that wrote them')}, or "
+      f"{instead}")

@@ -19,11 +19,11 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
-from engine import checkpoint
 from engine import config as config_lib
 from engine import distributed
 from engine import liveness
 from engine import preemption
+from engine import run_files
 from engine import user_code
 from engine.datasets import record_features
 from engine.errors import UserError
@@ -123,7 +123,7 @@ def train_or_exit(train: Callable[[config_lib.TrainConfig], Result],
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     exit_with_error(liveness.describe_lost_process(
         tf.train.latest_checkpoint(os.path.join(config.model_dir,
-                                                checkpoint.CHECKPOINT_DIR))),
+                                                run_files.CHECKPOINT_DIR))),
                     WorkerLost.exit_code)
 
 

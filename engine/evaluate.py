@@ -11,7 +11,6 @@ broadcasts the weights; each rank evaluates its shard of the test set and
 the figures are reduced exactly, as during training.
 """
 import functools
-import os
 import sys
 
 from absl import app
@@ -25,7 +24,7 @@ from engine import data
 from engine import distributed
 from engine import ema
 from engine import report
-from engine import runs
+from engine import run_files
 from engine import step as steps
 from engine.config import TrainConfig
 from engine.config import config_from_flags
@@ -76,22 +75,17 @@ def evaluate(config: TrainConfig, which: str):
                         splits.info.classes())
 
 
-def _run_flags(model_dir: str) -> str:
-  for name in (runs.LATEST_FLAGS_FILE, runs.FLAGS_FILE):
-    path = os.path.join(model_dir, name)
-    if os.path.exists(path):
-      return path
-  raise UserError(f"--model_dir={model_dir}: no {runs.FLAGS_FILE}; "
-                  "is it a model_dir written by engine.train?")
-
-
 def main(argv):
   try:
     cli.refuse_arguments(argv)
     if not FLAGS.model_dir:
       raise UserError("--model_dir is required: the run to evaluate")
     # Re-read the flags: the run's own first, then this command line's.
-    run_flags = _run_flags(FLAGS.model_dir)
+    run_flags = run_files.latest_flags_file(FLAGS.model_dir)
+    if not run_flags:
+      raise UserError(f"--model_dir={FLAGS.model_dir}: no "
+                      f"{run_files.FLAGS_FILE}; is it a model_dir written "
+                      "by engine.train?")
     given = sys.argv[1:]
     FLAGS.unparse_flags()
     cli.parse_flags([sys.argv[0], f"--flagfile={run_flags}", *given],

@@ -22,8 +22,6 @@ from engine import storage
 from engine.errors import first_line
 from engine.tasks import Task
 
-EXPORT_DIR = "export"
-
 
 def save(model: tf.keras.Model, task: Task, path: str) -> None:
   """The serving function and the variables it reads, as a SavedModel.

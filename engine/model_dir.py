@@ -24,7 +24,7 @@ from engine import export
 from engine import precision
 from engine import preemption
 from engine import report
-from engine import runs
+from engine import run_files
 from engine import stopping
 from engine import storage
 from engine import tasks
@@ -79,10 +79,10 @@ class RunDirectory:
       logging.info("resuming %s at epoch %d, step %d", self.model_dir,
                    position.epoch + 1, position.step)
     elif self._config.resume == "never" and os.path.exists(
-        os.path.join(self.model_dir, report.METRICS_FILE)):
+        os.path.join(self.model_dir, run_files.METRICS_FILE)):
       raise UserError(f"--model_dir={self.model_dir} holds an earlier run "
-                      "(metrics.jsonl) and --resume=never; choose another "
-                      "--model_dir")
+                      f"({run_files.METRICS_FILE}) and --resume=never; "
+                      "choose another --model_dir")
     elif self._config.resume_from:
       source = checkpoint.resolve(self._config.resume_from)
       position = self.checkpoints.restore(source)
@@ -93,8 +93,9 @@ class RunDirectory:
                                    checkpoint_size=self.checkpoints.size,
                                    keep=self._config.keep_checkpoints)
     with self._writes(), storage.writing(
-        "flags.txt, classes.txt and normalization.json in", self.model_dir):
-      _record_flags(self.model_dir, self._config.command_line)
+        f"{run_files.FLAGS_FILE}, {run_files.CLASSES_FILE} and "
+        f"{run_files.NORMALIZATION_FILE} in", self.model_dir):
+      run_files.record_flags(self.model_dir, self._config.command_line)
       datasets.record(self.model_dir, self._info)
       if self._config.precision_figures:  # --mixed_precision=auto's choice
         precision.record(self.model_dir, dict(
@@ -167,18 +168,19 @@ class RunDirectory:
 
   def export(self) -> None:
     """The final model and the best checkpoint, as SavedModels."""
-    directory = os.path.join(self.model_dir, export.EXPORT_DIR)
-    exported = ["final"]
+    directory = os.path.join(self.model_dir, run_files.EXPORT_DIR)
+    exported = [run_files.FINAL_EXPORT]
     with self._writes():
       with ema.averaged(self._weight_average):
         export.save(self._model, self._task,
-                    os.path.join(directory, "final"))
+                    os.path.join(directory, run_files.FINAL_EXPORT))
       if self.checkpoints.best_path:
         try:
-          export.save_checkpoint(self._model, self.checkpoints.best_path,
-                                 self._task, os.path.join(directory, "best"),
-                                 self._weight_average)
-          exported.append("best")
+          export.save_checkpoint(
+              self._model, self.checkpoints.best_path, self._task,
+              os.path.join(directory, run_files.BEST_EXPORT),
+              self._weight_average)
+          exported.append(run_files.BEST_EXPORT)
         except export.UnreadableCheckpoint as e:
           logging.warning("the best checkpoint %s: exported the final model "
                           "only", e)
@@ -218,19 +220,6 @@ def _end_record(error: BaseException) -> dict:
   else:
     reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
   return dict(event="end", **how, reason=reason, time=round(time.time(), 3))
-
-
-def _record_flags(model_dir: str, command_line: str) -> None:
-  """flags.txt: the flags of the run's first start, usable as a flagfile.
-
-  A resumed start's flags go to flags.latest.txt; flags.txt is never
-  overwritten, so the run can always be reproduced from its start.
-  """
-  first = os.path.join(model_dir, runs.FLAGS_FILE)
-  path = os.path.join(model_dir, runs.LATEST_FLAGS_FILE) if os.path.exists(
-      first) else first
-  with open(path, "w") as f:
-    f.write(command_line)
 
 
 def _make_model_dir(path: str) -> None:

@@ -23,15 +23,9 @@ from typing import Optional
 
 import tensorflow as tf
 
-from engine import runs
-from engine import storage
+from engine import run_files
 
 MODES = ("none", "float16", "bfloat16", "auto")
-# In model_dir: the mode `auto` chose, and its figures (none where the
-# hardware has float32 alone), which a resume and engine.evaluate use
-# rather than choosing again: a run never changes precision midway, even
-# resumed on other hardware.
-PRECISION_FILE = "precision.json"
 # How much faster than float32 a 16-bit mode must measure to be chosen.
 MARGIN = 0.05
 _NAMES = {"none": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -89,8 +83,11 @@ def described(images_per_sec: dict[str, float], chosen: str) -> str:
 
 
 def record(model_dir: str, choice: dict) -> None:
-  """PRECISION_FILE: `auto`'s choice and its figures."""
-  with open(os.path.join(model_dir, PRECISION_FILE), "w") as f:
+  """run_files.PRECISION_FILE: `auto`'s choice and its figures (none where
+  the hardware has float32 alone), which a resume and engine.evaluate use
+  rather than choosing again: a run never changes precision midway, even
+  resumed on other hardware."""
+  with open(os.path.join(model_dir, run_files.PRECISION_FILE), "w") as f:
     json.dump(choice, f)
 
 
@@ -103,15 +100,15 @@ def recorded(model_dir: str) -> Optional[dict]:
       raise ValueError(f"mode {choice['mode']!r}")
     return choice
 
-  return storage.read_record(
-      model_dir, PRECISION_FILE, checked,
+  return run_files.read_record(
+      model_dir, run_files.PRECISION_FILE, checked,
       "the precision --mixed_precision=auto measured for this run: restore "
       "it, or delete it to measure again")
 
 
 def of_first_start(model_dir: str) -> Optional[tuple[str, str]]:
   """Under `auto`, the mode a resumed run keeps, and why: the one its
-  first start chose (PRECISION_FILE), or, for a run first started with a
+  first start chose (precision.json), or, for a run first started with a
   mode of its own (float32 was the default before `auto`), the mode its
   flags.txt names. None for a new run, which chooses."""
   if not model_dir:
@@ -121,12 +118,12 @@ def of_first_start(model_dir: str) -> Optional[tuple[str, str]]:
     mode, figures = choice["mode"], choice.get("images_per_sec")
     why = (described(figures, mode) if figures else
            f"{_NAMES[mode]}, unmeasured: {choice.get('hardware', '')}")
-    return mode, f"{why} ({PRECISION_FILE})"
-  first = runs.read_flags(os.path.join(model_dir, runs.FLAGS_FILE)).get(
-      "mixed_precision")
+    return mode, f"{why} ({run_files.PRECISION_FILE})"
+  first = run_files.read_flags(
+      os.path.join(model_dir, run_files.FLAGS_FILE)).get("mixed_precision")
   if first in _POLICIES:
     return first, (f"{_NAMES[first]}, the mode of the run's first start "
-                   f"({runs.FLAGS_FILE})")
+                   f"({run_files.FLAGS_FILE})")
   return None
 
 

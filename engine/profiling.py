@@ -19,10 +19,8 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from engine import actions
+from engine import run_files
 from engine import storage
-
-PROFILE_DIR = "profile"
-TIMELINE_FILE = "timeline.json"
 
 
 class EpochTimes:
@@ -60,21 +58,17 @@ class StepProfiler(actions.Action):
   as an action after the calls it says (engine/actions.py), and call
   `close()` when the loop ends, however it ends: a run that stops or fails
   inside the range still closes its trace. Rank 0 writes model_dir/profile;
-  with `all_ranks`, rank r > 0 writes model_dir/profile/rank_<r> (one
-  directory per process: the profiler names its file after the host, which
-  processes on one host share).
+  with `all_ranks`, every rank writes its own (run_files.profile_dir).
   """
 
   def __init__(self, model_dir: str, *, steps: Optional[tuple[int, int]],
                rank: int, all_ranks: bool, timeline: bool):
     self._first, self._last = steps or (0, -1)
     self._traces = bool(steps) and (rank == 0 or all_ranks)
-    self._logdir = os.path.join(model_dir, PROFILE_DIR)
-    if rank:
-      self._logdir = os.path.join(self._logdir, f"rank_{rank}")
+    self._logdir = run_files.profile_dir(model_dir, rank)
     # Every rank starts and stops the timeline (a collective setting);
     # Horovod's coordinator, rank 0, writes it.
-    self._timeline = os.path.join(model_dir, TIMELINE_FILE) if (
+    self._timeline = os.path.join(model_dir, run_files.TIMELINE_FILE) if (
         steps and timeline) else None
     self._tracing = False
 

@@ -17,16 +17,15 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins.hparams import api as hparams_api
 import tensorflow as tf
 
+from engine import run_files
 from engine import runs
 from engine import storage
 
-METRICS_FILE = runs.METRICS_FILE
-TENSORBOARD_DIR = "tensorboard"
 # The Keras TensorBoard callback's layout, which users know: a run for
-# training and one for validation under model_dir/tensorboard, with the
-# same tags, so each pair of curves overlays on one card. Epoch scalars are
-# indexed by the epoch (1-based), within-epoch ones by the global step.
-TRAIN, VALIDATION = "train", "validation"
+# training and one for validation under model_dir/tensorboard
+# (run_files.TRAIN_RUN, VALIDATION_RUN), with the same tags, so each pair of
+# curves overlays on one card. Epoch scalars are indexed by the epoch
+# (1-based), within-epoch ones by the global step.
 # Besides the task's figures (train_<name>, val_<name>), the epoch scalars.
 _TRAIN_SCALARS = ("learning_rate", "images_per_sec")
 # Within an epoch, every --summary_every_steps steps, in the train run.
@@ -46,11 +45,13 @@ def epoch_scalars(record: dict) -> dict[str, tuple[str, str]]:
   scalars = {}
   for key in record:
     if key.startswith("train_") and key != "train_examples":
-      scalars[key] = (TRAIN, "epoch_" + key.removeprefix("train_"))
+      scalars[key] = (run_files.TRAIN_RUN,
+                      "epoch_" + key.removeprefix("train_"))
     elif key.startswith("val_"):
-      scalars[key] = (VALIDATION, "epoch_" + key.removeprefix("val_"))
+      scalars[key] = (run_files.VALIDATION_RUN,
+                      "epoch_" + key.removeprefix("val_"))
     elif key in _TRAIN_SCALARS:
-      scalars[key] = (TRAIN, "epoch_" + key)
+      scalars[key] = (run_files.TRAIN_RUN, "epoch_" + key)
   return scalars
 
 
@@ -109,10 +110,12 @@ class Reporter:
   """
 
   def __init__(self, model_dir: str, *, chief: bool, epochs: int):
-    self.metrics_path = os.path.join(model_dir, METRICS_FILE)
+    self._model_dir = model_dir
+    self.metrics_path = os.path.join(model_dir, run_files.METRICS_FILE)
     self._chief = chief
     self._epochs = epochs
-    self._tensorboard_dir = os.path.join(model_dir, TENSORBOARD_DIR)
+    self._tensorboard_dir = os.path.join(model_dir,
+                                         run_files.TENSORBOARD_DIR)
     self._writers = {}  # TensorBoard run ("" for the run's own) -> writer
     self._records = []  # the run's epoch records, for its summary figures
 
@@ -162,7 +165,7 @@ class Reporter:
     TensorBoard scalars `batch_<name>` in the train run."""
     if not self._chief:
       return
-    with self._tensorboard(TRAIN) as writer:
+    with self._tensorboard(run_files.TRAIN_RUN) as writer:
       with writer.as_default(step=global_step):
         for name, value in scalars.items():
           if value is not None:  # a figure undefined over these steps
@@ -199,7 +202,7 @@ class Reporter:
         with writer.as_default(step=step):
           tf.summary.scalar(tag, record[key])
     for tag, (image, description) in (images or {}).items():
-      with self._tensorboard(VALIDATION) as writer:
+      with self._tensorboard(run_files.VALIDATION_RUN) as writer:
         with writer.as_default(step=step):
           tf.summary.image(tag, image, description=description)
     summary = runs.summary(self._records)
@@ -240,13 +243,9 @@ class Reporter:
     """metrics.jsonl's lines with their records, and how many lines were
     not one (half a line, from a write that failed: a full disk), each
     dropped with a warning; the file is rewritten without them."""
-    if not os.path.exists(self.metrics_path):
-      return [], 0
-    with open(self.metrics_path, "rb") as f:
-      lines = [l for l in f if l.strip()]
+    lines = run_files.read_metrics(self._model_dir)
     records = []
-    for number, line in enumerate(lines, start=1):
-      record = runs.record_of(line)
+    for number, (line, record) in enumerate(lines, start=1):
       if record is None:
         logging.warning("%s: dropped line %d, not a record: %r",
                         self.metrics_path, number, line[:80])

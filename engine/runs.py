@@ -11,17 +11,20 @@ median images/s, processes, and the run's state (finished, stopped by a
 signal, diverged, an error, running, or ended without a word: killed).
 --scaling orders them by processes and adds each one's speedup and
 efficiency against the run with the fewest (scripts/slurm/scaling.sh).
+Runs whose checkpoints are of another format than this engine's, which it
+neither resumes nor evaluates, are listed like the others, with a column
+of each run's checkpoint format.
 
-It reads only metrics.jsonl, flags.txt and flags.latest.txt, never
-checkpoints or TensorBoard files, and does not import TensorFlow: it starts
-in a fraction of a second, and works on a copy of a model_dir or while the
-run trains. --plot draws validation accuracy against training time.
+It reads only metrics.jsonl, flags.txt, flags.latest.txt and the
+checkpoints' format.json, never checkpoints or TensorBoard files, and does
+not import TensorFlow: it starts in a fraction of a second, and works on a
+copy of a model_dir or while the run trains. --plot draws validation
+accuracy against training time.
 
 `summary` gives a run's figures from its epoch records; engine.report logs
 the same figures to TensorBoard's HParams dashboard.
 """
 import dataclasses
-import json
 import math
 import os
 import statistics
@@ -32,17 +35,11 @@ from typing import Optional
 from absl import app
 from absl import flags
 
+from engine import run_files
 from engine.errors import UserError
 from engine.errors import WriteFailed
 
 FLAGS = flags.FLAGS
-
-# The files of a model_dir that runs are read from, named here for every
-# module that writes or reads them (engine.report, engine.model_dir,
-# engine.evaluate): this module does not import TensorFlow.
-METRICS_FILE = "metrics.jsonl"
-FLAGS_FILE = "flags.txt"
-LATEST_FLAGS_FILE = "flags.latest.txt"
 
 # A run that has not recorded its end is taken as still running while its
 # last record is younger than this many of its longest epochs, plus
@@ -63,6 +60,8 @@ class Run:
   records: list[dict]    # epoch records in epoch order (see read_run)
   events: list[dict]     # event records (rollbacks, an end), as written
   state: str             # "finished", "running", "stopped by SIGTERM", ...
+  # Of its checkpoints (run_files.checkpoint_format); None: it has none.
+  checkpoint_format: Optional[int] = None
 
   def planned_epochs(self) -> Optional[int]:
     return _planned_epochs(self.records, self.flags)
@@ -127,15 +126,21 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
   rollback, or after a resume from an earlier checkpoint) replaces that
   epoch's record and the ones after it, as the resumed run itself does.
   """
-  metrics_path = os.path.join(path, METRICS_FILE)
-  flags_path = os.path.join(path, FLAGS_FILE)
-  if not os.path.exists(metrics_path) and not os.path.exists(flags_path):
-    raise UserError(f"{path}: not a run: it holds no {METRICS_FILE} or "
-                    f"{FLAGS_FILE}; pass a model_dir written by engine.train")
-  run_flags = read_flags(flags_path)
-  run_flags.update(read_flags(os.path.join(path, LATEST_FLAGS_FILE)))
+  flags_path = os.path.join(path, run_files.FLAGS_FILE)
+  if not (os.path.exists(os.path.join(path, run_files.METRICS_FILE))
+          or os.path.exists(flags_path)):
+    raise UserError(f"{path}: not a run: it holds no "
+                    f"{run_files.METRICS_FILE} or {run_files.FLAGS_FILE}; "
+                    "pass a model_dir written by engine.train")
+  run_flags = run_files.read_flags(flags_path)
+  run_flags.update(run_files.read_flags(
+      os.path.join(path, run_files.LATEST_FLAGS_FILE)))
   records, events, end = [], [], None
-  for record in _read_metrics(metrics_path):
+  # A line that is not a record is skipped: the last line can be half
+  # written (by a run writing it now, or one killed while it wrote).
+  for _, record in run_files.read_metrics(path):
+    if record is None:
+      continue
     if "event" in record:
       events.append(record)
       if record["event"] == "end":
@@ -150,7 +155,8 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
   state = _state(records, events, end, _planned_epochs(records, run_flags),
                  time.time() if now is None else now)
   return Run(path=path, flags=run_flags, records=records, events=events,
-             state=state)
+             state=state, checkpoint_format=run_files.checkpoint_format(
+                 os.path.join(path, run_files.CHECKPOINT_DIR)))
 
 
 def find_runs(directories: list[str]) -> dict[str, str]:
@@ -171,12 +177,13 @@ def find_runs(directories: list[str]) -> dict[str, str]:
     found = []
     for root, subdirectories, files in os.walk(directory):
       subdirectories.sort()
-      if METRICS_FILE in files or FLAGS_FILE in files:
+      if run_files.METRICS_FILE in files or run_files.FLAGS_FILE in files:
         found.append(root)
     if not found:
       raise UserError(f"{directory}: holds no run (no directory in it has a "
-                      f"{METRICS_FILE} or {FLAGS_FILE}); pass model_dirs "
-                      "written by engine.train or directories holding them")
+                      f"{run_files.METRICS_FILE} or {run_files.FLAGS_FILE}); "
+                      "pass model_dirs written by engine.train or "
+                      "directories holding them")
     base = os.path.abspath(directory)
     if len(directories) > 1 or found[0] == directory:
       base = os.path.dirname(base)
@@ -199,7 +206,8 @@ def table(runs: dict[str, Run], *, scaling: bool = False) -> str:
   run does not have (written by an older engine) shows as "-", an empty
   value as ''. Best and final are of the figure that decided each run's
   best epoch: validation accuracy, or (in a column of its own when some
-  run has another) the task's (val_mae).
+  run has another) the task's (val_mae). Each run's checkpoint format
+  gets a column when some run's is not this engine's.
 
   `scaling` adds a scaling study's figures against the run with the
   fewest processes: speedup (its img/s over that run's) and efficiency
@@ -216,12 +224,15 @@ def table(runs: dict[str, Run], *, scaling: bool = False) -> str:
   show_target = any(run.target_set() or any(
       "target_accuracy_first_seconds" in r for r in run.records)
                     for run in runs.values())
+  show_format = any(run.checkpoint_format not in (
+      None, run_files.CHECKPOINT_FORMAT) for run in runs.values())
   header = ["run", *(f"--{name}" for name in flag_names), "epochs"]
   header += ["metric"] if show_metric else []
   header += ["best", "final"]
   header += ["s to target"] if show_target else []
   header += ["img/s", "procs"]
   header += ["speedup", "efficiency"] if scaling else []
+  header += ["ckpt format"] if show_format else []
   header += ["state"]
   rows = []
   for label, run in runs.items():
@@ -242,10 +253,11 @@ def table(runs: dict[str, Run], *, scaling: bool = False) -> str:
       speedup, efficiency = speedups.get(label, (None, None))
       row += [_number(speedup, ".2f") + ("x" if speedup else ""),
               _number(efficiency, ".0%")]
+    row += [_number(run.checkpoint_format)] if show_format else []
     row += [run.state]
     rows.append(row)
   numeric = {"epochs", "best", "final", "s to target", "img/s", "procs",
-             "speedup", "efficiency"}
+             "speedup", "efficiency", "ckpt format"}
   widths = [max(len(row[i]) for row in [header, *rows])
             for i in range(len(header))]
   lines = []
@@ -315,60 +327,6 @@ def plot(runs: dict[str, Run], path: str) -> None:
 
 
 # Reading a run's files.
-
-
-def _read_metrics(path: str) -> list[dict]:
-  """metrics.jsonl's JSON objects, in order. A line that is not one is
-  skipped: the last line can be half written (by a run writing it now, or
-  one killed while it wrote)."""
-  try:
-    with open(path, "rb") as f:
-      lines = f.readlines()
-  except FileNotFoundError:
-    return []
-  except OSError as e:
-    raise UserError(f"{path}: cannot read it ({e.strerror})") from None
-  return [record for record in map(record_of, lines) if record is not None]
-
-
-def record_of(line: bytes) -> Optional[dict]:
-  """A metrics.jsonl line's record (an epoch's, or an event's), or None if
-  it is not one. Here, not in engine.report, which writes the file: this
-  module reads runs without importing TensorFlow."""
-  try:
-    record = json.loads(line)
-  except (ValueError, UnicodeDecodeError):  # not JSON, or not UTF-8
-    return None
-  if isinstance(record, dict) and ("event" in record or isinstance(
-      record.get("epoch"), int)):
-    return record
-  return None
-
-
-def read_flags(path: str) -> dict[str, str]:
-  """A flagfile's values by flag name, booleans as "true" or "false".
-
-  A bare `--noname` is taken as name=false: no engine boolean flag's name
-  starts with "no".
-  """
-  try:
-    with open(path, encoding="utf-8", errors="replace") as f:
-      lines = f.read().splitlines()
-  except FileNotFoundError:
-    return {}
-  except OSError as e:
-    raise UserError(f"{path}: cannot read it ({e.strerror})") from None
-  values = {}
-  for line in lines:
-    line = line.strip()
-    if not line.startswith("--"):  # a blank line or a comment
-      continue
-    name, has_value, value = line[2:].partition("=")
-    if not has_value:
-      name, value = ((name[2:], "false") if name.startswith("no") else
-                     (name, "true"))
-    values[name] = value
-  return values
 
 
 def _planned_epochs(records: list[dict],

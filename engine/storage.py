@@ -1,5 +1,4 @@
-"""Writing to model_dir: room for checkpoints, and writes that fail; and
-reading back the small records a run keeps there.
+"""Writing to model_dir: room for checkpoints, and writes that fail.
 
 A full disk, a quota, a model_dir removed or remounted read-only: any write
 of the run (a checkpoint, metrics.jsonl, TensorBoard events, an export,
@@ -10,7 +9,6 @@ left half-done, so the checkpoints before it stay the run's latest.
 """
 import contextlib
 import errno
-import json
 import os
 import shutil
 from typing import Iterator, Optional
@@ -19,7 +17,6 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from engine.errors import UserError
 from engine.errors import WriteFailed
 
 # Failures a user can act on, by what their messages say (TensorFlow's file
@@ -112,16 +109,3 @@ def _reason(error: Exception) -> tuple[int, str]:
   lines = message.strip().splitlines()
   return 0, lines[0] if lines else type(error).__name__
 
-
-def read_record(model_dir: str, name: str, check, keeps: str):
-  """model_dir's JSON file `name` through `check` (which raises ValueError,
-  KeyError or TypeError on what it refuses), or None if there is none.
-  An unreadable one is a UserError naming it and saying what it `keeps`."""
-  path = os.path.join(model_dir, name) if model_dir else ""
-  if not path or not os.path.exists(path):
-    return None
-  try:
-    with open(path) as f:
-      return check(json.load(f))
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise UserError(f"{path}: unreadable ({e}); it records {keeps}") from None

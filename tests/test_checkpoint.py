@@ -1,3 +1,4 @@
+import json
 import os
 
 import pytest
@@ -6,6 +7,7 @@ import tensorflow as tf
 import models
 from engine import checkpoint
 from engine import precision
+from engine import run_files
 from engine import stopping
 from engine.errors import UserError
 
@@ -155,21 +157,6 @@ def test_the_learning_rate_factor_is_saved_and_restored(tmp_path):
   assert float(restored.numpy()) == 0.25
 
 
-def test_a_checkpoint_from_before_rollbacks_restores_with_the_full_rate(
-    tmp_path):
-  model, optimizer = build(seed=1)
-  manager(tmp_path, model, optimizer).save(checkpoint.Position(1, 0, 8, 1), 4)
-  other, other_optimizer = build(seed=2)
-  factor = tf.Variable(0.5)
-  checkpoints = checkpoint.Checkpoints(
-      str(tmp_path), model=other, optimizer=other_optimizer, keep=3,
-      identity=IDENTITY, lr_factor=factor)
-  assert checkpoints.restore_latest_readable().epoch == 1
-  assert float(factor.numpy()) == 1.0
-  for a, b in zip(model.weights, other.weights):
-    assert (a.numpy() == b.numpy()).all()
-
-
 def test_the_runs_clock_is_saved_with_the_position(tmp_path):
   model, optimizer = build()
   manager(tmp_path, model, optimizer).save(
@@ -178,24 +165,64 @@ def test_the_runs_clock_is_saved_with_the_position(tmp_path):
       checkpoint.Position(1, 3, 8, 1, seconds=42.5)
 
 
-def test_a_checkpoint_from_before_the_clock_restores_with_none_counted(
-    tmp_path):
-  model, optimizer = build(seed=1)
-  # What Checkpoints saved before it kept the run's seconds.
-  def number(value):
-    return tf.Variable(value, dtype=tf.int64)
-  old = tf.train.Checkpoint(
-      model=model, optimizer=optimizer, epoch=number(2), step=number(0),
-      global_batch=number(8), world_size=number(1),
-      best_accuracy=tf.Variable(0.5, dtype=tf.float64),
-      identity=tf.Variable(IDENTITY))
-  tf.train.CheckpointManager(old, str(tmp_path / "checkpoints"), 3,
-                             checkpoint_name="ckpt").save(checkpoint_number=4)
-  other, other_optimizer = build(seed=2)
-  assert manager(tmp_path, other, other_optimizer).restore_latest_readable() \
-      == checkpoint.Position(2, 0, 8, 1, seconds=0.0)
-  for a, b in zip(model.weights, other.weights):
-    assert (a.numpy() == b.numpy()).all()
+def test_the_first_save_records_the_checkpoints_format(tmp_path):
+  model, optimizer = build()
+  saved = manager(tmp_path, model, optimizer)
+  assert not (tmp_path / "checkpoints").exists()  # nothing before a save
+  saved.save(checkpoint.Position(1, 0, 8, 1), 1)
+  assert json.loads((tmp_path / "checkpoints" / "format.json").read_text()) \
+      == {"version": run_files.CHECKPOINT_FORMAT}
+  assert run_files.checkpoint_format(str(tmp_path / "checkpoints")) == \
+      run_files.CHECKPOINT_FORMAT
+  assert manager(tmp_path, *build()).restore_latest_readable().epoch == 1
+
+
+def another_format(model_dir, version):
+  """A model_dir of a run whose checkpoints are of format `version` (0:
+  no format recorded, as before it was): its files, to compare after."""
+  manager(model_dir, *build()).save(checkpoint.Position(1, 0, 8, 1), 1)
+  recorded = model_dir / "checkpoints" / "format.json"
+  if version:
+    recorded.write_text(json.dumps({"version": version}))
+  else:
+    recorded.unlink()
+  return {p: p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("version, written", [
+    (0, r"format 0 \(written before format.json recorded it\)"),
+    (2, "format 2")])
+def test_checkpoints_of_another_format_are_one_line_and_kept(
+    tmp_path, version, written):
+  before = another_format(tmp_path / "run", version)
+  reader = (r"the engine's revision 27dc95f \(82c6a49 .*\)" if version == 0
+            else "the engine that wrote them")
+  refusal = (f"holds checkpoints of {written}, and this engine reads format "
+             f"{run_files.CHECKPOINT_FORMAT} only: finish or evaluate that "
+             f"run with {reader}, or ")
+  # Resumed, and by engine.evaluate, which restores no optimizer.
+  for optimizer in (build()[1], None):
+    with pytest.raises(UserError, match=f"^--model_dir={tmp_path}/run "
+                       f"{refusal}start a new run in another --model_dir$"):
+      checkpoint.Checkpoints(str(tmp_path / "run"), model=build()[0],
+                             optimizer=optimizer, keep=3, identity=IDENTITY)
+  # Given as another run's checkpoint (--resume_from, --checkpoint).
+  path = f"{tmp_path}/run/checkpoints/ckpt-1"
+  with pytest.raises(UserError, match=f"^checkpoint {path} is of "
+                     f"{written}, and .*: finish or evaluate that run with "
+                     f"{reader}, or give another checkpoint$"):
+    manager(tmp_path / "new", *build()).restore(path)
+  assert before == {p: p.read_bytes() for p in before}
+  assert not (tmp_path / "new").exists()
+
+
+def test_a_damaged_format_record_is_one_line(tmp_path):
+  another_format(tmp_path, 1)
+  (tmp_path / "checkpoints" / "format.json").write_text('{"version": "1"')
+  with pytest.raises(UserError, match=r"checkpoints/format.json: unreadable "
+                     r".*; it records the format of the checkpoints beside it "
+                     r'\(this engine writes \{"version": 1\}\): restore it'):
+    manager(tmp_path, *build())
 
 
 def test_the_early_stopping_count_goes_back_with_the_checkpoint(tmp_path):
@@ -220,22 +247,11 @@ def test_the_early_stopping_count_goes_back_with_the_checkpoint(tmp_path):
   assert (stop.consecutive, stop.first_reached_epoch) == (2, 1)
 
 
-def test_a_checkpoint_from_before_the_count_restores_with_nothing_counted(
-    tmp_path):
-  model, optimizer = build()
-  manager(tmp_path, model, optimizer).save(checkpoint.Position(1, 0, 8, 1), 1)
-  stop = stopping.Target(0.5, patience=3)
-  stop.update(epoch=1, value=0.6, cumulative_seconds=10.0)
-  checkpoint.Checkpoints(str(tmp_path), model=model, optimizer=optimizer,
-                         keep=3, identity=IDENTITY,
-                         stop=stop).restore_latest_readable()
-  assert (stop.consecutive, stop.first_reached_epoch,
-          stop.first_reached_seconds) == (0, None, None)
-
-
 def test_a_legacy_optimizers_checkpoint_is_one_line_and_kept(tmp_path):
   # What a TensorFlow 2.15 run with novograd or lamb saved: tensorflow-addons
   # built them on Keras' legacy optimizers, whose slots ours cannot take.
+  # Its checkpoints record no format (they are of format 0): refused, for
+  # training and evaluation alike, naming the revision that resumes them.
   model, _ = build()
   legacy = tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)
   legacy.apply_gradients([(tf.zeros_like(v), v)
@@ -247,14 +263,18 @@ def test_a_legacy_optimizers_checkpoint_is_one_line_and_kept(tmp_path):
       best_accuracy=tf.Variable(0.5, dtype=tf.float64), **position).save(
           str(tmp_path / "checkpoints" / "ckpt"))
   before = {p: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
-  with pytest.raises(UserError, match=f"checkpoint {path} holds a legacy "
-                     "Keras optimizer's state .* or start afresh in another "
-                     "--model_dir"):
-    manager(tmp_path, *build()).restore(path)
+  with pytest.raises(UserError, match=f"checkpoint {path} is of format 0 .*"
+                     r"\(82c6a49 for a novograd or lamb run saved on "
+                     "TensorFlow 2.15.* or give another checkpoint"):
+    manager(tmp_path / "new", *build()).restore(path)
+  with pytest.raises(UserError, match=f"--model_dir={tmp_path} holds "
+                     "checkpoints of format 0 .*82c6a49 .* or start a new "
+                     "run in another --model_dir"):
+    manager(tmp_path, *build())
   assert before == {p: p.read_bytes() for p in before}
-  # Its weights alone still restore, as engine.evaluate restores them.
+  # Nor do its weights alone restore, as engine.evaluate would restore
+  # them: the revision named evaluates it.
   evaluated, _ = build(seed=3)
-  checkpoint.Checkpoints(str(tmp_path), model=evaluated, optimizer=None,
-                         keep=3, identity=IDENTITY).restore(path)
-  for a, b in zip(model.weights, evaluated.weights):
-    assert (a.numpy() == b.numpy()).all()
+  with pytest.raises(UserError, match="format 0 .*82c6a49"):
+    checkpoint.Checkpoints(str(tmp_path), model=evaluated, optimizer=None,
+                           keep=3, identity=IDENTITY)

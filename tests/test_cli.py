@@ -83,6 +83,7 @@ def fails_with(train_commands):
               if "error" in l.lower() and "pass --help" not in l.lower()]
     assert len(errors) == 1, result.stderr
     assert message in errors[0], errors[0]
+    return result
 
   return check
 
@@ -194,6 +195,50 @@ def test_tfrecord_found_corrupt_while_training(tmp_path, fails_with):
 def snapshot(directory):
   return {str(p.relative_to(directory)): p.read_bytes()
           for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+# A model_dir whose checkpoints are of another format than this engine's
+# (engine/run_files.py): one line, exit 2, the model_dir as it was.
+
+@pytest.fixture(scope="module")
+def trained(data_dir, train_commands, tmp_path_factory):
+  """A model_dir of one epoch, as this engine writes it."""
+  model_dir = tmp_path_factory.mktemp("formats") / "run"
+  result = train_commands.run(
+      [f"--data_dir={data_dir}", f"--model_dir={model_dir}", "--epochs=1",
+       "--batch_size=8", "--filters=4"], timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return model_dir
+
+
+@pytest.mark.parametrize("version, module, message", [
+    (0, "engine.train", "holds checkpoints of format 0 (written before "
+     "format.json recorded it), and this engine reads format 1 only: finish "
+     "or evaluate that run with the engine's revision 27dc95f (82c6a49 for "
+     "a novograd or lamb run saved on TensorFlow 2.15), or start a new run "
+     "in another --model_dir"),
+    (2, "engine.train", "holds checkpoints of format 2, and this engine "
+     "reads format 1 only: finish or evaluate that run with the engine that "
+     "wrote them, or start a new run in another --model_dir"),
+    (0, "engine.evaluate", "holds checkpoints of format 0"),
+], ids=["unrecorded", "later", "evaluated"])
+def test_a_model_dir_of_another_checkpoint_format_is_one_line_exit_2(
+    trained, data_dir, tmp_path, fails_with, version, module, message):
+  model_dir = shutil.copytree(trained, tmp_path / "run")
+  recorded = model_dir / "checkpoints" / "format.json"
+  if version:
+    recorded.write_text(json.dumps({"version": version}))
+  else:  # as written before the format was recorded
+    recorded.unlink()
+  before = snapshot(model_dir)
+  args = [f"--model_dir={model_dir}"]
+  if module == "engine.train":
+    args += [f"--data_dir={data_dir}", "--epochs=2", "--batch_size=8",
+             "--filters=4"]
+  result = fails_with(args, f"{module}: error: --model_dir={model_dir} "
+                      f"{message}", module=module)
+  assert result.returncode == 2
+  assert snapshot(model_dir) == before
 
 
 @pytest.fixture

@@ -70,7 +70,8 @@ def test_the_step_updates_the_average_after_each_update():
                              0.1 * initial + 0.9 * updated, rtol=1e-5)
 
 
-def test_checkpoints_keep_the_average_and_older_ones_start_it(tmp_path):
+def test_checkpoints_keep_the_average_and_ones_without_start_it(tmp_path):
+  # Without one: a run resumed with an --ema_decay it did not start with.
   model = tiny_model(seed=1)
   optimizer = tf.keras.optimizers.SGD(0.1)
   optimizer.build(model.trainable_variables)

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from engine import precision
+from engine import run_files
 from engine.errors import UserError
 from tests import fixtures
 
@@ -72,7 +73,7 @@ def test_a_recorded_choice_reads_back_and_a_damaged_one_is_one_line(
                                                     "bfloat16": 2.0}}
   precision.record(str(tmp_path), choice)
   assert precision.recorded(str(tmp_path)) == choice
-  (tmp_path / precision.PRECISION_FILE).write_text('{"mode": "float8"}')
+  (tmp_path / run_files.PRECISION_FILE).write_text('{"mode": "float8"}')
   with pytest.raises(UserError, match=r"precision.json: unreadable .*"
                      "delete it to measure again"):
     precision.recorded(str(tmp_path))
@@ -115,7 +116,7 @@ def measured(tmp_path_factory):
 def test_every_rank_runs_rank_0s_choice_and_records_it(measured):
   out, result, ranks = measured
   assert [r["measured_policy"] for r in ranks] == ["mixed_bfloat16"] * 2
-  recorded = json.loads((out / "run" / precision.PRECISION_FILE).read_text())
+  recorded = json.loads((out / "run" / run_files.PRECISION_FILE).read_text())
   assert recorded["mode"] == "bfloat16"
   assert set(recorded["images_per_sec"]) == {"none", "bfloat16"}
   assert all(rate > 0 for rate in recorded["images_per_sec"].values())
@@ -140,7 +141,7 @@ def test_a_run_first_started_in_float32_resumes_in_it_under_auto(measured):
 def test_float32_alone_is_recorded_unmeasured(measured):
   out, _, ranks = measured
   assert [r["float32_alone_policy"] for r in ranks] == ["float32"] * 2
-  assert json.loads((out / "float32_alone" / precision.PRECISION_FILE
+  assert json.loads((out / "float32_alone" / run_files.PRECISION_FILE
                      ).read_text()) == {
       "mode": "none", "images_per_sec": {},
       "hardware": "CPU without AVX512_BF16 or AMX"}

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from engine import report
+from engine import run_files
 from engine.tasks.classification import Classification
 
 RECORD = {"epoch": 1, "global_step": 30, "train_loss": 1.5,
@@ -84,7 +85,7 @@ def test_the_chief_writes_the_confusion_image_each_epoch(tmp_path):
 
 
 def test_a_resume_drops_damaged_lines_and_keeps_events(tmp_path):
-  metrics = tmp_path / report.METRICS_FILE
+  metrics = tmp_path / run_files.METRICS_FILE
   metrics.write_text('{"epoch": 1, "val_accuracy": 0.5}\n'
                      '{"event": "rollback", "epoch": 1}\n'
                      '{"epoch": 2, "val_acc\n'  # a write cut short

@@ -287,6 +287,36 @@ def test_one_run_has_no_flag_columns(tmp_path):
                               "2", "finished"]
 
 
+def write_checkpoints(directory, version, where="checkpoints"):
+  """A checkpoint's index file in `where` (its bytes are never read), and
+  checkpoints/format.json with `version`, unless it is 0 (as written before
+  the format was recorded)."""
+  os.makedirs(os.path.join(directory, where), exist_ok=True)
+  with open(os.path.join(directory, where, "ckpt-3.index"), "wb") as f:
+    f.write(b"\0")
+  if version:
+    with open(os.path.join(directory, "checkpoints", "format.json"),
+              "w") as f:
+      json.dump({"version": version}, f)
+
+
+def test_runs_of_another_checkpoint_format_are_listed_with_it(tmp_path):
+  write_checkpoints(write_run(tmp_path / "ours", three_epochs()), 1)
+  write_run(tmp_path / "fresh", three_epochs())  # no checkpoint yet
+  assert runs.read_run(str(tmp_path / "ours")).checkpoint_format == 1
+  assert runs.read_run(str(tmp_path / "fresh")).checkpoint_format is None
+  assert "format" not in table(tmp_path)  # this engine's, or none
+  write_checkpoints(write_run(tmp_path / "old", three_epochs()), 0)
+  write_checkpoints(write_run(tmp_path / "later", three_epochs()), 2,
+                    where=os.path.join("checkpoints", "best"))
+  rows = table_rows(tmp_path)
+  assert {label: (row["ckpt format"], row["state"])
+          for label, row in rows.items()} == {
+              "fresh": ("-", "finished"), "later": ("2", "finished"),
+              "old": ("0", "finished"), "ours": ("1", "finished")}
+  assert list(rows["ours"])[-2:] == ["ckpt format", "state"]
+
+
 def test_runs_are_found_at_any_depth(tmp_path):
   write_run(tmp_path / "sweep" / "lr1", three_epochs())
   write_run(tmp_path / "sweep" / "deeper" / "lr2", three_epochs())

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from engine import actions
 from engine import profiling
+from engine import run_files
 from engine import storage
 from engine.errors import WriteFailed
 
@@ -67,7 +68,7 @@ def test_remove_takes_files_and_directories_and_ignores_the_missing(tmp_path):
 
 
 def test_a_profile_trace_that_cannot_be_written_is_one_line(tmp_path):
-  (tmp_path / profiling.PROFILE_DIR).write_text("a file, not a directory")
+  (tmp_path / run_files.PROFILE_DIR).write_text("a file, not a directory")
   profiler = profiling.StepProfiler(str(tmp_path), steps=(1, 1), rank=0,
                                     all_ranks=False, timeline=False)
   with pytest.raises(WriteFailed, match=r"^could not write profile trace "

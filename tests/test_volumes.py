@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine import augmentation, data, datasets, staging
+from engine import augmentation, data, datasets, run_files, staging
 from engine.datasets import RecordFiles, record_features
 from engine.errors import UserError
 import models
@@ -177,7 +177,7 @@ def test_normalization_applies_the_transform_it_was_measured_after(data_dir):
 def test_a_run_keeps_the_transform_its_statistics_were_measured_after(
     data_dir, tmp_path):
   datasets.record(str(tmp_path), load(data_dir, log_transform=True).info)
-  assert json.loads((tmp_path / datasets.NORMALIZATION_FILE).read_text())[
+  assert json.loads((tmp_path / run_files.NORMALIZATION_FILE).read_text())[
       "transform"] == "log1p"
   assert load(data_dir, log_transform=True,
               model_dir=str(tmp_path)).info.transform == "log1p"

@@ -22,10 +22,10 @@ from engine.datasets import (arrays, cifar10, fashion_mnist, image_folder,
 # The loaders' contract, and arrays a script holds, for users' own code.
 from engine.datasets.arrays import from_arrays  # noqa: F401
 from engine.datasets.splits import (  # noqa: F401
-    CLASSES_FILE, ArrayRows, DatasetInfo, Examples, ImageFiles, RecordFiles,
-    Source, Splits)
-from engine import storage
+    ArrayRows, DatasetInfo, Examples, ImageFiles, RecordFiles, Source, Splits)
+from engine import run_files
 from engine.errors import UserError
+from engine.run_files import CLASSES_FILE
 from engine.registry import Registry
 
 _DATASETS = Registry("dataset", {
@@ -38,8 +38,6 @@ _DATASETS = Registry("dataset", {
 })
 names = _DATASETS.names
 is_known = _DATASETS.is_known
-# In model_dir, beside CLASSES_FILE: the statistics the run normalizes with.
-NORMALIZATION_FILE = "normalization.json"
 
 
 # What --image_size=0 and --num_classes=0 stand for: ImageNet's, but for
@@ -102,7 +100,7 @@ def record(model_dir: str, info: DatasetInfo) -> None:
   if _has_targets(info):
     statistics.update(target_mean=list(info.label_mean),
                       target_std=list(info.label_std))
-  with open(os.path.join(model_dir, NORMALIZATION_FILE), "w") as f:
+  with open(os.path.join(model_dir, run_files.NORMALIZATION_FILE), "w") as f:
     json.dump(statistics, f)
 
 
@@ -111,9 +109,9 @@ def _check_transform(model_dir: str, info: DatasetInfo) -> None:
   recorded = _read_normalization(model_dir)
   if recorded and recorded["transform"] != info.transform:
     raise UserError(
-        f"{os.path.join(model_dir, NORMALIZATION_FILE)}: this run normalizes "
-        f"{recorded['transform'] or 'untransformed'} values, and this start "
-        f"would read {info.transform or 'untransformed'} ones "
+        f"{os.path.join(model_dir, run_files.NORMALIZATION_FILE)}: this run "
+        f"normalizes {recorded['transform'] or 'untransformed'} values, and "
+        f"this start would read {info.transform or 'untransformed'} ones "
         "(--log_transform): give the flag as the run started")
 
 
@@ -165,6 +163,6 @@ def _read_normalization(model_dir: str) -> Optional[dict]:
       raise ValueError("not finite numbers with a positive std")
     return dict(statistics, transform=str(recorded.get("transform", "")))
 
-  return storage.read_record(
-      model_dir, NORMALIZATION_FILE, checked,
+  return run_files.read_record(
+      model_dir, run_files.NORMALIZATION_FILE, checked,
       "the run's normalization: restore it, or delete it to recompute")

@@ -34,9 +34,9 @@ import numpy as np
 from PIL import Image
 import tensorflow as tf
 
-from engine.datasets.splits import (CLASSES_FILE, DatasetInfo, ImageFiles,
-                                    Splits)
+from engine.datasets.splits import DatasetInfo, ImageFiles, Splits
 from engine.errors import UserError
+from engine.run_files import CLASSES_FILE
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TRAIN_DIR = "train"

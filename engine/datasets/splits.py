@@ -23,10 +23,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-# The classes' names, one a line in label order: written into a run's
-# model_dir, and beside TFRecords by engine.tools.to_tfrecords.
-CLASSES_FILE = "classes.txt"
-
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:

@@ -23,9 +23,9 @@ import os
 import tensorflow as tf
 
 from engine.datasets import record_features
-from engine.datasets.splits import (CLASSES_FILE, DatasetInfo, RecordFiles,
-                                    Splits)
+from engine.datasets.splits import DatasetInfo, RecordFiles, Splits
 from engine.errors import UserError
+from engine.run_files import CLASSES_FILE
 
 # ImageNet's per-channel statistics (0-255 scale), the usual choice for
 # natural images when computing the data set's own would mean a full pass.

@@ -1,0 +1,211 @@
+"""What a model_dir holds: the name of every file and folder a run keeps
+there, and the small readers and writers of them that several modules share.
+
+Rank 0 writes a run's model_dir (engine.model_dir, engine.report,
+engine.checkpoint, ...), and a resumed start, engine.evaluate and
+engine.runs read it back. Each takes its names from here, so the layout is
+written down once:
+
+  flags.txt              the flags of the run's first start, a flagfile
+  flags.latest.txt       those of its latest start, once it has resumed
+  metrics.jsonl          a record per epoch and per event (engine.report)
+  classes.txt            the class names, one a line in label order
+  normalization.json     the statistics the run normalizes with
+  precision.json         what --mixed_precision=auto chose (engine.precision)
+  checkpoints/           ckpt-<global step>, best/best-<global step>, and
+                         format.json, their format's version
+  tensorboard/           train/ and validation/, and the run's hparams
+  export/                final/ and best/: SavedModels
+  profile/, timeline.json  traces of --profile_steps (engine.profiling)
+
+It imports no TensorFlow: engine.runs reads runs without it, in a fraction
+of a second.
+"""
+import glob
+import json
+import os
+from typing import Callable, Optional
+
+from engine.errors import UserError
+
+FLAGS_FILE = "flags.txt"
+LATEST_FLAGS_FILE = "flags.latest.txt"
+METRICS_FILE = "metrics.jsonl"
+# The same file a data set may hold beside its images (engine.datasets
+# reads it there, and engine.tools.to_tfrecords writes it).
+CLASSES_FILE = "classes.txt"
+NORMALIZATION_FILE = "normalization.json"
+PRECISION_FILE = "precision.json"
+
+CHECKPOINT_DIR = "checkpoints"
+# tf.train.CheckpointManager's names in it: the latest few as
+# ckpt-<global step>, the best in best/ as best-<global step>, each
+# manager's list of them in its state file.
+CHECKPOINT_NAME = "ckpt"
+BEST_DIR = BEST_NAME = "best"
+CHECKPOINT_STATE_FILE = "checkpoint"  # TensorFlow's name
+# The format of the checkpoints (which variables they hold, by what name,
+# meaning what), recorded beside them in FORMAT_FILE before a run's first
+# save. A run resumes, and engine.evaluate reads, checkpoints of this
+# format only: another is refused in one line (engine.checkpoint) rather
+# than restored wrongly. Format 0 stands for checkpoints written before the
+# format was recorded. Raise it with any change to what a checkpoint holds.
+FORMAT_FILE = "format.json"
+CHECKPOINT_FORMAT = 1
+
+TENSORBOARD_DIR = "tensorboard"
+# The Keras TensorBoard callback's runs, which users know (engine.report).
+TRAIN_RUN, VALIDATION_RUN = "train", "validation"
+EXPORT_DIR = "export"
+FINAL_EXPORT, BEST_EXPORT = "final", "best"
+PROFILE_DIR = "profile"
+TIMELINE_FILE = "timeline.json"
+
+
+def profile_dir(model_dir: str, rank: int) -> str:
+  """Where rank `rank` writes its profile: profile/ for rank 0, and
+  profile/rank_<r> for the others (the profiler names its file after the
+  host, which processes on one host share)."""
+  directory = os.path.join(model_dir, PROFILE_DIR)
+  return os.path.join(directory, f"rank_{rank}") if rank else directory
+
+
+# The flags files.
+
+
+def record_flags(model_dir: str, command_line: str) -> None:
+  """FLAGS_FILE: the flags of the run's first start, usable as a flagfile.
+
+  A resumed start's flags go to LATEST_FLAGS_FILE; FLAGS_FILE is never
+  overwritten, so the run can always be reproduced from its start.
+  """
+  first = os.path.join(model_dir, FLAGS_FILE)
+  path = os.path.join(model_dir, LATEST_FLAGS_FILE) if os.path.exists(
+      first) else first
+  with open(path, "w") as f:
+    f.write(command_line)
+
+
+def latest_flags_file(model_dir: str) -> Optional[str]:
+  """The flags file of the run's latest start, None if it has none."""
+  for name in (LATEST_FLAGS_FILE, FLAGS_FILE):
+    path = os.path.join(model_dir, name)
+    if os.path.exists(path):
+      return path
+  return None
+
+
+def read_flags(path: str) -> dict[str, str]:
+  """A flagfile's values by flag name, booleans as "true" or "false"; none
+  if there is no such file.
+
+  A bare `--noname` is taken as name=false: no engine boolean flag's name
+  starts with "no".
+  """
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      lines = f.read().splitlines()
+  except FileNotFoundError:
+    return {}
+  except OSError as e:
+    raise UserError(f"{path}: cannot read it ({e.strerror})") from None
+  values = {}
+  for line in lines:
+    line = line.strip()
+    if not line.startswith("--"):  # a blank line or a comment
+      continue
+    name, has_value, value = line[2:].partition("=")
+    if not has_value:
+      name, value = ((name[2:], "false") if name.startswith("no") else
+                     (name, "true"))
+    values[name] = value
+  return values
+
+
+# metrics.jsonl.
+
+
+def read_metrics(model_dir: str) -> list[tuple[bytes, Optional[dict]]]:
+  """METRICS_FILE's lines that are not blank, each with its record, or
+  None if it is not one (a line half written, by a run writing it now or
+  one that failed or was killed while it wrote); none if there is no
+  such file."""
+  path = os.path.join(model_dir, METRICS_FILE)
+  try:
+    with open(path, "rb") as f:
+      lines = [line for line in f if line.strip()]
+  except FileNotFoundError:
+    return []
+  except OSError as e:
+    raise UserError(f"{path}: cannot read it ({e.strerror})") from None
+  return [(line, record_of(line)) for line in lines]
+
+
+def record_of(line: bytes) -> Optional[dict]:
+  """A metrics.jsonl line's record (an epoch's, or an event's), or None if
+  it is not one."""
+  try:
+    record = json.loads(line)
+  except (ValueError, UnicodeDecodeError):  # not JSON, or not UTF-8
+    return None
+  if isinstance(record, dict) and ("event" in record or isinstance(
+      record.get("epoch"), int)):
+    return record
+  return None
+
+
+# The JSON records: precision.json, normalization.json, format.json.
+
+
+def read_record(directory: str, name: str,
+                check: Callable[[object], object], keeps: str):
+  """`directory`'s JSON file `name` through `check` (which raises
+  ValueError, KeyError or TypeError on what it refuses), or None if there
+  is none. An unreadable one is a UserError naming it and saying what it
+  `keeps`."""
+  path = os.path.join(directory, name) if directory else ""
+  if not path or not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return check(json.load(f))
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise UserError(f"{path}: unreadable ({e}); it records {keeps}") from None
+
+
+# The checkpoints' format.
+
+
+def checkpoint_format(directory: str) -> Optional[int]:
+  """The format of the checkpoints in `directory` (a model_dir's
+  checkpoints/): the version its FORMAT_FILE records, 0 if it has none,
+  or None if it holds no checkpoint."""
+  def checked(recorded):
+    if type(recorded["version"]) is not int:
+      raise ValueError(f"version {recorded['version']!r}")
+    return recorded["version"]
+
+  if not any(glob.glob(os.path.join(glob.escape(place), "*.index"))
+             for place in (directory, os.path.join(directory, BEST_DIR))):
+    return None
+  version = read_record(
+      directory, FORMAT_FILE, checked,
+      "the format of the checkpoints beside it (this engine writes "
+      f'{{"version": {CHECKPOINT_FORMAT}}}): restore it from a copy')
+  return 0 if version is None else version
+
+
+def record_checkpoint_format(directory: str) -> None:
+  """FORMAT_FILE in `directory`, made if need be: CHECKPOINT_FORMAT."""
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, FORMAT_FILE), "w") as f:
+    json.dump({"version": CHECKPOINT_FORMAT}, f)
+
+
+def checkpoint_dir_of(prefix: str) -> str:
+  """The checkpoints/ directory that checkpoint `prefix` is in: its own,
+  or for a best checkpoint its parent."""
+  directory = os.path.dirname(os.path.abspath(prefix))
+  if os.path.basename(directory) == BEST_DIR:
+    return os.path.dirname(directory)
+  return directory
