@@ -59,6 +59,9 @@ class RunDirectory:
     self._stop = stop
     self._identity = checkpoint.identity(model, info)
     self.checkpoints = None
+    # The run's metrics.jsonl and TensorBoard events, which rank 0 writes.
+    self.reporter = report.Reporter(model_dir, chief=True,
+                                    epochs=config.epochs)
     self.opened = False  # model_dir passed the checks and is written to
 
   def open(self) -> Optional[checkpoint.Position]:
@@ -122,14 +125,13 @@ class RunDirectory:
     with self._writes():
       return self.checkpoints.save(position, global_step)
 
-  def end_epoch(self, reporter: report.Reporter, record: dict,
-                images: dict, position: checkpoint.Position,
-                global_step: int) -> None:
+  def end_epoch(self, record: dict, images: dict,
+                position: checkpoint.Position, global_step: int) -> None:
     """The epoch's record, its TensorBoard `images` (the task's), and its
     checkpoints (the best among those evaluated)."""
     value = record[self._decider.key]
     with self._writes():
-      reporter.epoch(record, images)
+      self.reporter.epoch(record, images)
       if value is None:
         self.checkpoints.save(position, global_step)
       elif self.checkpoints.save_at_epoch_end(position, global_step,
@@ -141,8 +143,7 @@ class RunDirectory:
     """Something of this start's besides its epochs (the staging), in
     metrics.jsonl."""
     with self._writes():
-      report.Reporter(self.model_dir, chief=True,
-                      epochs=self._config.epochs).event(record)
+      self.reporter.event(record)
 
   def record_end(self, error: BaseException) -> None:
     """How the run stopped, when it stopped before finishing: the end
@@ -150,8 +151,7 @@ class RunDirectory:
     if not self.opened:
       return
     try:
-      report.Reporter(self.model_dir, chief=True,
-                      epochs=self._config.epochs).event(_end_record(error))
+      self.reporter.event(_end_record(error))
     except WriteFailed as e:
       logging.warning("not recorded in metrics.jsonl: %s", e)
 
@@ -160,11 +160,11 @@ class RunDirectory:
     position = self.checkpoints.restore_latest_readable()
     return position, self.checkpoints.restored_path
 
-  def record_rollback(self, reporter: report.Reporter, record: dict) -> None:
+  def record_rollback(self, record: dict) -> None:
     """The rollback's event, after the records of epochs it undid go."""
     with self._writes():
-      reporter.keep_epochs_up_to(record["epoch"], record["global_step"])
-      reporter.event(record)
+      self.reporter.keep_epochs_up_to(record["epoch"], record["global_step"])
+      self.reporter.event(record)
 
   def export(self) -> None:
     """The final model and the best checkpoint, as SavedModels."""

@@ -40,8 +40,9 @@ class Session:
     self._batches_from = batches_from
     self.read_from_state()
     chief = distributed.is_chief()
-    self.reporter = report.Reporter(config.model_dir, chief=chief,
-                                    epochs=config.epochs)
+    # Rank 0's is its model_dir's; the others' does nothing.
+    self.reporter = directory.reporter if directory else report.Reporter(
+        config.model_dir, chief=False, epochs=config.epochs)
     # What was written past this point (before a crash, say) goes.
     self.reporter.keep_epochs_up_to(state.epoch, state.global_step)
     self.reporter.hparams(config.hparams(world.size, state.global_batch))

@@ -410,10 +410,8 @@ class TrainLoop:
     position = state.position(seconds=record["cumulative_seconds"])
     global_step = state.global_step
     session.on_chief(lambda directory: directory.end_epoch(
-        session.reporter, record,
-        {**self._eval_step.task.summary_images(val.sums), **pictures}
-        if val else {},
-        position, global_step), name="end_epoch")
+        record, {**self._eval_step.task.summary_images(val.sums), **pictures}
+        if val else {}, position, global_step), name="end_epoch")
     self._commit(state.snapshot(seconds=record["cumulative_seconds"]))
     if stop_now:
       logging.info("stopping early: %s %s %g for %d epochs; first reached "
@@ -483,8 +481,8 @@ class TrainLoop:
               "global_step": state.global_step,
               "diverged_at_step": diverged_at_step, "checkpoint": path,
               "learning_rate_factor": factor, "rollback": self._rollbacks}
-    session.on_chief(lambda directory: directory.record_rollback(
-        session.reporter, record), name="record_rollback")
+    session.on_chief(lambda directory: directory.record_rollback(record),
+                     name="record_rollback")
     # The run's clock goes on: the time of the undone steps was spent.
     self._commit(state.snapshot())
 
