@@ -1,6 +1,8 @@
 """`import engine` (engine/__init__.py): the settings TensorFlow reads once,
 made before it reads them, and its import without the notices that
 TF_CPP_MIN_LOG_LEVEL hides."""
+import ast
+import os
 import subprocess
 
 from tests import fixtures
@@ -41,3 +43,67 @@ def test_a_script_that_used_keras_3_as_tf_keras_first_is_told_what_to_do():
   assert ("ImportError: tf.keras is Keras 3: it was used before the engine "
           "was imported, too late for TF_USE_LEGACY_KERAS=1; import engine "
           "before TensorFlow") in ran.stderr
+
+
+def engine_imports(root: str) -> dict[str, set[str]]:
+  """Each of the engine's modules -> the engine's modules it imports when
+  imported (module-level imports; those inside functions run later)."""
+  modules = {}
+  for directory, _, files in os.walk(os.path.join(root, "engine")):
+    for name in files:
+      if name.endswith(".py"):
+        path = os.path.join(directory, name)
+        module = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+        modules[module.removesuffix(".__init__")] = path
+  graph = {}
+  for module, path in modules.items():
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    imported = set()
+    for node in tree.body:
+      if isinstance(node, ast.Import):
+        imported |= {alias.name for alias in node.names}
+      elif isinstance(node, ast.ImportFrom) and node.module:
+        imported |= {f"{node.module}.{alias.name}" if
+                     f"{node.module}.{alias.name}" in modules else node.module
+                     for alias in node.names}
+    graph[module] = (imported & modules.keys()) - {module}
+  return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+  """A cycle of imports in `graph` (its modules in order), or []."""
+  done, path = set(), []
+
+  def visit(module):
+    if module in path:
+      return path[path.index(module):] + [module]
+    if module in done:
+      return []
+    path.append(module)
+    for imported in sorted(graph[module]):
+      cycle = visit(imported)
+      if cycle:
+        return cycle
+    path.pop()
+    done.add(module)
+    return []
+
+  for module in sorted(graph):
+    cycle = visit(module)
+    if cycle:
+      return cycle
+  return []
+
+
+def test_the_engines_modules_import_each_other_without_cycles(tmp_path):
+  graph = engine_imports(fixtures.REPO)
+  assert len(graph) > 40 and graph["engine.train"] >= {"engine.actions",
+                                                        "engine.build"}
+  assert import_cycle(graph) == []
+  # The check finds one: a module that imports one importing it.
+  (tmp_path / "engine").mkdir()
+  (tmp_path / "engine" / "a.py").write_text("from engine import b\n")
+  (tmp_path / "engine" / "b.py").write_text("import os\nimport engine.a\n")
+  assert import_cycle(engine_imports(str(tmp_path))) == [
+      "engine.a", "engine.b", "engine.a"]
