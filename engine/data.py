@@ -185,7 +185,7 @@ def eval_batches(source: Source, info: DatasetInfo, *,
         (source.images, source.labels)).shard(world_size, rank).batch(
             batch_size)
   batches = batches.map(
-      lambda images, labels: (normalize(images, info), labels),
+      lambda images, labels: (info.normalized(images), labels),
       num_parallel_calls=PARALLEL_BATCHES)
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
 
@@ -241,14 +241,14 @@ def _augmentation(info: DatasetInfo, *, rank: int, world_size: int,
     key = tf.random.experimental.stateless_fold_in(
         epoch_key, step * world_size + rank)
     if volumes:
-      return normalize(augment_volumes(images, key, flip=flip,
-                                       transpose=transpose), info), labels
+      return info.normalized(augment_volumes(
+          images, key, flip=flip, transpose=transpose)), labels
     batch = augment(images, key, flip=flip, shift=shift,
                     fill=info.shift_fill)
-    if is_mask(info):  # moved as its image is: the same key
+    if info.labels_are_masks():  # moved as its image is: the same key
       labels = augment(labels[..., None], key, flip=flip, shift=shift,
                        fill=info.shift_fill)[..., 0]
-    return normalize(batch, info), labels
+    return info.normalized(batch), labels
 
   return augmented
 
@@ -300,7 +300,7 @@ def _decoded_batches(indices: tf.data.Dataset, source: ImageFiles,
 
 def _decoded_label(label: tf.Tensor, info: DatasetInfo) -> tf.Tensor:
   """An image file's label: its class id, or its mask's file decoded."""
-  if is_mask(info):
+  if info.labels_are_masks():
     return image_folder.decode_mask(label, info.image_shape[:2])
   return label
 
@@ -340,7 +340,7 @@ def _record_train_batches(source: RecordFiles, info: DatasetInfo, *,
 
   return (tf.data.Dataset.counter(first_epoch).flat_map(epoch_batches)
           .skip(first_step)  # a stream: the skipped records are still read
-          .map(lambda images, labels: (normalize(images, info), labels),
+          .map(lambda images, labels: (info.normalized(images), labels),
                num_parallel_calls=PARALLEL_BATCHES))
 
 
@@ -466,19 +466,3 @@ def _decode_eval(record, info: DatasetInfo, label_offset: int):
 def _decode_parallelism() -> int:
   """Decoding runs on the cores this process may use (after binding)."""
   return len(os.sched_getaffinity(0))
-
-
-def is_mask(info: DatasetInfo) -> bool:
-  """Whether a label is an image's mask, [H, W] as the image: flipped and
-  shifted with it."""
-  return tuple(info.label_shape) == tuple(info.image_shape[:2])
-
-
-def normalize(images: tf.Tensor, info: DatasetInfo) -> tf.Tensor:
-  """Featurewise standardization with the training set's channel
-  statistics, of the stored values transformed as the data set says
-  (log(1 + x) of CosmoFlow's counts)."""
-  mean = tf.constant(info.mean, tf.float32)
-  std = tf.constant(info.std, tf.float32)
-  return (info.transformed(tf.cast(images, tf.float32)) - mean) / std
-

@@ -138,5 +138,5 @@ def test_shift_moves_whole_pixels_and_fills_with_the_nearest_edge():
 
 def test_normalize_uses_the_training_statistics():
   info = INFO.__class__(**{**INFO.__dict__, "mean": (10.0,), "std": (2.0,)})
-  out = data.normalize(tf.constant([[14]], tf.uint8), info)
+  out = info.normalized(tf.constant([[14]], tf.uint8))
   assert out.dtype == tf.float32 and out.numpy().item() == 2.0

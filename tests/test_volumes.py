@@ -170,7 +170,7 @@ def test_normalization_applies_the_transform_it_was_measured_after(data_dir):
   stored = tf.constant([[[[[0, 7]]]]], tf.int16)
   expected = (np.log1p([0.0, 7.0]) - np.array(info.mean)) / np.array(
       info.std)
-  np.testing.assert_allclose(data.normalize(stored, info).numpy().ravel(),
+  np.testing.assert_allclose(info.normalized(stored).numpy().ravel(),
                              expected, rtol=1e-5)
 
 

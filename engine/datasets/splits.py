@@ -63,6 +63,19 @@ class DatasetInfo:
     """Stored values (float32), transformed as `transform` says."""
     return tf.math.log1p(values) if self.transform == "log1p" else values
 
+  def normalized(self, images: tf.Tensor) -> tf.Tensor:
+    """Featurewise standardization with the training set's channel
+    statistics, of the stored values transformed as `transform` says
+    (log(1 + x) of CosmoFlow's counts)."""
+    mean = tf.constant(self.mean, tf.float32)
+    std = tf.constant(self.std, tf.float32)
+    return (self.transformed(tf.cast(images, tf.float32)) - mean) / std
+
+  def labels_are_masks(self) -> bool:
+    """Whether a label is an image's mask, [H, W] as the image: flipped and
+    shifted with it."""
+    return tuple(self.label_shape) == tuple(self.image_shape[:2])
+
   def classes(self) -> tuple[str, ...]:
     """The name of each class, in label order."""
     return self.class_names or tuple(str(i) for i in range(self.num_classes))
