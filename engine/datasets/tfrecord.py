@@ -23,8 +23,8 @@ import os
 import tensorflow as tf
 
 from engine.datasets import record_features
-from engine.datasets.splits import (CLASSES_FILE, DatasetInfo, RecordFiles,
-                                    Splits)
+from engine.datasets.record_files import RecordFiles
+from engine.datasets.splits import CLASSES_FILE, DatasetInfo, Splits
 from engine.errors import UserError
 
 # ImageNet's per-channel statistics (0-255 scale), the usual choice for
