@@ -24,7 +24,6 @@ import tensorflow as tf
 
 from bench import epochs
 from bench import workload
-from engine import data
 from engine import distributed
 
 FLAGS = flags.FLAGS
@@ -82,8 +81,7 @@ def _input_pipeline(examples, info, *, rank: int, world_size: int,
   dataset = (dataset.repeat()
              .shuffle(SHUFFLE_BUFFER, seed=workload.SEED)
              .batch(batch_size, drop_remainder=True)
-             .map(lambda images, labels: (data.normalize(images, info),
-                                          labels),
+             .map(lambda images, labels: (info.normalized(images), labels),
                   num_parallel_calls=tf.data.AUTOTUNE))
   return dataset.prefetch(tf.data.AUTOTUNE)
 

@@ -66,7 +66,7 @@ def pipeline_alone(splits, config) -> dict:
     next(batches)
   seconds = time.perf_counter() - began
   volumes = (FLAGS.pipeline_batches - 1) * config.batch_size
-  files = data.rank_files(splits.train, 0, 2)
+  files = splits.train.rank_files(datasets.Shard(0, 2))
   file_bytes = statistics.mean(map(os.path.getsize, files))
   volume_bytes = math.prod(splits.info.image_shape) * np.dtype(
       splits.info.image_dtype).itemsize

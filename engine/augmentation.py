@@ -1,19 +1,46 @@
 """What training examples become: random flips and shifts of images,
-flips and axis orders of volumes.
+flips and axis orders of volumes, and smaller images in the first epochs.
 
-Every draw is stateless, keyed by (seed, epoch, step, rank) by the input
-pipeline (engine/data.py), so a run's batches are reproducible, every
-epoch differs, no two ranks augment alike, and a resumed run gets the very
-batches it would have had. Each function transforms a whole batch with a
-few ops, far cheaper than a per-example map.
+Every draw is stateless, keyed by (seed, epoch, step, rank) by the source
+that reads the batch (engine/datasets/sources.py), so a run's batches are
+reproducible, every epoch differs, no two ranks augment alike, and a
+resumed run gets the very batches it would have had. Each function
+transforms a whole batch with a few ops, far cheaper than a per-example
+map.
 """
+import dataclasses
 import functools
 import itertools
 
 import tensorflow as tf
 
+from engine.errors import UserError
+
 # A volume's three axes, in each of their orders.
 _AXIS_ORDERS = tuple(itertools.permutations(range(3)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Augmentation:
+  """How training augments its examples (the --random_* flags, and
+  --progressive_resizing). Images are flipped left and right and shifted
+  by up to `shift` of their size (`augment`); volumes flipped along each
+  spatial axis and, with `transpose`, their axes put in a random order
+  (`augment_volumes`). `resizing`, ((side, last epoch), ...), makes the
+  images of the first epochs smaller (engine/data.py)."""
+  flip: bool = False
+  shift: float = 0.0
+  transpose: bool = False
+  resizing: tuple = ()
+
+  def check(self, image_shape) -> None:
+    """A UserError if these examples cannot be augmented so."""
+    volumes = len(image_shape) == 4
+    if self.transpose and not (volumes and len(set(image_shape[:3])) == 1):
+      raise UserError(
+          "--random_transpose puts a volume's three axes in a random order: "
+          "for cubic volumes (DxDxDxC); these examples are "
+          f"{'x'.join(map(str, image_shape))}")
 
 
 def augment(images: tf.Tensor, key: tf.Tensor, *, flip: bool, shift: float,

@@ -139,7 +139,7 @@ def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
   if len(shape) != 3 or shape[0] != shape[1]:
     raise UserError(f"{given} resizes square images; {info.name}'s are "
                     f"{'x'.join(map(str, shape))}")
-  if data.is_mask(info):
+  if info.labels_are_masks():
     raise UserError(f"{given} resizes images, not the masks they are "
                     "labelled with")
   last = config.progressive_resizing[-1][1]

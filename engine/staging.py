@@ -4,7 +4,7 @@ storage before training, and reads them there.
 Why: at HPC scale the parallel file system cannot feed every node at once
 (MLPerf HPC's CosmoFlow stages its 1.7 TB this way, and the time counts in
 its time to train). Rank r reads files r, r + N, ... of each split
-(engine/data.py), so each process copies exactly those: every file is
+(RecordFiles.rank_files), so each process copies exactly those: every file is
 copied once in the whole job, the processes of a node split their node's
 copying, and no process waits for another's files. A copy of the same size
 and modification time as its source is already staged: a resume or a
@@ -18,8 +18,7 @@ import os
 import shutil
 import time
 
-from engine import data
-from engine.datasets import RecordFiles, Splits
+from engine.datasets import Shard, Splits
 from engine.errors import UserError
 
 MB = 1 << 20
@@ -41,8 +40,7 @@ def stage(splits: Splits, *, data_dir: str, stage_dir: str, rank: int,
   if they are not yet."""
   began = time.monotonic()
   stage_dir = _expanded(stage_dir)
-  if not (isinstance(splits.train, RecordFiles)
-          and isinstance(splits.test, RecordFiles)):
+  if not (splits.train.stageable and splits.test.stageable):
     raise UserError(f"--stage_dir={stage_dir}: staging copies TFRecord files "
                     "(--dataset=tfrecord); these data are not in them")
   if not os.path.isdir(stage_dir):
@@ -52,7 +50,7 @@ def stage(splits: Splits, *, data_dir: str, stage_dir: str, rank: int,
   root = os.path.join(stage_dir, _staged_name(data_dir))
   staged = {}  # source path: its copy
   for source in (splits.train, splits.test):
-    for path in data.rank_files(source, rank, world_size):
+    for path in source.rank_files(Shard(rank, world_size)):
       staged[path] = os.path.join(root, os.path.relpath(path, data_dir))
   missing = [(path, copy) for path, copy in staged.items()
              if not _is_copy(copy, path)]

@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine import data
-from engine.datasets import DatasetInfo, Examples
+from engine import augmentation, data
+from engine.augmentation import Augmentation
+from engine.datasets import DatasetInfo, Epochs, Examples, Shard
 from engine.errors import UserError
 
 NUM = 103
@@ -94,6 +95,21 @@ def test_resizing_gives_each_epoch_its_side_and_a_resume_its_batches():
     np.testing.assert_array_equal(again_labels, labels)
 
 
+def test_the_keywords_read_the_stream_the_records_do():
+  keywords = data.train_batches(
+      numbered_examples(), INFO, rank=1, world_size=2, batch_size=8,
+      steps=3, seed=4, first_epoch=1, first_step=2, flip=True, shift=0.25)
+  records = data.train_stream(
+      numbered_examples(), INFO, shard=Shard(1, 2),
+      epochs=Epochs(batch_size=8, steps=3, seed=4),
+      augmentation=Augmentation(flip=True, shift=0.25), first_epoch=1,
+      first_step=2)
+  for (images, labels), (again, again_labels) in zip(keywords.take(4),
+                                                     records.take(4)):
+    np.testing.assert_array_equal(again, images)
+    np.testing.assert_array_equal(again_labels, labels)
+
+
 def test_order_is_reproducible_and_changes_every_epoch():
   first = train_labels(0, 2, epoch=0, steps=6)
   assert train_labels(0, 2, epoch=0, steps=6) == first
@@ -112,19 +128,19 @@ def test_flip_mirrors_some_images_and_shift_moves_them():
   image[0, :, 0] = 200  # a bright left column
   images = tf.constant(np.repeat(image, 64, axis=0))
   key = tf.constant([3, 4], tf.int64)
-  flipped = data.augment(images, key, flip=True, shift=0.0).numpy()
+  flipped = augmentation.augment(images, key, flip=True, shift=0.0).numpy()
   right = flipped[:, :, 5, 0].min(axis=1) == 200
   left = flipped[:, :, 0, 0].min(axis=1) == 200
   assert np.all(left ^ right) and 10 < right.sum() < 54
-  again = data.augment(images, key, flip=True, shift=0.0).numpy()
+  again = augmentation.augment(images, key, flip=True, shift=0.0).numpy()
   np.testing.assert_array_equal(again, flipped)
 
 
 def test_shift_moves_whole_pixels_and_fills_with_the_nearest_edge():
   gradient = (np.arange(6, dtype=np.uint8) * 40)[None, None, :, None]
   images = tf.constant(np.broadcast_to(gradient, (64, 4, 6, 1)))
-  shifted = data.augment(images, tf.constant([5, 6], tf.int64), flip=False,
-                         shift=0.5).numpy()
+  shifted = augmentation.augment(images, tf.constant([5, 6], tf.int64),
+                                 flip=False, shift=0.5).numpy()
   columns = np.arange(6)
   offsets = []
   for image in shifted:
@@ -138,5 +154,5 @@ def test_shift_moves_whole_pixels_and_fills_with_the_nearest_edge():
 
 def test_normalize_uses_the_training_statistics():
   info = INFO.__class__(**{**INFO.__dict__, "mean": (10.0,), "std": (2.0,)})
-  out = data.normalize(tf.constant([[14]], tf.uint8), info)
+  out = info.normalized(tf.constant([[14]], tf.uint8))
   assert out.dtype == tf.float32 and out.numpy().item() == 2.0

@@ -170,7 +170,7 @@ def test_normalization_applies_the_transform_it_was_measured_after(data_dir):
   stored = tf.constant([[[[[0, 7]]]]], tf.int16)
   expected = (np.log1p([0.0, 7.0]) - np.array(info.mean)) / np.array(
       info.std)
-  np.testing.assert_allclose(data.normalize(stored, info).numpy().ravel(),
+  np.testing.assert_allclose(info.normalized(stored).numpy().ravel(),
                              expected, rtol=1e-5)
 
 
@@ -356,9 +356,9 @@ def test_each_rank_stages_its_own_files_and_a_rerun_copies_nothing(
   assert [staged[r].files for r in (0, 1)] == [3, 3]
   assert staged[0].copied_bytes == staged[0].bytes > 0
   for rank in (0, 1):  # its own files read from the stage, others' not
-    own = data.rank_files(staged_splits[rank].train, rank, 2)
+    own = staged_splits[rank].train.rank_files(datasets.Shard(rank, 2))
     assert all(f.startswith(stage_dir) for f in own)
-    other = data.rank_files(staged_splits[rank].train, 1 - rank, 2)
+    other = staged_splits[rank].train.rank_files(datasets.Shard(1 - rank, 2))
     assert not any(f.startswith(stage_dir) for f in other)
   # The staged files read as the originals.
   assert [y.numpy().tolist() for _, y in data.eval_batches(

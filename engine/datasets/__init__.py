@@ -1,13 +1,15 @@
 """Data sets by name: each loader returns its splits and what the model needs.
 
 A loader returns raw examples, images and int64 labels, and the statistics
-to normalize them; sharding, shuffling, augmentation and batching are the
-input pipeline's job (`engine/data.py`). The built-in formats: the original
-files of Fashion-MNIST and CIFAR-10 (in memory), TFRecords and image
-folders (streamed), arrays on disk (read by rows), synthetic images. A
-user's own loader, `--dataset=package.module:function`, returns the same
-`Splits` (engine/datasets/splits.py). Loaders declare the options they take
-in their signatures and receive only those (engine/registry.py).
+to normalize them. Sharding, shuffling, augmentation and batching are done
+by each split's source, whose kind knows how it is read
+(engine/datasets/sources.py), when the input pipeline (engine/data.py)
+asks. The built-in formats: the original files of Fashion-MNIST and
+CIFAR-10 (in memory), TFRecords and image folders (streamed), arrays on
+disk (read by rows), synthetic images. A user's own loader,
+`--dataset=package.module:function`, returns the same `Splits`
+(engine/datasets/splits.py). Loaders declare the options they take in
+their signatures and receive only those (engine/registry.py).
 """
 import dataclasses
 import json
@@ -21,8 +23,11 @@ from engine.datasets import (arrays, cifar10, fashion_mnist, image_folder,
                              synthetic, tfrecord)
 # The loaders' contract, and arrays a script holds, for users' own code.
 from engine.datasets.arrays import from_arrays  # noqa: F401
+from engine.datasets.record_files import RecordFiles  # noqa: F401
+from engine.datasets.sources import (  # noqa: F401
+    ArrayRows, Examples, ImageFiles)
 from engine.datasets.splits import (  # noqa: F401
-    ArrayRows, DatasetInfo, Examples, ImageFiles, RecordFiles, Source, Splits)
+    DatasetInfo, Epochs, Shard, Source, Splits)
 from engine import run_files
 from engine.errors import UserError
 from engine.run_files import CLASSES_FILE

@@ -24,8 +24,8 @@ import zipfile
 from absl import logging
 import numpy as np
 
-from engine.datasets.splits import (ArrayRows, DatasetInfo, Examples,
-                                    Splits)
+from engine.datasets.sources import ArrayRows, Examples
+from engine.datasets.splits import DatasetInfo, Splits
 from engine.errors import UserError
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")

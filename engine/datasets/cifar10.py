@@ -17,7 +17,8 @@ import zlib
 
 import numpy as np
 
-from engine.datasets.splits import DatasetInfo, Examples, Splits
+from engine.datasets.sources import Examples
+from engine.datasets.splits import DatasetInfo, Splits
 from engine.errors import UserError
 
 BATCHES_DIR = "cifar-10-batches-py"

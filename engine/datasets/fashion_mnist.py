@@ -11,7 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 from engine.datasets import idx
-from engine.datasets.splits import DatasetInfo, Examples, Splits
+from engine.datasets.sources import Examples
+from engine.datasets.splits import DatasetInfo, Splits
 from engine.errors import UserError
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"

@@ -34,7 +34,8 @@ import numpy as np
 from PIL import Image
 import tensorflow as tf
 
-from engine.datasets.splits import DatasetInfo, ImageFiles, Splits
+from engine.datasets.sources import ImageFiles, decode
+from engine.datasets.splits import DatasetInfo, Splits
 from engine.errors import UserError
 from engine.run_files import CLASSES_FILE
 
@@ -105,33 +106,6 @@ def list_files(data_dir: str, *, validation_split: float,
     logging.warning("skipped %d bad files (--skip_bad_files), e.g. %s",
                     len(bad), bad[0])
   return class_names, train, validation
-
-
-def decode(path: tf.Tensor, image_shape) -> tf.Tensor:
-  """An image file as float32 [H, W, C] on the 0-255 scale, resized.
-
-  Any of the four formats, with 1 to 4 channels: alpha is dropped, and
-  grayscale and color are converted to `channels`.
-  """
-  height, width, channels = image_shape
-  image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
-  have = tf.shape(image)[-1]
-  image = tf.cond(have >= 3, lambda: image[..., :3], lambda: image[..., :1])
-  if channels == 3:
-    image = tf.cond(tf.shape(image)[-1] == 1,
-                    lambda: tf.tile(image, [1, 1, 3]), lambda: image)
-  else:
-    image = tf.cond(tf.shape(image)[-1] == 3,
-                    lambda: tf.image.rgb_to_grayscale(image), lambda: image)
-  image = tf.image.resize(image, [height, width])
-  return tf.ensure_shape(image, image_shape)
-
-
-def decode_mask(path: tf.Tensor, size) -> tf.Tensor:
-  """A mask PNG as uint8 class ids [H, W], resized to `size` (nearest)."""
-  mask = tf.io.decode_png(tf.io.read_file(path), channels=1)
-  mask = tf.image.resize(mask, size, method="nearest")
-  return tf.ensure_shape(tf.cast(mask[..., 0], tf.uint8), size)
 
 
 def _masks_splits(data_dir: str, image_shape, normalization) -> Splits:

@@ -1,27 +1,29 @@
 """What every data set loader returns: `Splits`, the engine's contract.
 
 A loader (built in, or a user's `--dataset=package.module:function`) returns
-`Splits(train, test, info)`. Each split is one of four sources, and the
-input pipeline (engine/data.py) shards, shuffles, augments and batches any
-of them the same way:
+`Splits(train, test, info)`. Each split is a `Source`, one of four kinds
+(engine/datasets/sources.py, record_files.py), and each kind knows how it
+is read, for training and for evaluation; the input pipeline
+(engine/data.py) asks any of them for batches the same way:
 
 * `Examples`: arrays in memory (small data sets).
 * `ArrayRows`: arrays on disk, read a batch of rows at a time (.npy, .npz,
   HDF5; engine/datasets/arrays.py), so no rank holds the whole data set.
 * `ImageFiles`: one image file per example, decoded as it is read
   (engine/datasets/image_folder.py).
-* `RecordFiles`: TFRecord files of encoded images, streamed file by file.
+* `RecordFiles`: TFRecord files, streamed file by file.
 
 `DatasetInfo` says what the model, the task and the export need to know:
 the image shape and dtype, the labels' shape and dtype, the classes and
 their names, and the training set's per-channel statistics that normalize
 every image.
 """
+import abc
 import dataclasses
-from typing import Any
 
-import numpy as np
 import tensorflow as tf
+
+from engine.augmentation import Augmentation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,60 +61,68 @@ class DatasetInfo:
     """Stored values (float32), transformed as `transform` says."""
     return tf.math.log1p(values) if self.transform == "log1p" else values
 
+  def normalized(self, images: tf.Tensor) -> tf.Tensor:
+    """Featurewise standardization with the training set's channel
+    statistics, of the stored values transformed as `transform` says
+    (log(1 + x) of CosmoFlow's counts)."""
+    mean = tf.constant(self.mean, tf.float32)
+    std = tf.constant(self.std, tf.float32)
+    return (self.transformed(tf.cast(images, tf.float32)) - mean) / std
+
+  def labels_are_masks(self) -> bool:
+    """Whether a label is an image's mask, [H, W] as the image: flipped and
+    shifted with it."""
+    return tuple(self.label_shape) == tuple(self.image_shape[:2])
+
   def classes(self) -> tuple[str, ...]:
     """The name of each class, in label order."""
     return self.class_names or tuple(str(i) for i in range(self.num_classes))
 
 
 @dataclasses.dataclass(frozen=True)
-class Examples:
-  """One split in memory: uint8 or float32 images [N, H, W, C], int64
-  labels [N]."""
-  images: np.ndarray
-  labels: np.ndarray
+class Shard:
+  """This process's share of a split: rank `rank` of `world_size`."""
+  rank: int
+  world_size: int
 
 
 @dataclasses.dataclass(frozen=True)
-class ArrayRows:
-  """One split in an array on disk, read by rows as batches need them.
+class Epochs:
+  """What each training epoch is, on every rank: `steps` batches of
+  `batch_size`, in an order drawn from `seed`."""
+  batch_size: int
+  steps: int
+  seed: int
 
-  `images` is anything with `.shape`, `.dtype` and `read(rows)` returning
-  those rows (sorted, increasing) as an array [len(rows), H, W, C]; labels
-  (small) are in memory, int64 [N].
+
+class Source(abc.ABC):
+  """One split's examples, and how they are read.
+
+  Training reads one stream for the whole run, epoch after epoch, each
+  rank its own share, `epochs.steps` batches an epoch on every rank (an
+  allreduce waits for all ranks: one rank with an extra batch would hang
+  the job). A batch is a pure function of (seed, epoch, step, rank), so a
+  run is reproducible, every epoch differs, no two ranks augment alike,
+  and a run resumed mid-epoch gets the very batches it would have had.
+  Evaluation reads every example exactly once across ranks.
   """
-  images: Any
-  labels: np.ndarray
+  # Whether engine/staging.py can copy the files this rank reads to
+  # node-local storage: only a kind that splits whole files across ranks.
+  stageable = False
 
+  @abc.abstractmethod
+  def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
+                    augmentation: Augmentation, first_epoch: int,
+                    first_step: int) -> tf.data.Dataset:
+    """This rank's training batches from `first_step` of `first_epoch` on,
+    augmented and normalized: (images, labels)."""
 
-@dataclasses.dataclass(frozen=True)
-class ImageFiles:
-  """One split as image files (JPEG, PNG, BMP, GIF), one example each.
-
-  Decoded to `channels` channels and resized to the image shape as they
-  are read; labels are int64 [N], in the order of `paths`, or for
-  segmentation the paths of their masks (PNG files, decoded as read).
-  """
-  paths: tuple[str, ...]
-  labels: np.ndarray
-  channels: int
-
-
-@dataclasses.dataclass(frozen=True)
-class RecordFiles:
-  """One split as TFRecord files, read file by file.
-
-  Without `features`, each record holds `image/encoded` (JPEG or PNG
-  bytes) and `image/class/label` (int64), the layout of ImageNet's
-  TFRecords; with them, the declared input and label fields
-  (engine/datasets/record_features.py), such as CosmoFlow's volumes.
-  """
-  files: tuple[str, ...]
-  label_offset: int = 0  # subtracted from stored labels (1 for 1-based)
-  features: Any = None   # a record_features.FeatureSpec
-  compression: str = ""  # TensorFlow's compression_type: "", GZIP, ZLIB
-
-
-Source = Examples | ArrayRows | ImageFiles | RecordFiles
+  @abc.abstractmethod
+  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
+                   batch_size: int) -> tf.data.Dataset:
+    """This rank's share of the split as stored, (images, labels): no
+    padding and no repetition, so the last batch may be short and ranks
+    may hold unequal shares."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,8 @@ same input pipeline as real in-memory data sets carries them to the step.
 """
 import numpy as np
 
-from engine.datasets.splits import DatasetInfo, Examples, Splits
+from engine.datasets.sources import Examples
+from engine.datasets.splits import DatasetInfo, Splits
 from engine.errors import UserError
 
 

@@ -23,7 +23,8 @@ import os
 import tensorflow as tf
 
 from engine.datasets import record_features
-from engine.datasets.splits import DatasetInfo, RecordFiles, Splits
+from engine.datasets.record_files import RecordFiles
+from engine.datasets.splits import DatasetInfo, Splits
 from engine.errors import UserError
 from engine.run_files import CLASSES_FILE
 

@@ -36,7 +36,6 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from engine import data
 from engine.datasets import DatasetInfo
 
 
@@ -157,7 +156,7 @@ class Task:
     @tf.function(input_signature=[tf.TensorSpec(
         [None, *info.image_shape], info.image_dtype, name="images")])
     def serve(images):
-      return self.serve(model(data.normalize(images, info), training=False))
+      return self.serve(model(info.normalized(images), training=False))
 
     return serve
 

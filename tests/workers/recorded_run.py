@@ -38,9 +38,9 @@ import horovod.tensorflow as hvd
 import numpy as np
 
 from engine import checkpoint
-from engine import data
 from engine import step as steps
 from engine import train as engine_train
+from engine.datasets import RecordFiles
 from tests import fixtures
 from tests import timeouts
 
@@ -87,8 +87,8 @@ def _wait_for_announced_hosts(timeout: float = 120) -> None:
 
 
 def _rank_files_recorded(original):
-  def rank_files(source, rank, world_size):
-    files = original(source, rank, world_size)
+  def rank_files(source, shard):
+    files = original(source, shard)
     _record_files.append(list(files))
     return files
   return rank_files
@@ -122,7 +122,7 @@ def _train_and_record(original):
 
 if __name__ == "__main__":
   steps.TrainStep.__call__ = _step_with_events(steps.TrainStep.__call__)
-  data.rank_files = _rank_files_recorded(data.rank_files)
+  RecordFiles.rank_files = _rank_files_recorded(RecordFiles.rank_files)
   checkpoint.Checkpoints.save = _save_recorded(checkpoint.Checkpoints.save)
   engine_train.train = _train_and_record(engine_train.train)
   app.run(engine_train.main,

@@ -1,0 +1,227 @@
+"""TFRecord files as a source: streamed file by file, each rank its own.
+
+Files, not examples, are split across ranks (rank r reads files r, r + N,
+...), so each rank opens only its own files, and records are shuffled as
+they stream by. Two layouts of records (engine/datasets/tfrecord.py):
+ImageNet's encoded images, decoded with a random crop for training, and
+declared features (engine/datasets/record_features.py), such as
+CosmoFlow's volumes, decoded as stored and augmented by the batch.
+"""
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+
+from engine.augmentation import Augmentation
+from engine.datasets import record_features, sources
+from engine.datasets.splits import DatasetInfo, Epochs, Shard, Source
+from engine.errors import UserError
+
+# TFRecord streams: files read at once, and records shuffled through a
+# buffer (serialized, before decoding: about 110 KB each for ImageNet).
+PARALLEL_FILES = 4
+RECORD_SHUFFLE_BUFFER = 4096
+# Declared features' records may be large (a 128^3 x 4 int16 volume is
+# 16 MB): their buffer holds at most this many bytes.
+RECORD_SHUFFLE_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordFiles(Source):
+  """One split as TFRecord files, read file by file.
+
+  Without `features`, each record holds `image/encoded` (JPEG or PNG
+  bytes) and `image/class/label` (int64), the layout of ImageNet's
+  TFRecords; with them, the declared input and label fields
+  (engine/datasets/record_features.py), such as CosmoFlow's volumes.
+  """
+  files: tuple[str, ...]
+  label_offset: int = 0  # subtracted from stored labels (1 for 1-based)
+  features: Any = None   # a record_features.FeatureSpec
+  compression: str = ""  # TensorFlow's compression_type: "", GZIP, ZLIB
+
+  stageable = True  # each rank reads whole files of its own
+
+  def rank_files(self, shard: Shard) -> tuple[str, ...]:
+    """The files this rank reads: r, r + N, ..."""
+    if len(self.files) < shard.world_size:
+      raise UserError(
+          f"{len(self.files)} TFRecord files cannot be split across "
+          f"{shard.world_size} processes ({self.files[0]}, ...): write the "
+          "data in at least as many files as processes")
+    return self.files[shard.rank::shard.world_size]
+
+  def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
+                    augmentation: Augmentation, first_epoch: int,
+                    first_step: int) -> tf.data.Dataset:
+    """Each epoch reads this rank's files in an order permuted by (seed,
+    epoch), several at a time (interleave), their records shuffled as the
+    layout says. A rank whose files run out before `steps` batches starts
+    another pass over them, in another order, so every rank runs `steps`
+    steps."""
+    files = tf.constant(self.rank_files(shard))
+    layout = self._layout(info)
+
+    def epoch_batches(key):
+      def one_pass(index):
+        # Shuffled within the pass, so a pass reads every record once.
+        pass_key = tf.random.experimental.stateless_fold_in(key, index)
+        order = tf.random.experimental.stateless_shuffle(files, pass_key)
+        return layout.shuffled(
+            self._records(tf.data.Dataset.from_tensor_slices(order)),
+            pass_key, epochs.seed)
+
+      examples = layout.training_examples(
+          tf.data.Dataset.counter().flat_map(one_pass), key, augmentation)
+      return examples.batch(epochs.batch_size,
+                            drop_remainder=True).take(epochs.steps)
+
+    batches = sources.stream(
+        epochs, epoch_batches, first_epoch=first_epoch, first_step=first_step,
+        key_space=1)  # a stream: the skipped records are still read
+    augmented = layout.augmented(shard, augmentation)
+    return batches.map(lambda key, step, batch: augmented(key, step, *batch),
+                       num_parallel_calls=sources.PARALLEL_BATCHES)
+
+  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
+                   batch_size: int) -> tf.data.Dataset:
+    files = tf.data.Dataset.from_tensor_slices(list(self.rank_files(shard)))
+    return self._records(files).map(
+        self._layout(info).eval_example,
+        num_parallel_calls=sources.decode_parallelism()).batch(batch_size)
+
+  def _records(self, files: tf.data.Dataset) -> tf.data.Dataset:
+    """(file, index, record) of the files' records, several files at once."""
+    return files.interleave(
+        lambda file: record_features.records(file, self.compression),
+        cycle_length=PARALLEL_FILES, num_parallel_calls=PARALLEL_FILES,
+        deterministic=True)
+
+  def _layout(self, info: DatasetInfo):
+    """How the records are decoded, shuffled and augmented: as their
+    declared features, or as ImageNet's encoded images."""
+    if self.features:
+      return _DeclaredFeatures(
+          self.features, info,
+          records_per_file=info.num_train / len(self.files))
+    return _EncodedImages(self.label_offset, info)
+
+
+class _EncodedImages:
+  """ImageNet's layout (TensorFlow's build_imagenet_data.py): an encoded
+  image and its class id a record; for training, a random crop of each,
+  maybe flipped, for evaluation the central one."""
+  _FEATURES = {
+      "image/encoded": tf.io.FixedLenFeature([], tf.string),
+      "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+  }
+
+  def __init__(self, label_offset: int, info: DatasetInfo):
+    self._label_offset = label_offset
+    self._info = info
+
+  def shuffled(self, records: tf.data.Dataset, pass_key,
+               seed: int) -> tf.data.Dataset:
+    del pass_key  # a buffer of serialized records (small: a JPEG each)
+    return records.shuffle(RECORD_SHUFFLE_BUFFER, seed=seed)
+
+  def training_examples(self, records: tf.data.Dataset, key,
+                        augmentation: Augmentation) -> tf.data.Dataset:
+    """Each record decoded with its own draw, keyed by its place in the
+    epoch."""
+    def example(index, read):
+      _, _, record = read  # (file, index in the file, record)
+      return self._cropped(
+          record, flip=augmentation.flip,
+          key=tf.random.experimental.stateless_fold_in(key, index))
+
+    return records.enumerate().map(
+        example, num_parallel_calls=sources.decode_parallelism())
+
+  def augmented(self, shard: Shard, augmentation: Augmentation):
+    """Cropped and flipped as decoded: batches are only normalized."""
+    del shard, augmentation
+    return lambda key, step, images, labels: (
+        self._info.normalized(images), labels)
+
+  def eval_example(self, file, index, record):
+    """The central 87.5% of the image, resized (the usual ImageNet eval)."""
+    del file, index
+    image, label = self._parsed(record)
+    image = tf.image.resize(tf.image.central_crop(image, 0.875),
+                            self._info.image_shape[:2])
+    return image, label
+
+  def _cropped(self, record, *, flip: bool, key):
+    """A random crop of 8-100% of the area, resized, maybe flipped
+    (Inception)."""
+    image, label = self._parsed(record)
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=key,
+        min_object_covered=0.1, aspect_ratio_range=(0.75, 1.33),
+        area_range=(0.08, 1.0), max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    image = tf.image.resize(tf.slice(image, begin, size),
+                            self._info.image_shape[:2])
+    if flip:
+      image = tf.image.stateless_random_flip_left_right(
+          image, tf.random.experimental.stateless_fold_in(key, 1))
+    return image, label
+
+  def _parsed(self, record):
+    features = tf.io.parse_single_example(record, self._FEATURES)
+    image = tf.io.decode_image(features["image/encoded"], channels=3,
+                               expand_animations=False)
+    return image, features["image/class/label"] - self._label_offset
+
+
+class _DeclaredFeatures:
+  """Records of declared features (engine/datasets/record_features.py),
+  such as CosmoFlow's volumes: decoded as stored, and their batches
+  augmented as those read by index are."""
+
+  def __init__(self, spec, info: DatasetInfo, *, records_per_file: float):
+    self._spec = spec
+    self._info = info
+    self._records_per_file = records_per_file
+    self._window = min(RECORD_SHUFFLE_BUFFER, RECORD_SHUFFLE_BYTES // max(
+        1, spec.input.size() * tf.as_dtype(spec.input.dtype).size))
+
+  def shuffled(self, records: tf.data.Dataset, pass_key,
+               seed: int) -> tf.data.Dataset:
+    """Shuffled within windows of at most RECORD_SHUFFLE_BYTES, whatever
+    the records' size, each window by its own stateless draw, so every
+    pass of every epoch differs. One-sample files (CosmoFlow's) are
+    shuffled by their order alone, and no window holds their records:
+    memory does not grow with the data."""
+    del seed  # every draw is the pass's
+    if self._records_per_file <= 1 or self._window <= 1:
+      return records
+    return _shuffled_in_windows(records, self._window, pass_key)
+
+  def training_examples(self, records: tf.data.Dataset, key,
+                        augmentation: Augmentation) -> tf.data.Dataset:
+    del key, augmentation  # the batches are augmented
+    return records.map(self._spec.decode,
+                       num_parallel_calls=sources.decode_parallelism())
+
+  def augmented(self, shard: Shard, augmentation: Augmentation):
+    return sources.batch_augmentation(self._info, shard, augmentation)
+
+  def eval_example(self, file, index, record):
+    return self._spec.decode(file, index, record)
+
+
+def _shuffled_in_windows(records: tf.data.Dataset, size: int,
+                         key: tf.Tensor) -> tf.data.Dataset:
+  """The records, `size` at a time, each window in an order drawn from
+  (key, window)."""
+  def permuted(index, window):
+    order = tf.random.experimental.stateless_shuffle(
+        tf.range(tf.shape(window[0])[0]),
+        tf.random.experimental.stateless_fold_in(key, index))
+    return tf.data.Dataset.from_tensor_slices(
+        tuple(tf.gather(part, order) for part in window))
+
+  return records.batch(size).enumerate().flat_map(permuted)
