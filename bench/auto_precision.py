@@ -7,7 +7,7 @@ recipe's of width 12, and WRN-16-2 at batch 128, the flags' other
 settings their defaults), three variants train --epochs of --steps steps
 on real Fashion-MNIST under `horovodrun --gloo -np 2`: `none` (float32),
 `bfloat16`, and `auto`, which measures both before training
-(engine/precision.py) and runs its choice. Variants alternate over
+(engine/compute/precision.py) and runs its choice. Variants alternate over
 --repeats rounds. Prints each run's images/s (epochs after the first),
 `auto`'s choice, its figures and the seconds its measurement took; then
 per model whether `auto` ran at least as fast as the better of the two

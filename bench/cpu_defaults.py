@@ -7,12 +7,12 @@ runs its variants in --rounds interleaved rounds (bench/interleaved.py), so
 a slow spell of the machine lands on every variant alike. Every figure is
 printed as it comes, then a table per part.
 
-  threads    core binding and thread pools (engine/distributed.py:
+  threads    core binding and thread pools (engine/distributed/__init__.py:
              bind_to_own_cores, cpu_threads): whole 2-process runs of the
              engine's defaults (the cnn on real Fashion-MNIST) bound to
              their own cores or not, with the intra-op threads of their
              share of the cores or twice that, and 1 or 2 inter-op threads
-  cycle      Horovod's 3 ms cycle on CPU (engine/distributed.py): 2 processes
+  cycle      Horovod's 3 ms cycle on CPU (engine/distributed/__init__.py): 2 processes
              that only run hvd.init() and sleep, the CPU time and context
              switches each spends a second; then whole 2-process runs of
              the throughput workload (bench/workload.py, synthetic data),
@@ -87,7 +87,7 @@ class StepModel:
   model: str  # in the models/ registry
   params: dict
   batch_size: int
-  optimizer: dict  # engine.optimizers.build's arguments
+  optimizer: dict  # engine.compute.optimizers.build's arguments
 
 
 ADAM = dict(name="adam", learning_rate=1e-3, momentum=0.0, nesterov=False)
@@ -272,9 +272,9 @@ def _step_worker() -> None:
   import tensorflow as tf
 
   from engine import distributed
-  from engine import optimizers
-  from engine import precision as precisions
-  from engine import step as steps
+  from engine.compute import optimizers
+  from engine.compute import precision as precisions
+  from engine.compute import step as steps
   import models
   # pylint: enable=import-outside-toplevel
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow.python.profiler import option_builder
 
 from bench import workload
-from engine import optimizers
+from engine.compute import optimizers
 
 
 def training_flops_per_image(info, batch_size: int) -> dict[str, float]:

@@ -7,7 +7,7 @@ and converted with engine.tools.to_tfrecords. Then, interleaved over
 --repeats rounds:
 
 1. The input pipeline alone: one process with all cores pulls
-   --pipeline_batches batches of 128 from engine.data.train_batches, as
+   --pipeline_batches batches of 128 from engine.input.data.train_batches, as
    training would, and nothing else: images/s.
 2. A real run: `horovodrun --gloo -np 2 engine.train --model=M --image_size=32`
    on each, for each of --models (resnet_small, and the far cheaper cnn),
@@ -54,7 +54,8 @@ def data_flags(fmt: str) -> list[str]:
 PIPELINE = """
 import sys, time
 from absl import flags
-from engine import data, datasets
+from engine import datasets
+from engine.input import data
 import flags as engine_flags
 FLAGS = flags.FLAGS
 FLAGS(["pipeline", *sys.argv[2:]])

@@ -45,12 +45,12 @@ import tensorflow as tf
 
 from engine import build
 from engine import cli
-from engine import data
 from engine import distributed
-from engine import optimizers
-from engine import run_files
-from engine import step as steps
+from engine.compute import optimizers
+from engine.compute import step as steps
 from engine.config import config_from_flags
+from engine.input import data
+from engine.records import run_files
 from engine.tasks import Regression, Segmentation
 
 

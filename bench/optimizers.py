@@ -1,4 +1,4 @@
-r"""NovoGrad and LAMB: ours (engine/optimizers.py) against tensorflow-addons'.
+r"""NovoGrad and LAMB: ours (engine/compute/optimizers.py) against tensorflow-addons'.
 
 The engine carries its own NovoGrad and LAMB since addons stopped at
 TensorFlow 2.15. Ours compute the same numbers (tests/test_optimizers.py);
@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from bench import addons
 from engine import distributed
-from engine import optimizers
+from engine.compute import optimizers
 import models
 
 flags.DEFINE_integer("filters", 64, "ResNet-9's width (its stem's filters).")

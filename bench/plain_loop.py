@@ -2,8 +2,8 @@ r"""The floor: a plain tf.GradientTape loop on one process, no Horovod at all.
 
 The engine at 1 process against this loop is what Horovod and the engine's
 loop cost when there is nothing to average. Only the loop differs: the loop
-reads the engine's own input pipeline (engine.data.train_batches, which
-imports no Horovod) and applies the engine's optimizer (engine.optimizers)
+reads the engine's own input pipeline (engine.input.data.train_batches, which
+imports no Horovod) and applies the engine's optimizer (engine.compute.optimizers)
 in a compiled step of the same math (workload.train_step).
 
   .venv/bin/python -m bench.plain_loop --dataset=synthetic \
@@ -21,8 +21,8 @@ from absl import flags
 
 from bench import epochs
 from bench import workload
-from engine import data
-from engine import optimizers
+from engine.compute import optimizers
+from engine.input import data
 
 FLAGS = flags.FLAGS
 workload.define_worker_flags()

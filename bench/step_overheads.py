@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from bench import workload
 from engine import distributed
-from engine import step as steps
+from engine.compute import step as steps
 
 flags.DEFINE_integer("batch_size", 128, "Images per step and process.")
 flags.DEFINE_integer("steps", 20, "Steps (or allreduces) per timing.")

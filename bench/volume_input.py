@@ -12,7 +12,7 @@ r"""The CosmoFlow recipe's input: the GZIP pipeline alone, and staging.
    recipe under --runs (bench.against_keras), and the share of each epoch
    their step waited for input (input_seconds over epoch_seconds, epochs
    after the first).
-2. Staging (engine/staging.py): the recipe's files copied by two ranks at
+2. Staging (engine/input/staging.py): the recipe's files copied by two ranks at
    once (two threads, as two processes of a node copy their shares) into
    an empty directory under --stage_root, then again (a rerun: nothing to
    copy), each --repeats times: seconds and MB/s. The source files are
@@ -32,10 +32,10 @@ from absl import flags
 import numpy as np
 
 from bench import interleaved
-from engine import data
 from engine import datasets
-from engine import staging
 from engine.config import config_from_flags
+from engine.input import data
+from engine.input import staging
 import flags as engine_flags  # noqa: F401  the engine's flags, for the recipe
 
 FLAGS = flags.FLAGS

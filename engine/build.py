@@ -17,20 +17,20 @@ from typing import Any, Optional
 from absl import logging
 import tensorflow as tf
 
-from engine import data
 from engine import datasets
 from engine import distributed
-from engine import ema
-from engine import metrics
-from engine import optimizers
-from engine import precision
-from engine import report
-from engine import schedules
-from engine import staging
-from engine import step as steps
 from engine import tasks
+from engine.compute import ema
+from engine.compute import metrics
+from engine.compute import optimizers
+from engine.compute import precision
+from engine.compute import schedules
+from engine.compute import step as steps
 from engine.config import TrainConfig
 from engine.errors import UserError
+from engine.input import data
+from engine.input import staging
+from engine.records import report
 import models
 from models import whitening
 
@@ -164,7 +164,7 @@ def _measured_precision(config: TrainConfig, world: distributed.World,
                         splits: datasets.Splits, task: tasks.Task,
                         model_of, measure: bool) -> TrainConfig:
   """--mixed_precision=auto: the mode of the run's first start (recorded
-  in model_dir), or measured now (engine/precision.py); on hardware of
+  in model_dir), or measured now (engine/compute/precision.py); on hardware of
   float32 alone, float32 unmeasured, recorded all the same so that a
   resume elsewhere keeps it.
 
@@ -241,7 +241,7 @@ def _measured_precision(config: TrainConfig, world: distributed.World,
 def stage(config: TrainConfig, world: distributed.World,
           splits: datasets.Splits) -> tuple[datasets.Splits, Optional[dict]]:
   """With --stage_dir: the splits reading this rank's files from their
-  node-local copies (engine/staging.py), and the staging's record for
+  node-local copies (engine/input/staging.py), and the staging's record for
   metrics.jsonl: files and bytes over all ranks, the bytes copied, and the
   seconds until the slowest process had its share."""
   if not config.stage_dir:

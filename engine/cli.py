@@ -21,14 +21,14 @@ import tensorflow as tf
 
 from engine import config as config_lib
 from engine import distributed
-from engine import liveness
-from engine import preemption
-from engine import run_files
 from engine import user_code
 from engine.datasets import record_features
+from engine.distributed import liveness
 from engine.errors import UserError
-from engine.errors import op_detail
 from engine.errors import WorkerLost
+from engine.errors import op_detail
+from engine.loop import preemption
+from engine.records import run_files
 
 FLAGS = flags.FLAGS
 Result = TypeVar("Result")

@@ -11,7 +11,7 @@ from typing import Optional
 
 from absl import flags
 
-from engine import precision
+from engine.compute import precision
 from engine.errors import UserError
 import flags as engine_flags
 

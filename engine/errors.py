@@ -4,7 +4,7 @@ Each kind has its own exit code, so a script or scheduler around the engine
 can tell them apart (docs/checkpoints-and-faults.md): 2 bad input,
 3 training diverged, 4 a write to model_dir failed, 5 a process stopped
 answering. A preemption exits with 128 + the signal's number
-(engine.preemption).
+(engine.loop.preemption).
 """
 import re
 

@@ -18,17 +18,17 @@ from absl import flags
 import numpy as np
 
 from engine import build
-from engine import checkpoint
 from engine import cli
-from engine import data
 from engine import distributed
-from engine import ema
-from engine import report
-from engine import run_files
-from engine import step as steps
+from engine.compute import ema
+from engine.compute import step as steps
 from engine.config import TrainConfig
 from engine.config import config_from_flags
 from engine.errors import UserError
+from engine.input import data
+from engine.records import checkpoint
+from engine.records import report
+from engine.records import run_files
 from engine.tasks.classification import Classification
 from engine.tasks.classification import per_class_accuracy
 

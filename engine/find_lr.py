@@ -30,15 +30,15 @@ import tensorflow as tf
 
 from engine import build
 from engine import cli
-from engine import data
 from engine import distributed
-from engine import metrics
-from engine import schedules
-from engine import step as steps
+from engine.compute import metrics
+from engine.compute import schedules
+from engine.compute import step as steps
 from engine.config import TrainConfig
 from engine.config import config_from_flags
 from engine.errors import UserError
 from engine.errors import WriteFailed
+from engine.input import data
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("min_lr", 1e-5, "The range test's first rate (the rate "

@@ -21,7 +21,7 @@ not import TensorFlow: it starts in a fraction of a second, and works on a
 copy of a model_dir or while the run trains. --plot draws validation
 accuracy against training time.
 
-`summary` gives a run's figures from its epoch records; engine.report logs
+`summary` gives a run's figures from its epoch records; engine.records.report logs
 the same figures to TensorBoard's HParams dashboard.
 """
 import dataclasses
@@ -35,9 +35,9 @@ from typing import Optional
 from absl import app
 from absl import flags
 
-from engine import run_files
 from engine.errors import UserError
 from engine.errors import WriteFailed
+from engine.records import run_files
 
 FLAGS = flags.FLAGS
 
@@ -87,7 +87,7 @@ def decided_by(records: list[dict]) -> tuple[str, bool]:
 
 def summary(records: list[dict]) -> dict:
   """A run's figures from its epoch records (in order), for the table here
-  and for TensorBoard's HParams dashboard (engine.report).
+  and for TensorBoard's HParams dashboard (engine.records.report).
 
   `metric` is the key of the deciding figure (val_accuracy, val_mae), and
   `best_<metric>` and `final_<metric>` its best and last values.
@@ -435,7 +435,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  # Defined here, not at import: engine.report imports this module for
+  # Defined here, not at import: engine.records.report imports this module for
   # `summary`, and engine.train would otherwise take a --plot flag too.
   flags.DEFINE_string("plot", None, "A PNG file to draw the runs' validation "
                       "accuracy against training time into.")

@@ -1,7 +1,7 @@
 """Flags: checkpoints, and resuming from them."""
 from absl import flags
 
-from engine import checkpoint
+from engine.records import checkpoint
 
 flags.DEFINE_enum("resume", "auto", checkpoint.RESUME_MODES,
                   "auto: a model_dir holding checkpoints continues from the "

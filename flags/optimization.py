@@ -1,7 +1,7 @@
 """Flags: optimizer and learning rate (scaling, warmup, decay)."""
 from absl import flags
 
-from engine import optimizers, schedules
+from engine.compute import optimizers, schedules
 
 flags.DEFINE_enum(
     "optimizer", "adam", optimizers.names(),

@@ -14,8 +14,8 @@ on --xla.
 """
 from absl import flags
 
-from engine import precision
-from engine import step
+from engine.compute import precision
+from engine.compute import step
 
 flags.DEFINE_enum("mixed_precision", "auto", precision.MODES,
                   "Compute in 16 bits with float32 weights (Keras mixed "

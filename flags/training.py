@@ -1,7 +1,7 @@
 """Flags: batch, epochs, stopping, seed, progress and where the run writes."""
 from absl import flags
 
-from engine import progress
+from engine.loop import progress
 
 flags.DEFINE_integer("batch_size", 128,
                      "Examples per process per step. The global batch is "

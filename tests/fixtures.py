@@ -191,7 +191,7 @@ def write_tfrecords(directory: str, *, num_files: int = 3,
 def eval_batches_of_every_rank(source, info, *, world_size: int,
                                batch_size: int):
   """(images, labels) of every evaluation batch of every rank, in turn."""
-  from engine import data  # pylint: disable=import-outside-toplevel
+  from engine.input import data  # pylint: disable=import-outside-toplevel
   for rank in range(world_size):
     yield from data.eval_batches(source, info, rank=rank,
                                  world_size=world_size, batch_size=batch_size)

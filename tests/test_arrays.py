@@ -3,9 +3,10 @@ import h5py
 import numpy as np
 import pytest
 
-from engine import data, datasets
+from engine import datasets
 from engine.datasets import ArrayRows, Examples
 from engine.errors import UserError
+from engine.input import data
 from tests import fixtures
 
 FORMATS = ["a.npz", "a.h5", "npy_dir"]

@@ -5,11 +5,11 @@ import pytest
 import tensorflow as tf
 
 import models
-from engine import checkpoint
-from engine import precision
-from engine import run_files
-from engine import stopping
+from engine.compute import precision
 from engine.errors import UserError
+from engine.loop import stopping
+from engine.records import checkpoint
+from engine.records import run_files
 
 IDENTITY = "model cnn_4 (1234 parameters) on fashion_mnist"
 

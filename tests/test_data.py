@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine import augmentation, data
-from engine.augmentation import Augmentation
 from engine.datasets import DatasetInfo, Epochs, Examples, Shard
 from engine.errors import UserError
+from engine.input import augmentation, data
+from engine.input.augmentation import Augmentation
 
 NUM = 103
 INFO = DatasetInfo(name="t", image_shape=(4, 6, 1), num_classes=10,

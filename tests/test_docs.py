@@ -1,7 +1,7 @@
 """README.md and docs/: every link and every repository path they name exists.
 
 The docs name files all the time (`flags/fashion_mnist_fast.cfg`,
-`engine/step.py`, `[faults](checkpoints-and-faults.md#faults)`), and files
+`engine/compute/step.py`, `[faults](checkpoints-and-faults.md#faults)`), and files
 move: a recipe renamed, a module split. These tests read the Markdown as
 text, without TensorFlow, and list every name that no longer points at
 anything, with the page and line that names it.

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 from engine import distributed
-from engine import elastic
+from engine.distributed import elastic
 from engine.errors import UserError
 from tests import fixtures
 from tests import timeouts

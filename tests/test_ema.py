@@ -1,4 +1,4 @@
-"""--ema_decay: the weights' moving average (engine/ema.py), in the step,
+"""--ema_decay: the weights' moving average (engine/compute/ema.py), in the step,
 the checkpoints, evaluation and engine.evaluate."""
 import re
 
@@ -7,10 +7,10 @@ import pytest
 import tensorflow as tf
 
 import models
-from engine import checkpoint
 from engine import distributed
-from engine import ema
-from engine import step as steps
+from engine.compute import ema
+from engine.compute import step as steps
+from engine.records import checkpoint
 from tests import fixtures
 
 IDENTITY = "model cnn_4 on test data"

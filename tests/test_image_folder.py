@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine import data, datasets
+from engine import datasets
 from engine.datasets import ImageFiles, image_folder
 from engine.errors import UserError
+from engine.input import data
 from tests import fixtures
 
 TRAIN_COUNTS, VALIDATION_COUNTS = (7, 5, 6), (3, 2, 4)

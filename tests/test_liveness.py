@@ -1,4 +1,4 @@
-"""What a survivor says about a process that stopped (engine/liveness.py).
+"""What a survivor says about a process that stopped (engine/distributed/liveness.py).
 
 The frozen case, with horovodrun's key-value store, runs for real in
 tests/test_faults.py.
@@ -6,7 +6,7 @@ tests/test_faults.py.
 import tensorflow as tf
 
 from engine import distributed
-from engine import liveness
+from engine.distributed import liveness
 
 
 def test_without_heartbeats_the_line_says_what_it_can():

@@ -1,5 +1,5 @@
 """The train loop's decisions, in this process, with a fake train step
-(engine/train.py's TrainLoop, engine/actions.py, engine/run_state.py).
+(engine/train.py's TrainLoop, engine/loop/actions.py, engine/loop/run_state.py).
 
 The fake step takes no gradient: it moves the optimizer's step counter,
 counts its batches in the epoch's sums, records each call's steps and the
@@ -16,18 +16,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine import actions
 from engine import build
-from engine import data
 from engine import distributed
-from engine import elastic
-from engine import metrics
-from engine import optimizers
-from engine import preemption
-from engine import step as steps
 from engine import train as train_lib
+from engine.compute import metrics
+from engine.compute import optimizers
+from engine.compute import step as steps
+from engine.distributed import elastic
 from engine.errors import Diverged
 from engine.errors import UserError
+from engine.input import data
+from engine.loop import actions
+from engine.loop import preemption
+from engine.loop.loop import TrainLoop
 from tests import fixtures
 
 # fixtures.write_fashion_mnist's 601 training examples in batches of 32.
@@ -91,8 +92,8 @@ def run_loop(data_dir, model_dir, *, user_actions=(), fake=None, **flags):
       **{"epochs": 2, **flags})
   parts = build.training_parts(config)
   step = FakeStep(parts, **(fake or {}))
-  loop = train_lib.TrainLoop(dataclasses.replace(parts, train_step=step),
-                             user_actions=user_actions)
+  loop = TrainLoop(dataclasses.replace(parts, train_step=step),
+                   user_actions=user_actions)
   history = loop(elastic.TrainingState(loop.variables, run_state=None))
   return history, step, parts
 
@@ -180,7 +181,7 @@ def test_a_nonfinite_step_without_rollback_stops_naming_the_step(data_dir,
 
 def test_a_scripts_actions_must_be_actions(data_dir, tmp_path):
   with pytest.raises(UserError, match=r"^run\(actions=...\): .* is not an "
-                     r"action; make one with engine.actions.Every"):
+                     r"action; make one with engine.loop.actions.Every"):
     train_lib.train(fixtures.train_config(model_dir=str(tmp_path)),
                     user_actions=[print])
 

@@ -5,7 +5,7 @@ import tensorflow as tf
 from bench import addons
 import models
 from engine import distributed
-from engine import optimizers, schedules
+from engine.compute import optimizers, schedules
 from engine.errors import UserError
 
 
@@ -17,7 +17,7 @@ def horovod():
 @pytest.mark.parametrize("name, rate", [
     ("sgd", 0.05), ("adam", 0.003), ("novograd", 0.01), ("lamb", 0.03)])
 def test_every_optimizer_trains_a_tiny_model(name, rate):
-  from engine import step as steps  # pylint: disable=import-outside-toplevel
+  from engine.compute import step as steps  # pylint: disable=import-outside-toplevel
   tf.keras.utils.set_random_seed(0)
   model = models.build("cnn", input_shape=(8, 8, 1), num_classes=3,
                        filters=4, weight_decay=1e-4)

@@ -7,9 +7,9 @@ import os
 import pytest
 import tensorflow as tf
 
-from engine import precision
-from engine import run_files
+from engine.compute import precision
 from engine.errors import UserError
+from engine.records import run_files
 from tests import fixtures
 
 

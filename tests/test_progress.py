@@ -1,6 +1,6 @@
 from absl import logging
 
-from engine import progress
+from engine.loop import progress
 
 
 def run(mode, chief=True, steps=20, per_call=1):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine import report
-from engine import run_files
+from engine.records import report
+from engine.records import run_files
 from engine.tasks.classification import Classification
 
 RECORD = {"epoch": 1, "global_step": 30, "train_loss": 1.5,

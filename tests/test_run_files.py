@@ -1,4 +1,4 @@
-"""engine.run_files: a model_dir's names, and the readers and writers of its
+"""engine.records.run_files: a model_dir's names, and the readers and writers of its
 small files that several modules share (no TensorFlow)."""
 import os
 import subprocess
@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from engine import run_files
 from engine.errors import UserError
+from engine.records import run_files
 from tests import fixtures
 
 
 def test_importing_it_imports_no_tensorflow():
   result = subprocess.run(
-      [sys.executable, "-c", "import sys; import engine.run_files; print("
+      [sys.executable, "-c", "import sys; import engine.records.run_files; print("
        "sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', "
        "'numpy', 'absl'}))"],
       cwd=fixtures.REPO, capture_output=True, text=True, timeout=60)

@@ -1,17 +1,17 @@
 """The state a resume, a rollback and an elastic restart continue from
-(engine/run_state.py), and a start's clock built on it."""
+(engine/loop/run_state.py), and a start's clock built on it."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from engine import distributed
-from engine import metrics
+from engine.compute import metrics
+from engine.loop.run_state import LoopState
+from engine.loop.run_state import RunState
+from engine.loop.run_state import starting_point
+from engine.loop.session import Session
+from engine.records.checkpoint import Position
 from engine.tasks.classification import Classification
-from engine.checkpoint import Position
-from engine.run_state import LoopState
-from engine.run_state import RunState
-from engine.run_state import starting_point
-from engine.session import Session
 from tests import fixtures
 
 

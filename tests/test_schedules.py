@@ -3,7 +3,7 @@ import math
 import pytest
 import tensorflow as tf
 
-from engine import schedules
+from engine.compute import schedules
 from engine.errors import UserError
 
 STEPS_PER_EPOCH = 10

@@ -5,9 +5,9 @@ import tensorflow as tf
 
 import models
 from engine import distributed
-from engine import ema
-from engine import precision
-from engine import step as steps
+from engine.compute import ema
+from engine.compute import precision
+from engine.compute import step as steps
 from engine.errors import UserError
 from engine.tasks import classification
 

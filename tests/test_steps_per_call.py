@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from engine import actions
-from engine import profiling
+from engine.loop import actions
+from engine.loop import profiling
 from tests import fixtures
 
 WORKER = "tests/workers/steps_per_call.py"

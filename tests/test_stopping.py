@@ -1,4 +1,4 @@
-from engine import stopping
+from engine.loop import stopping
 
 
 def run(target, patience, accuracies):

@@ -1,15 +1,15 @@
-"""Writes that fail, and the room checkpoints need (engine/storage.py)."""
+"""Writes that fail, and the room checkpoints need (engine/records/storage.py)."""
 import os
 
 from absl import logging
 import pytest
 import tensorflow as tf
 
-from engine import actions
-from engine import profiling
-from engine import run_files
-from engine import storage
 from engine.errors import WriteFailed
+from engine.loop import actions
+from engine.loop import profiling
+from engine.records import run_files
+from engine.records import storage
 
 
 def test_a_full_device_is_one_line_naming_what_where_size_and_free_space():

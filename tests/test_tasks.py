@@ -8,12 +8,12 @@ import pytest
 import tensorflow as tf
 
 from engine import build
-from engine import metrics
-from engine import stopping
 from engine import tasks
+from engine.compute import metrics
 from engine.datasets import DatasetInfo
 from engine.datasets import arrays
 from engine.errors import UserError
+from engine.loop import stopping
 from tests import fixtures
 
 CLASSES = DatasetInfo(name="shapes", image_shape=(8, 8, 1), num_classes=3,
@@ -130,7 +130,7 @@ def test_labels_of_the_wrong_kind_for_the_task_are_one_line(task, info,
 
 
 def test_views_are_not_averaged_for_a_task_without_an_average():
-  from engine import step as steps  # pylint: disable=import-outside-toplevel
+  from engine.compute import step as steps  # pylint: disable=import-outside-toplevel
   with pytest.raises(UserError, match="--eval_flip, --eval_shift: the "
                      "regression task has no average"):
     steps.EvalStep(model=dense_model(2),
@@ -329,7 +329,7 @@ def test_fashion_mnist_masks_label_each_garment_pixel_with_its_class(
 
 
 def test_masks_are_flipped_and_shifted_with_their_images():
-  from engine import data  # pylint: disable=import-outside-toplevel
+  from engine.input import data  # pylint: disable=import-outside-toplevel
   from engine.datasets import Examples  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(0)
   images = rng.integers(0, 3, (32, 4, 4, 1)).astype(np.uint8) * 100
@@ -434,8 +434,8 @@ SMALL = DatasetInfo(name="small", image_shape=(8, 8, 1), num_classes=2,
 
 def tiny_gan_step():
   from engine import distributed  # pylint: disable=import-outside-toplevel
-  from engine import optimizers  # pylint: disable=import-outside-toplevel
-  from engine import step as steps  # pylint: disable=import-outside-toplevel
+  from engine.compute import optimizers  # pylint: disable=import-outside-toplevel
+  from engine.compute import step as steps  # pylint: disable=import-outside-toplevel
   distributed.start_horovod()
   spec = "tests/workers/tiny_gan.py:TinyDCGAN"
   task = tasks.build(spec, SMALL)
@@ -464,7 +464,7 @@ def test_a_tasks_own_step_updates_each_model_with_its_optimizer():
 
 
 def test_a_tasks_own_step_applies_no_nonfinite_gradient():
-  from engine import step as steps  # pylint: disable=import-outside-toplevel
+  from engine.compute import step as steps  # pylint: disable=import-outside-toplevel
   model, optimizer, step = tiny_gan_step()
   discriminator = model.discriminator.trainable_variables
   before = [v.numpy().copy() for v in discriminator]
@@ -508,7 +508,7 @@ def test_a_tasks_own_step_refuses_float16_and_accumulation():
 
 
 def test_an_image_folder_with_masks_beside_its_images(tmp_path):
-  from engine import data  # pylint: disable=import-outside-toplevel
+  from engine.input import data  # pylint: disable=import-outside-toplevel
   from engine.datasets import image_folder  # pylint: disable=import-outside-toplevel
   directory = fixtures.write_mask_folder(str(tmp_path))
   splits = image_folder.load(data_dir=directory, image_size=24, channels=3,

@@ -4,9 +4,10 @@ import os
 import numpy as np
 import pytest
 
-from engine import data, datasets
+from engine import datasets
 from engine.datasets import RecordFiles
 from engine.errors import UserError
+from engine.input import data
 from tests import fixtures
 
 

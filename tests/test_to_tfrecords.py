@@ -6,8 +6,9 @@ import os
 import pytest
 import tensorflow as tf
 
-from engine import data, datasets
+from engine import datasets
 from engine.errors import UserError
+from engine.input import data
 from engine.tools import to_tfrecords
 from tests import fixtures
 

@@ -4,7 +4,8 @@ import sys
 import pytest
 import tensorflow as tf
 
-from engine import datasets, precision, user_code
+from engine import datasets, user_code
+from engine.compute import precision
 from engine.errors import UserError
 import models
 from tests import fixtures

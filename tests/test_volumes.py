@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine import augmentation, data, datasets, run_files, staging
+from engine import datasets
 from engine.datasets import RecordFiles, record_features
 from engine.errors import UserError
+from engine.input import augmentation, data, staging
+from engine.records import run_files
 import models
 from tests import fixtures
 

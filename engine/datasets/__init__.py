@@ -3,7 +3,7 @@
 A loader returns raw examples, images and int64 labels, and the statistics
 to normalize them. Sharding, shuffling, augmentation and batching are done
 by each split's source, whose kind knows how it is read
-(engine/datasets/sources.py), when the input pipeline (engine/data.py)
+(engine/datasets/sources.py), when the input pipeline (engine/input/data.py)
 asks. The built-in formats: the original files of Fashion-MNIST and
 CIFAR-10 (in memory), TFRecords and image folders (streamed), arrays on
 disk (read by rows), synthetic images. A user's own loader,
@@ -28,9 +28,9 @@ from engine.datasets.sources import (  # noqa: F401
     ArrayRows, Examples, ImageFiles)
 from engine.datasets.splits import (  # noqa: F401
     DatasetInfo, Epochs, Shard, Source, Splits)
-from engine import run_files
 from engine.errors import UserError
-from engine.run_files import CLASSES_FILE
+from engine.records import run_files
+from engine.records.run_files import CLASSES_FILE
 from engine.registry import Registry
 
 _DATASETS = Registry("dataset", {

@@ -37,7 +37,7 @@ import tensorflow as tf
 from engine.datasets.sources import ImageFiles, decode
 from engine.datasets.splits import DatasetInfo, Splits
 from engine.errors import UserError
-from engine.run_files import CLASSES_FILE
+from engine.records.run_files import CLASSES_FILE
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TRAIN_DIR = "train"

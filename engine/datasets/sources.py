@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from engine.augmentation import Augmentation, augment, augment_volumes
 from engine.datasets.splits import DatasetInfo, Epochs, Shard, Source
+from engine.input.augmentation import Augmentation, augment, augment_volumes
 
 # Batches augmented (or read) at once: our per-batch work (a gather, a
 # flip, a shift) runs at about 45k images/s on one thread, so one batch in
-# flight and two ready (engine/data.py) keep the step fed.
+# flight and two ready (engine/input/data.py) keep the step fed.
 PARALLEL_BATCHES = 2
 
 

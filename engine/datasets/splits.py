@@ -4,7 +4,7 @@ A loader (built in, or a user's `--dataset=package.module:function`) returns
 `Splits(train, test, info)`. Each split is a `Source`, one of four kinds
 (engine/datasets/sources.py, record_files.py), and each kind knows how it
 is read, for training and for evaluation; the input pipeline
-(engine/data.py) asks any of them for batches the same way:
+(engine/input/data.py) asks any of them for batches the same way:
 
 * `Examples`: arrays in memory (small data sets).
 * `ArrayRows`: arrays on disk, read a batch of rows at a time (.npy, .npz,
@@ -23,7 +23,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from engine.augmentation import Augmentation
+from engine.input.augmentation import Augmentation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +106,7 @@ class Source(abc.ABC):
   and a run resumed mid-epoch gets the very batches it would have had.
   Evaluation reads every example exactly once across ranks.
   """
-  # Whether engine/staging.py can copy the files this rank reads to
+  # Whether engine/input/staging.py can copy the files this rank reads to
   # node-local storage: only a kind that splits whole files across ranks.
   stageable = False
 

@@ -7,7 +7,7 @@ same images (--eval_flip, --eval_shift) are averaged as probabilities.
 import numpy as np
 import tensorflow as tf
 
-from engine import report
+from engine.records import report
 from engine.tasks.task import Task
 
 

@@ -11,7 +11,7 @@ mean IoU, as Keras' MeanIoU and the Cityscapes benchmark compute it.
 import numpy as np
 import tensorflow as tf
 
-from engine import report
+from engine.records import report
 from engine.tasks.task import Task
 
 # Tableau's 10 colours; the background (class 0) is black.

@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from engine import build
-from engine import precision
 from engine import train as engine_train
+from engine.compute import precision
 from tests import fixtures
 
 

@@ -24,11 +24,14 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from engine import actions, data, datasets, distributed, ema, optimizers
-from engine import precision
-from engine import step as steps
-from engine.tasks import classification
+from engine import datasets, distributed
 from engine import train as engine_train
+from engine.compute import ema, optimizers
+from engine.compute import precision
+from engine.compute import step as steps
+from engine.input import data
+from engine.loop import actions
+from engine.tasks import classification
 import models
 from tests import fixtures
 

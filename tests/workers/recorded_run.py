@@ -37,10 +37,10 @@ from horovod.common.elastic import notification_manager
 import horovod.tensorflow as hvd
 import numpy as np
 
-from engine import checkpoint
-from engine import step as steps
 from engine import train as engine_train
+from engine.compute import step as steps
 from engine.datasets import RecordFiles
+from engine.records import checkpoint
 from tests import fixtures
 from tests import timeouts
 

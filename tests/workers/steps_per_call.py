@@ -28,11 +28,11 @@ import numpy as np
 import tensorflow as tf
 
 from engine import errors
-from engine import model_dir
-from engine import preemption
-from engine import report
-from engine import step as steps
 from engine import train as engine_train
+from engine.compute import step as steps
+from engine.loop import preemption
+from engine.records import model_dir
+from engine.records import report
 from tests import fixtures
 
 # What the wrapped parts saw during the current run.

@@ -24,9 +24,11 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from engine import data, datasets, metrics
+from engine import datasets
 from engine import train as engine_train
+from engine.compute import metrics
 from engine.errors import Diverged, UserError
+from engine.input import data
 from tests import fixtures
 
 

@@ -17,9 +17,9 @@ import os
 from absl import logging
 import tensorflow as tf
 
-from engine import ema
-from engine import storage
+from engine.compute import ema
 from engine.errors import first_line
+from engine.records import storage
 from engine.tasks import Task
 
 

@@ -16,22 +16,22 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
-from engine import checkpoint
 from engine import datasets
 from engine import distributed
-from engine import ema
-from engine import export
-from engine import precision
-from engine import preemption
-from engine import report
-from engine import run_files
-from engine import stopping
-from engine import storage
 from engine import tasks
+from engine.compute import ema
+from engine.compute import precision
 from engine.config import TrainConfig
 from engine.errors import Diverged
 from engine.errors import UserError
 from engine.errors import WriteFailed
+from engine.loop import preemption
+from engine.loop import stopping
+from engine.records import checkpoint
+from engine.records import export
+from engine.records import report
+from engine.records import run_files
+from engine.records import storage
 
 
 class RunDirectory:

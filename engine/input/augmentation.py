@@ -27,7 +27,7 @@ class Augmentation:
   by up to `shift` of their size (`augment`); volumes flipped along each
   spatial axis and, with `transpose`, their axes put in a random order
   (`augment_volumes`). `resizing`, ((side, last epoch), ...), makes the
-  images of the first epochs smaller (engine/data.py)."""
+  images of the first epochs smaller (engine/input/data.py)."""
   flip: bool = False
   shift: float = 0.0
   transpose: bool = False

@@ -17,9 +17,9 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins.hparams import api as hparams_api
 import tensorflow as tf
 
-from engine import run_files
 from engine import runs
-from engine import storage
+from engine.records import run_files
+from engine.records import storage
 
 # The Keras TensorBoard callback's layout, which users know: a run for
 # training and one for validation under model_dir/tensorboard

@@ -30,9 +30,9 @@ down between epochs.
 """
 import tensorflow as tf
 
-from engine.augmentation import Augmentation
 from engine.datasets import DatasetInfo, Epochs, Shard, Source, sources
 from engine.errors import UserError
+from engine.input.augmentation import Augmentation
 
 # Fixed parallelism rather than tf.data's autotuning: one batch in flight
 # and two ready keep the step fed (sources.PARALLEL_BATCHES). Autotuning

@@ -12,14 +12,14 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from engine import distributed
-from engine import metrics
-from engine import preemption
-from engine import profiling
-from engine import progress as progress_lib
-from engine import report
+from engine.compute import metrics
 from engine.config import TrainConfig
-from engine.model_dir import RunDirectory
-from engine.run_state import LoopState
+from engine.loop import preemption
+from engine.loop import profiling
+from engine.loop import progress as progress_lib
+from engine.loop.run_state import LoopState
+from engine.records import report
+from engine.records.model_dir import RunDirectory
 
 
 class Session:

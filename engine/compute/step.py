@@ -11,11 +11,11 @@ from typing import Optional
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from engine import metrics
-from engine import optimizers
-from engine import precision
-from engine.errors import UserError
 from engine import tasks
+from engine.compute import metrics
+from engine.compute import optimizers
+from engine.compute import precision
+from engine.errors import UserError
 from engine.tasks import Task
 from engine.tasks.classification import Classification
 

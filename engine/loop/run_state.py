@@ -23,9 +23,9 @@ from typing import Optional
 from absl import logging
 import numpy as np
 
-from engine import metrics
-from engine import optimizers
-from engine.checkpoint import Position
+from engine.compute import metrics
+from engine.compute import optimizers
+from engine.records.checkpoint import Position
 
 # The sums of an epoch before its first step (metrics.Totals): a zero that
 # adds to the task's sums of any shape.
@@ -93,7 +93,7 @@ class LoopState:
   steps are all done but which is not yet evaluated and recorded is
   (epoch, steps_per_epoch), never (epoch + 1, 0).
 
-  A start (engine/session.py) makes one from the RunState it continues
+  A start (engine/loop/session.py) makes one from the RunState it continues
   from; a commit, a checkpoint and a rollback read and set it as a whole
   (`snapshot`, `position`, `rolled_back`).
   """

@@ -1,22 +1,22 @@
 """What a model_dir holds: the name of every file and folder a run keeps
 there, and the small readers and writers of them that several modules share.
 
-Rank 0 writes a run's model_dir (engine.model_dir, engine.report,
-engine.checkpoint, ...), and a resumed start, engine.evaluate and
+Rank 0 writes a run's model_dir (engine.records.model_dir, engine.records.report,
+engine.records.checkpoint, ...), and a resumed start, engine.evaluate and
 engine.runs read it back. Each takes its names from here, so the layout is
 written down once:
 
   flags.txt              the flags of the run's first start, a flagfile
   flags.latest.txt       those of its latest start, once it has resumed
-  metrics.jsonl          a record per epoch and per event (engine.report)
+  metrics.jsonl          a record per epoch and per event (engine.records.report)
   classes.txt            the class names, one a line in label order
   normalization.json     the statistics the run normalizes with
-  precision.json         what --mixed_precision=auto chose (engine.precision)
+  precision.json         what --mixed_precision=auto chose (engine.compute.precision)
   checkpoints/           ckpt-<global step>, best/best-<global step>, and
                          format.json, their format's version
   tensorboard/           train/ and validation/, and the run's hparams
   export/                final/ and best/: SavedModels
-  profile/, timeline.json  traces of --profile_steps (engine.profiling)
+  profile/, timeline.json  traces of --profile_steps (engine.loop.profiling)
 
 It imports no TensorFlow: engine.runs reads runs without it, in a fraction
 of a second.
@@ -47,14 +47,14 @@ CHECKPOINT_STATE_FILE = "checkpoint"  # TensorFlow's name
 # The format of the checkpoints (which variables they hold, by what name,
 # meaning what), recorded beside them in FORMAT_FILE before a run's first
 # save. A run resumes, and engine.evaluate reads, checkpoints of this
-# format only: another is refused in one line (engine.checkpoint) rather
+# format only: another is refused in one line (engine.records.checkpoint) rather
 # than restored wrongly. Format 0 stands for checkpoints written before the
 # format was recorded. Raise it with any change to what a checkpoint holds.
 FORMAT_FILE = "format.json"
 CHECKPOINT_FORMAT = 1
 
 TENSORBOARD_DIR = "tensorboard"
-# The Keras TensorBoard callback's runs, which users know (engine.report).
+# The Keras TensorBoard callback's runs, which users know (engine.records.report).
 TRAIN_RUN, VALIDATION_RUN = "train", "validation"
 EXPORT_DIR = "export"
 FINAL_EXPORT, BEST_EXPORT = "final", "best"

@@ -32,13 +32,13 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
-from engine import optimizers
-from engine import precision
-from engine import run_files
-from engine import storage
+from engine.compute import optimizers
+from engine.compute import precision
 from engine.errors import UserError
 from engine.errors import WriteFailed
 from engine.errors import first_line
+from engine.records import run_files
+from engine.records import storage
 
 RESUME_MODES = ("auto", "never")
 # What finishes or evaluates a run whose checkpoints are of an earlier

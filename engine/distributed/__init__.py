@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import _pywrap_util_port
 
-from engine import liveness
+from engine.distributed import liveness
 from engine.errors import UserError
 
 

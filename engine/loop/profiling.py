@@ -18,9 +18,9 @@ from absl import logging
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from engine import actions
-from engine import run_files
-from engine import storage
+from engine.loop import actions
+from engine.records import run_files
+from engine.records import storage
 
 
 class EpochTimes:
@@ -55,7 +55,7 @@ class StepProfiler(actions.Action):
   """Traces global steps `steps[0]..steps[1]` (inclusive, 1-based).
 
   Wrap each call (its input and the step) in `step(global_step)`, run it
-  as an action after the calls it says (engine/actions.py), and call
+  as an action after the calls it says (engine/loop/actions.py), and call
   `close()` when the loop ends, however it ends: a run that stops or fails
   inside the range still closes its trace. Rank 0 writes model_dir/profile;
   with `all_ranks`, every rank writes its own (run_files.profile_dir).

@@ -1,0 +1,434 @@
+"""The train loop: the epochs of one run, from where it stands to its end.
+
+`TrainLoop` reads top-down: a start (from a checkpoint, or after an elastic
+reset), then per epoch its steps, its evaluation and its end. Between
+steps it runs actions (actions.py); the run's state has one owner
+(run_state.LoopState); a start's resources are a Session (session.py).
+engine/train.py builds the parts and runs it.
+"""
+import functools
+import time
+from typing import Optional, Sequence
+
+from absl import logging
+import tensorflow as tf
+
+from engine import build
+from engine import distributed
+from engine import tasks
+from engine.compute import ema
+from engine.compute import metrics
+from engine.compute import optimizers
+from engine.compute import step as steps
+from engine.distributed import elastic
+from engine.errors import Diverged
+from engine.input import data
+from engine.loop import actions
+from engine.loop import preemption
+from engine.loop import stopping
+from engine.loop.run_state import LoopState
+from engine.loop.run_state import RunState
+from engine.loop.session import Session
+from engine.records import report
+from engine.records.model_dir import RunDirectory
+
+# Test examples the task draws in TensorBoard each evaluated epoch.
+SAMPLES = 4
+
+
+class TrainLoop:
+  """The epochs, from an elastic.TrainingState to the end of training.
+
+  Runs once; under --elastic, again after each reset, from the last commit,
+  on the processes there are then. So everything that depends on their
+  number is set up at the start of a call (`_begin`): the global batch, the
+  steps per epoch, the learning rate, this rank's data, who is rank 0.
+  """
+
+  def __init__(self, parts: build.TrainingParts,
+               user_actions: Sequence[actions.Action] = ()):
+    self._config = parts.config
+    self._world = parts.world
+    self._splits = parts.splits
+    self._model = parts.model
+    self._optimizer = parts.optimizer
+    self._learning_rate = parts.learning_rate
+    self._train_step = parts.train_step
+    self._eval_step = parts.eval_step
+    self._weight_average = parts.weight_average
+    self._decider = parts.decider
+    self._staged = parts.staged  # the staging's record, for metrics.jsonl
+    # The early stopping count, with --target and --patience.
+    self._stop = stopping.Target(self._config.target, self._config.patience,
+                                 minimize=parts.decider.minimize)
+    self._user_actions = list(user_actions)
+    self._rollbacks = 0  # in this process's life (see --max_rollbacks)
+    self._actions = []  # the start's (_begin)
+    self._elastic_state = None  # the call's elastic.TrainingState
+    self.directory = None  # rank 0's model_dir: checkpoints, flags, exports
+
+  def variables(self) -> list[tf.Variable]:
+    """What every rank must hold alike, and a checkpoint or a commit keeps:
+    weights, optimizer state (its step counter first), the learning rate's
+    factor, the weights' average and the early stopping count."""
+    return (self._model.variables + optimizers.state(self._optimizer)
+            + [self._learning_rate.factor]
+            + ema.variables(self._weight_average)
+            + list(self._stop.variables))
+
+  def __call__(self, elastic_state: elastic.TrainingState) -> list[dict]:
+    self._elastic_state = elastic_state
+    session = self._begin(elastic_state.run_state)
+    state = session.state
+    last_val = None
+    try:
+      while state.epoch < self._config.epochs:
+        try:
+          train, train_seconds = self._train_epoch(session)
+        except steps.NonFinite as nonfinite:
+          self._diverged(session, nonfinite)
+          continue
+        val, pictures = (self._evaluate(session)
+                         if self._config.evaluates(state.epoch)
+                         else (None, {}))
+        last_val = val or last_val
+        if self._end_epoch(session, train, val, pictures, train_seconds):
+          break
+    finally:
+      session.close()
+    self._say_how_it_ended(session, last_val)
+    return list(state.history)
+
+  # A start: where training continues from, on how many processes.
+
+  def _begin(self, committed: Optional[RunState]) -> Session:
+    """Sets up a call: the batch and steps for the processes there are,
+    the state to continue from, the learning rate, this rank's data."""
+    config, info = self._config, self._splits.info
+    world = distributed.current(self._world)
+    chief = distributed.is_chief()
+    report.configure_logging(chief)
+    # A step takes grad_accum_steps micro-batches of batch_size per rank.
+    step_batch = config.batch_size * config.grad_accum_steps
+    steps_per_epoch = data.steps_per_epoch(
+        num_train=info.num_train, batch_size=step_batch,
+        world_size=world.size, requested=config.steps_per_epoch)
+    global_batch = step_batch * world.size
+    logging.info("global batch %d on %d processes%s, %d steps per epoch",
+                 global_batch, world.size,
+                 f" ({config.grad_accum_steps} micro-batches of "
+                 f"{config.batch_size} per process)"
+                 if config.grad_accum_steps > 1 else "", steps_per_epoch)
+    run_state, fresh = self._continue_from(committed, world, chief,
+                                           global_batch)
+    self._set_learning_rate(world, steps_per_epoch)
+    state = LoopState(optimizer=self._optimizer,
+                      learning_rate=self._learning_rate, start=run_state,
+                      steps_per_epoch=steps_per_epoch,
+                      global_batch=global_batch, world_size=world.size,
+                      epochs=config.epochs, best_metric=str(self._decider))
+    if committed is None:
+      # What a worker lost before the first commit would go back to.
+      self._commit(state.snapshot())
+    session = Session(
+        config=config, world=world, directory=self.directory if chief
+        else None, state=state, train_totals=self._train_step.totals,
+        batches_from=functools.partial(
+            data.train_batches, self._splits.train, info, rank=world.rank,
+            world_size=world.size, batch_size=step_batch,
+            steps=steps_per_epoch, seed=config.seed, flip=config.random_flip,
+            shift=config.random_shift, transpose=config.random_transpose,
+            resizing=config.progressive_resizing))
+    if fresh and config.on_nonfinite == "rollback":
+      # Something to roll back to before the first epoch's checkpoint.
+      session.save()
+    self._actions = self._cadences(session) + self._user_actions + [
+        session.profiler]
+    return session
+
+  def _continue_from(self, committed: Optional[RunState],
+                     world: distributed.World, chief: bool,
+                     global_batch: int) -> tuple[RunState, bool]:
+    """The state to continue from, the same on every rank, and whether the
+    run is new (nothing to continue).
+
+    Checkpoints and resuming: rank 0 alone reads and writes model_dir. The
+    run's first start restores the latest checkpoint, and every rank
+    continues from rank 0's variables, restored or initial, so the first
+    averaged gradient is taken at one point. A restart (elastic) continues
+    from the committed state instead, whose variables Horovod has synced.
+    """
+    if chief and self.directory is None:
+      self.directory = RunDirectory(
+          self._config.model_dir, self._config, model=self._model,
+          optimizer=self._optimizer, info=self._splits.info,
+          task=self._train_step.task, decider=self._decider,
+          lr_factor=self._learning_rate.factor,
+          weight_average=self._weight_average, stop=self._stop)
+    directory = self.directory if chief else None
+    if committed is not None:
+      position = committed.position
+      logging.info("restarting on %d processes (was %d) from the commit at "
+                   "epoch %d, step %d", world.size, position.world_size,
+                   position.epoch + 1, position.step)
+      if directory and directory.checkpoints is None:
+        directory.take_over()  # rank 0 now, and not at the first start
+      return committed, False
+    position = distributed.on_chief(directory.open if directory else None,
+                                    name="resume")
+    if directory and self._staged:
+      directory.record_event(self._staged)
+    distributed.broadcast_from_chief(self.variables())
+    if position is None:
+      return RunState.beginning(global_batch, world.size), True
+    return RunState.at(position), False
+
+  def _set_learning_rate(self, world: distributed.World,
+                         steps_per_epoch: int) -> None:
+    """The schedule for this number of processes."""
+    config = self._config
+    self._learning_rate.set_world(world_size=world.size,
+                                  steps_per_epoch=steps_per_epoch)
+    logging.info("learning rate %g x %d processes (%s) = %g%s",
+                 config.base_lr, world.size, config.lr_scaling,
+                 self._learning_rate.peak_lr,
+                 f" after {config.warmup_epochs:g} warmup epochs"
+                 if config.warmup_epochs else "")
+
+  def _commit(self, run_state: RunState) -> None:
+    """Under --elastic, what a reset goes back to: `run_state` and the
+    variables, copied in host memory. The one commit path: at the start,
+    every --commit_every_steps, at each epoch's end and after a rollback."""
+    if self._config.elastic:
+      self._elastic_state.commit(run_state=run_state)
+
+  # What happens between steps: the cadences, as actions
+  # (engine/loop/actions.py), in the order they run after a call.
+
+  def _cadences(self, session: Session) -> list[actions.Action]:
+    config = self._config
+    return [
+        # Once per start, after the first update: whatever state an
+        # optimizer creates at its first step rather than in
+        # optimizers.build_state becomes rank 0's too. The model's
+        # variables are every rank's already (BatchNorm's statistics are
+        # averaged at every step: steps.TrainStep._shared).
+        actions.Once(lambda at: (
+            distributed.broadcast_from_chief(
+                optimizers.state(self._optimizer)))),
+        actions.AfterEveryCall(functools.partial(self._stop_if_agreed,
+                                                 session)),
+        *actions.every(config.checkpoint_every_steps,
+                       lambda at: session.save()),
+        *actions.every(config.commit_every_steps if config.elastic else 0,
+                       functools.partial(self._commit_within_epoch,
+                                         session)),
+        *(actions.every(config.summary_every_steps,
+                        functools.partial(self._summarize, session))
+          if session.directory else []),
+        actions.AfterEveryCall(
+            lambda at: session.progress.step(at.step)),
+    ]
+
+  def _stop_if_agreed(self, session: Session, at: actions.At) -> None:
+    """Ends the run where every rank agreed to stop (a signal on one of
+    them: preemption.py), rank 0 saving first."""
+    if not at.stop_agreed:
+      return
+    state, directory = session.state, session.directory
+    preemption.stop(
+        session.stop_requests.signum,
+        f"epoch {state.epoch + 1}, step {state.step}",
+        directory and functools.partial(directory.save, state.position(),
+                                        state.global_step))
+
+  def _commit_within_epoch(self, session: Session, at: actions.At) -> None:
+    # The epoch's figures so far go with the commit: the steps a restart
+    # redoes are counted once.
+    totals = self._train_step.totals
+    session.state.committed(totals.sums())
+    totals.reset()
+    self._commit(session.state.snapshot())
+
+  def _summarize(self, session: Session, at: actions.At) -> None:
+    # Rank 0's figures since the last summary: its running sums and times,
+    # read on the host after a step whose status was read.
+    session.reporter.steps(at.global_step, dict(
+        session.window.read(at.step, self._train_step.totals.local_sums(),
+                            session.times.step_seconds),
+        learning_rate=session.state.learning_rate()))
+
+  # An epoch: its steps, its evaluation, its record.
+
+  def _train_epoch(self, session: Session) -> tuple[metrics.Result, float]:
+    """The epoch's remaining steps; its train figures over all ranks and
+    this rank's seconds."""
+    state = session.state
+    began = time.perf_counter()
+    self._train_step.start_epoch()
+    session.start_epoch()
+    while not state.epoch_done:
+      before = state.global_step
+      count = actions.steps_in_call(
+          self._actions, before, at_most=min(
+              self._config.steps_per_call,
+              state.steps_per_epoch - state.step))
+      with session.profiler.step(before + 1):
+        stop_agreed = self._call(session, count)
+      at = self._at(session, stop_agreed)
+      for action in actions.due(self._actions, before, at.global_step):
+        action.run(at)
+    # An allreduce: all ranks are done.
+    train = self._train_step.totals.result_of(
+        state.epoch_sums(self._train_step.totals.sums()))
+    return train, time.perf_counter() - began
+
+  def _call(self, session: Session, count: int) -> bool:
+    """`count` steps (fewer if the ranks agree to stop): one call of the
+    train step per step at --steps_per_call=1, the batch read on the host
+    and its wait timed apart; one call for all of them beyond, reading its
+    batches inside (their wait is then step time). Returns whether the
+    ranks agreed to stop."""
+    requested = session.stop_requests.requested
+    if self._config.steps_per_call == 1:
+      with session.times.input():
+        images, labels = next(session.batches)
+      with session.times.step():
+        return self._train_step(images, labels, requested)
+    with session.times.step():
+      _, stop_agreed = self._train_step.steps(session.batches, count,
+                                              requested)
+      return stop_agreed
+
+  def _at(self, session: Session, stop_agreed: bool = False) -> actions.At:
+    state = session.state
+    return actions.At(global_step=state.global_step, epoch=state.epoch,
+                      step=state.step, model=self._model,
+                      rank=session.world.rank,
+                      world_size=session.world.size, is_chief=session.directory is not None,
+                      model_dir=self._config.model_dir,
+                      stop_agreed=stop_agreed)
+
+  def _evaluate(self, session: Session) -> tuple[metrics.Result, dict]:
+    """The whole test split, each rank its shard, reduced exactly; and on
+    rank 0 the task's pictures of the first few test examples."""
+    pictures = {}
+    with ema.averaged(self._weight_average):
+      val = steps.evaluate(self._eval_step, data.eval_batches(
+          self._splits.test, self._splits.info, rank=session.world.rank,
+          world_size=session.world.size, batch_size=self._config.batch_size))
+      if session.directory:
+        pictures = self._pictures()
+    return val, pictures
+
+  def _pictures(self) -> dict:
+    """The task's TensorBoard pictures of the first SAMPLES test examples
+    (segmentation: image, true and predicted masks; reconstruction: image,
+    noisy image, reconstruction)."""
+    task = self._eval_step.task
+    if not tasks.defines(task, "sample_images"):
+      return {}  # the task draws none
+    for images, labels in data.eval_batches(
+        self._splits.test, self._splits.info, rank=0, world_size=1,
+        batch_size=SAMPLES).take(1):
+      return task.sample_images(self._model, images, labels)
+    return {}  # an empty test split
+
+  def _end_epoch(self, session: Session, train: metrics.Result,
+                 val: Optional[metrics.Result], pictures: dict,
+                 train_seconds: float) -> bool:
+    """Records, saves and commits the epoch (`val` None: not evaluated),
+    with the task's TensorBoard `pictures`; returns whether to stop."""
+    config, state = self._config, session.state
+    record = state.end_epoch(
+        train, val, train_seconds=train_seconds,
+        input_seconds=session.times.input_seconds,
+        step_seconds=session.times.step_seconds,
+        skipped_steps=self._train_step.skipped_steps)
+    stop_now = bool(val) and self._stop.update(
+        epoch=record["epoch"], value=val.figures[self._decider.figure],
+        cumulative_seconds=record["cumulative_seconds"])
+    if stop_now:
+      record["stopped_early"] = True
+    if config.target:
+      record["target_accuracy_first_epoch"] = self._stop.first_reached_epoch
+      record["target_accuracy_first_seconds"] = \
+          self._stop.first_reached_seconds
+    position = state.position(seconds=record["cumulative_seconds"])
+    global_step = state.global_step
+    session.on_chief(lambda directory: directory.end_epoch(
+        record, {**self._eval_step.task.summary_images(val.sums), **pictures}
+        if val else {}, position, global_step), name="end_epoch")
+    self._commit(state.snapshot(seconds=record["cumulative_seconds"]))
+    if stop_now:
+      logging.info("stopping early: %s %s %g for %d epochs; first reached "
+                   "at epoch %d, %.1fs", self._decider.key,
+                   "<=" if self._decider.minimize else ">=",
+                   config.target, config.patience,
+                   self._stop.first_reached_epoch,
+                   self._stop.first_reached_seconds)
+    return stop_now
+
+  def _say_how_it_ended(self, session: Session,
+                        last_val: Optional[metrics.Result]) -> None:
+    if last_val:
+      logging.info("final %s (%d examples); metrics in %s",
+                   report.in_words(last_val.figures), last_val.examples,
+                   session.reporter.metrics_path)
+    elif not session.state.history:
+      logging.info("%s has finished its %d epochs already; pass a larger "
+                   "--epochs to train on, or another --model_dir for a new "
+                   "run", self._config.model_dir, self._config.epochs)
+
+  # A divergence: stop, or roll back.
+
+  def _diverged(self, session: Session, nonfinite: steps.NonFinite) -> None:
+    """After a step that was not finite (and not applied, on any rank; the
+    step counter counted it): stops with Diverged, or rolls back
+    (--on_nonfinite=rollback)."""
+    config, state = self._config, session.state
+    what = (f"at global step {state.global_step} (epoch {state.epoch + 1}, "
+            f"step {state.step}) with learning rate "
+            f"{state.learning_rate():.4g}: {nonfinite}")
+    rolling_back = config.on_nonfinite == "rollback"
+    if rolling_back and self._rollbacks < config.max_rollbacks:
+      self._roll_back(session, what)
+      return
+    latest = session.on_chief(
+        lambda directory: directory.checkpoints.latest_path, name="latest")
+    kept = (f"nothing was saved after {latest}, the last good checkpoint"
+            if latest else "no checkpoint was saved")
+    advice = (f"{self._rollbacks} rollbacks (--max_rollbacks) did not get "
+              "past it; lower --base_lr" if rolling_back else
+              "lower --base_lr, or pass --on_nonfinite=rollback")
+    raise Diverged(f"training diverged {what}; the step was not applied and "
+                   f"{kept}; {advice}")
+
+  def _roll_back(self, session: Session, what: str) -> None:
+    """Back to the last good checkpoint (rank 0 restores it, every rank
+    receives it: weights, optimizer, and the early stopping count as it
+    was then), with the learning rate multiplied by --rollback_lr_factor
+    from then on: what practitioners do by hand after a loss spike."""
+    config, state = self._config, session.state
+    diverged_at_step = state.global_step
+    factor = float(self._learning_rate.factor.numpy()) * \
+        config.rollback_lr_factor
+    position, path = session.on_chief(
+        lambda directory: directory.roll_back(), name="rollback")
+    distributed.broadcast_from_chief(self.variables())
+    self._learning_rate.factor.assign(factor)
+    self._rollbacks += 1
+    state.rolled_back(position)
+    session.read_from_state()
+    logging.warning("rolling back %s; back to %s (global step %d), learning "
+                    "rate x%g from now on (rollback %d of at most %d)", what,
+                    path, state.global_step, factor, self._rollbacks,
+                    config.max_rollbacks)
+    record = {"event": "rollback", "epoch": state.epoch,
+              "global_step": state.global_step,
+              "diverged_at_step": diverged_at_step, "checkpoint": path,
+              "learning_rate_factor": factor, "rollback": self._rollbacks}
+    session.on_chief(lambda directory: directory.record_rollback(record),
+                     name="record_rollback")
+    # The run's clock goes on: the time of the undone steps was spent.
+    self._commit(state.snapshot())
