@@ -8,10 +8,10 @@ two runs differ only by the values they were given.
 A TrainConfig is nested by concern, one frozen section per module of
 flags/ (elastic training's two flags sit with the faults it survives, and
 --target with the early stopping it ends), and holds the flags' values
-only. What a run measures or decides at start-up (the precision
---mixed_precision=auto chooses, the processes, the steps per epoch) is
-never written back into it: build.prepare returns it in records of its own
-(precision.Choice, distributed.World). So this module imports no
+only. What a run measures or decides at start-up is never written back
+into it but travels in records of its own: the precision (build.prepare's
+precision.Choice), the processes (distributed.World), the global batch and
+steps per epoch (run_state.LoopState). So this module imports no
 TensorFlow and probes no hardware.
 
 A section's fields keep their flag's name less the section's own prefix
@@ -27,6 +27,9 @@ from absl import flags
 from engine.errors import UserError
 
 FLAGS = flags.FLAGS
+# The config and each of its sections: frozen, since what a run was asked
+# for does not change while it runs (TrainConfig.replace makes another);
+# keyword-only, since a section of eleven values is read by name.
 _SECTION = dict(frozen=True, kw_only=True)
 
 
