@@ -57,17 +57,19 @@ from engine.tasks import Regression, Segmentation
 def main(argv):
   del argv
   config = config_from_flags()
-  config, world, splits, task, model = build.prepare(config)
+  world, _, splits, task, model = build.prepare(config)
   info = splits.info
+  training, optimization = config.training, config.optimization
   steps_per_epoch = data.steps_per_epoch(
-      num_train=info.num_train, batch_size=config.batch_size,
-      world_size=world.size, requested=config.steps_per_epoch)
+      num_train=info.num_train, batch_size=training.batch_size,
+      world_size=world.size, requested=training.steps_per_epoch)
   segmentation = isinstance(task, Segmentation)
   batches = data.train_batches(
       splits.train, info, rank=world.rank, world_size=world.size,
-      batch_size=config.batch_size, steps=steps_per_epoch, seed=config.seed,
-      first_epoch=0, flip=config.random_flip, shift=config.random_shift,
-      transpose=config.random_transpose)
+      batch_size=training.batch_size, steps=steps_per_epoch,
+      seed=training.seed, first_epoch=0, flip=config.data.random_flip,
+      shift=config.data.random_shift,
+      transpose=config.data.random_transpose)
   if segmentation:
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     metric = tf.keras.metrics.MeanIoU(info.num_classes, sparse_y_pred=False,
@@ -83,7 +85,7 @@ def main(argv):
     batches = batches.map(lambda images, labels: (
         images, tf.one_hot(labels, info.num_classes)))
     loss = tf.keras.losses.CategoricalCrossentropy(
-        from_logits=True, label_smoothing=config.label_smoothing)
+        from_logits=True, label_smoothing=optimization.label_smoothing)
     metric = tf.keras.metrics.CategoricalAccuracy(name="train_metric")
 
   learning_rate = build.learning_rate_schedule(config)
@@ -91,24 +93,25 @@ def main(argv):
                           steps_per_epoch=steps_per_epoch)
   # hvd.DistributedOptimizer rebuilds the optimizer from its config, which
   # cannot carry the schedule object: it is set on the rebuilt one.
-  optimizer = optimizers.build(config.optimizer, learning_rate=0.0,
-                               momentum=config.momentum,
-                               nesterov=config.nesterov)
-  if config.ema_decay:  # Keras' own average; the config carries these two
+  optimizer = optimizers.build(optimization.optimizer, learning_rate=0.0,
+                               momentum=optimization.momentum,
+                               nesterov=optimization.nesterov)
+  # Keras' own average; the optimizer's config carries these two.
+  if optimization.ema_decay:
     optimizer.use_ema = True
-    optimizer.ema_momentum = config.ema_decay
+    optimizer.ema_momentum = optimization.ema_decay
   optimizer = hvd.DistributedOptimizer(optimizer)
   optimizer.learning_rate = learning_rate
   model.compile(
       optimizer=optimizer,
       loss=loss, metrics=[metric])
-  model.fit(batches, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
+  model.fit(batches, epochs=training.epochs, steps_per_epoch=steps_per_epoch,
             verbose=0, callbacks=[
                 hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                 hvd.callbacks.MetricAverageCallback(),
                 _EvaluateAndRecord(config, world, splits, task,
                                    images_per_epoch=(steps_per_epoch
-                                                     * config.batch_size
+                                                     * training.batch_size
                                                      * world.size))])
 
 
@@ -123,7 +126,8 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
     self._splits = splits
     self._task = task
     self._images_per_epoch = images_per_epoch
-    self._records = os.path.join(config.model_dir, run_files.METRICS_FILE)
+    self._records = os.path.join(config.training.model_dir,
+                                 run_files.METRICS_FILE)
     self._started = self._epoch_started = 0.0
     self._eval_step = None
 
@@ -132,10 +136,10 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
     self._eval_step = steps.EvalStep(
         model=self.model, task=self._task,
         image_shape=self._splits.info.image_shape,
-        flip=self._config.eval_flip, shift=build.eval_shift_pixels(
+        flip=self._config.data.eval_flip, shift=build.eval_shift_pixels(
             self._config, self._splits.info.image_shape))
     if distributed.is_chief():
-      os.makedirs(self._config.model_dir, exist_ok=True)
+      os.makedirs(self._config.training.model_dir, exist_ok=True)
       open(self._records, "w").close()  # a rerun starts afresh
 
   def on_epoch_begin(self, epoch, logs=None):
@@ -145,14 +149,15 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
     train_seconds = time.perf_counter() - self._epoch_started
     distributed.average_across_ranks(self.model.non_trainable_variables)
     own = self.model.get_weights()
-    if self._config.ema_decay:
+    if self._config.optimization.ema_decay:
       self.model.optimizer.finalize_variable_values(
           self.model.trainable_variables)
     val = steps.evaluate(self._eval_step, data.eval_batches(
         self._splits.test, self._splits.info, rank=self._world.rank,
-        world_size=self._world.size, batch_size=self._config.batch_size))
+        world_size=self._world.size,
+        batch_size=self._config.training.batch_size))
     self.model.set_weights(own)
-    record = {"epoch": epoch + 1, "epochs": self._config.epochs,
+    record = {"epoch": epoch + 1, "epochs": self._config.training.epochs,
               # Keras' own figure, averaged over ranks by Horovod's callback.
               "train_keras_metric": float(logs["train_metric"]),
               **{f"val_{name}": value for name, value in val.figures.items()},

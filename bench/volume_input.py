@@ -52,20 +52,22 @@ flags.DEFINE_string("stage_root", "/tmp/bench_staging",
 
 def pipeline_alone(splits, config) -> dict:
   """Volumes/s of rank 0's training batches, nothing else running."""
+  batch_size = config.training.batch_size
   steps = data.steps_per_epoch(num_train=splits.info.num_train,
-                               batch_size=config.batch_size, world_size=2,
+                               batch_size=batch_size, world_size=2,
                                requested=0)
   batches = iter(data.train_batches(
       splits.train, splits.info, rank=0, world_size=2,
-      batch_size=config.batch_size, steps=steps, seed=config.seed,
-      first_epoch=0, flip=config.random_flip, shift=config.random_shift,
-      transpose=config.random_transpose))
+      batch_size=batch_size, steps=steps, seed=config.training.seed,
+      first_epoch=0, flip=config.data.random_flip,
+      shift=config.data.random_shift,
+      transpose=config.data.random_transpose))
   next(batches)  # the pipeline's start, not its rate
   began = time.perf_counter()
   for _ in range(FLAGS.pipeline_batches - 1):
     next(batches)
   seconds = time.perf_counter() - began
-  volumes = (FLAGS.pipeline_batches - 1) * config.batch_size
+  volumes = (FLAGS.pipeline_batches - 1) * batch_size
   files = splits.train.rank_files(datasets.Shard(0, 2))
   file_bytes = statistics.mean(map(os.path.getsize, files))
   volume_bytes = math.prod(splits.info.image_shape) * np.dtype(
@@ -102,7 +104,7 @@ def stage_twice(splits, config) -> tuple[float, float, int]:
   def both_ranks():
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
       return list(pool.map(lambda rank: staging.stage(
-          splits, data_dir=config.data_dir, stage_dir=FLAGS.stage_root,
+          splits, data_dir=config.data.dir, stage_dir=FLAGS.stage_root,
           rank=rank, world_size=2)[1], (0, 1)))
 
   seconds = []
@@ -117,8 +119,8 @@ def stage_twice(splits, config) -> tuple[float, float, int]:
 def main(argv):
   del argv
   config = config_from_flags()
-  splits = datasets.load(config.dataset, data_dir=config.data_dir,
-                         **config.data_params)
+  splits = datasets.load(config.data.name, data_dir=config.data.dir,
+                         **config.data.params)
   for repeat in range(FLAGS.repeats):
     alone = pipeline_alone(splits, config)
     print(f"round {repeat + 1}: pipeline alone "

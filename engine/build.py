@@ -47,19 +47,20 @@ ADAPTED_PIXELS = 1 << 20
 
 
 def prepare(config: TrainConfig, measure_precision: bool = True
-            ) -> tuple[TrainConfig, distributed.World, datasets.Splits,
+            ) -> tuple[distributed.World, precision.Choice, datasets.Splits,
                        tasks.Task, tf.keras.Model]:
   """Distributed setup, the data set, the task, the precision and the
-  model: what training and evaluation share. Returns (config, world,
-  splits, task, model), the config with --mixed_precision=auto's choice:
-  the run's first start's (model_dir), or measured now (unless
-  `measure_precision` is false: engine.evaluate takes the hardware's
-  preferred mode for a run that recorded none)."""
-  world = distributed.init(intra_op_threads=config.intra_op_threads,
-                           inter_op_threads=config.inter_op_threads,
-                           bind_cpus=config.bind_cpus,
-                           deterministic=config.deterministic,
-                           timeline=config.horovod_timeline)
+  model: what training and evaluation share. Returns (world, precision
+  choice, splits, task, model): the mode --mixed_precision asks for, or
+  auto's choice: the run's first start's (model_dir), or measured now
+  (unless `measure_precision` is false: engine.evaluate takes the
+  hardware's preferred mode for a run that recorded none)."""
+  devices = config.devices
+  world = distributed.init(intra_op_threads=devices.intra_op_threads,
+                           inter_op_threads=devices.inter_op_threads,
+                           bind_cpus=devices.bind_cpus,
+                           deterministic=devices.deterministic,
+                           timeline=config.profiling.horovod_timeline)
   report.configure_logging(distributed.is_chief())
   kernels, kernels_advice = distributed.cpu_kernels()
   logging.info("%d processes on Horovod's %s controller; %s", world.size,
@@ -69,31 +70,38 @@ def prepare(config: TrainConfig, measure_precision: bool = True
     logging.warning("%s", distributed.MPI_FROZEN_PROCESS)
   if world.device == "CPU" and kernels_advice:
     logging.warning("%s", kernels_advice)
+  # The mode asked for; under auto, the hardware's preferred one until
+  # _measured_precision chooses among its native `candidates`.
+  asked = config.performance.mixed_precision
+  choice = precision.Choice(*precision.resolve(asked))
+  candidates = precision.native()[0] if asked == "auto" else ()
 
   def data_task_and_model():
     splits = datasets.load(
-        config.dataset, data_dir=config.data_dir, model_dir=config.model_dir,
-        normalization=config.normalization,
-        labels=getattr(tasks.task_class(config.task), "labels", "any"),
-        **config.data_params)
-    task = tasks.build(config.task, splits.info, **config.task_params)
+        config.data.name, data_dir=config.data.dir,
+        model_dir=config.training.model_dir,
+        normalization=config.data.normalization,
+        labels=getattr(tasks.task_class(config.task.name), "labels", "any"),
+        **config.data.params)
+    task = tasks.build(config.task.name, splits.info, **config.task.params)
     def flags_model(output_shape):  # --model's, for the task's outputs
-      return models.build(config.model, input_shape=splits.info.image_shape,
+      return models.build(config.model.name,
+                          input_shape=splits.info.image_shape,
                           num_classes=output_shape[-1],
-                          output_shape=output_shape, **config.model_params)
+                          output_shape=output_shape, **config.model.params)
 
     first_images = functools.cache(lambda: _first_images(splits))
 
     def model_of(mode):
       precision.set_policy(mode)
       # The same seed everywhere, then rank 0's weights win anyway.
-      tf.keras.utils.set_random_seed(config.seed)
-      model = tasks.build_model(task, config.task, flags_model)
+      tf.keras.utils.set_random_seed(config.training.seed)
+      model = tasks.build_model(task, config.task.name, flags_model)
       whitening.adapt(model, first_images)  # (a resume restores over it)
       return model
 
-    model = model_of(config.mixed_precision)
-    tasks.check(task, config.task, model, splits.info.image_shape)
+    model = model_of(choice.mode)
+    tasks.check(task, config.task.name, model, splits.info.image_shape)
     _check_resizing(config, splits.info, task, model)
     decider(config, task)  # a --best_metric the task cannot give: now
     return splits, task, model, model_of
@@ -102,17 +110,18 @@ def prepare(config: TrainConfig, measure_precision: bool = True
   # on one host): all ranks stop with its line rather than wait for it. Not
   # under --elastic, whose workers meet first inside the train loop.
   splits, task, model, model_of = distributed.agree(
-      data_task_and_model, name="prepare", collective=not config.elastic)
-  if config.precision_candidates and not config.elastic:
-    chosen = _measured_precision(config, world, splits, task, model_of,
-                                 measure=measure_precision)
-    if (chosen.mixed_precision != config.mixed_precision
-        or chosen.precision_figures.get("images_per_sec")):
+      data_task_and_model, name="prepare",
+      collective=not config.faults.elastic)
+  if candidates and not config.faults.elastic:
+    chosen = _measured_precision(config, choice, candidates, world, splits,
+                                 task, model_of, measure=measure_precision)
+    if (chosen.mode != choice.mode
+        or chosen.figures.get("images_per_sec")):
       # Built again as if it were the first: Keras' names start afresh.
       tf.keras.backend.clear_session()
-      model = model_of(chosen.mixed_precision)
-    config = chosen
-  return config, world, splits, task, model
+      model = model_of(chosen.mode)
+    choice = chosen
+  return world, choice, splits, task, model
 
 
 def _first_images(splits: datasets.Splits):
@@ -132,9 +141,10 @@ def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
                     task: tasks.Task, model: tf.keras.Model) -> None:
   """--progressive_resizing's stages, for these images, this many epochs
   and this model and task at each side, or a UserError."""
-  if not config.progressive_resizing:
+  stages = config.data.progressive_resizing
+  if not stages:
     return
-  given = f"--progressive_resizing={config.resizing_text()}"
+  given = f"--progressive_resizing={config.data.resizing_text()}"
   shape = info.image_shape
   if len(shape) != 3 or shape[0] != shape[1]:
     raise UserError(f"{given} resizes square images; {info.name}'s are "
@@ -142,29 +152,32 @@ def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
   if info.labels_are_masks():
     raise UserError(f"{given} resizes images, not the masks they are "
                     "labelled with")
-  last = config.progressive_resizing[-1][1]
-  if last >= config.epochs:
+  last = stages[-1][1]
+  if last >= config.training.epochs:
     raise UserError(f"{given}: its stages end at epoch {last} of "
-                    f"{config.epochs}; the last epochs must train at full "
-                    "size, the size evaluated")
-  for side, _ in config.progressive_resizing:
+                    f"{config.training.epochs}; the last epochs must train "
+                    "at full size, the size evaluated")
+  for side, _ in stages:
     if side >= shape[0]:
       raise UserError(f"{given}: {side} pixels is not smaller than the "
                       f"images' {shape[0]}")
     try:
-      tasks.check(task, config.task, model, (side, side, shape[2]))
+      tasks.check(task, config.task.name, model, (side, side, shape[2]))
     except UserError as e:
-      raise UserError(f"{given}: --model={config.model} does not take "
+      raise UserError(f"{given}: --model={config.model.name} does not take "
                       f"{side}x{side} images ({e}); a model for any size "
                       "builds tf.keras.Input((None, None, channels)) and "
                       "pools globally") from None
 
 
-def _measured_precision(config: TrainConfig, world: distributed.World,
-                        splits: datasets.Splits, task: tasks.Task,
-                        model_of, measure: bool) -> TrainConfig:
+def _measured_precision(config: TrainConfig, preferred: precision.Choice,
+                        candidates: tuple[str, ...],
+                        world: distributed.World, splits: datasets.Splits,
+                        task: tasks.Task, model_of,
+                        measure: bool) -> precision.Choice:
   """--mixed_precision=auto: the mode of the run's first start (recorded
-  in model_dir), or measured now (engine/compute/precision.py); on hardware of
+  in model_dir), or measured now among the hardware's native `candidates`
+  (engine/compute/precision.py), else the hardware's `preferred`; on hardware of
   float32 alone, float32 unmeasured, recorded all the same so that a
   resume elsewhere keeps it.
 
@@ -178,34 +191,31 @@ def _measured_precision(config: TrainConfig, world: distributed.World,
   nothing had been measured.
   """
   first_start = distributed.on_chief(
-      lambda: precision.of_first_start(config.model_dir), name="precision")
+      lambda: precision.of_first_start(config.training.model_dir),
+      name="precision")
   if first_start:
     mode, why = first_start
-    return dataclasses.replace(config, mixed_precision=mode,
-                               mixed_precision_why=why,
-                               precision_candidates=())
+    return precision.Choice(mode=mode, why=why)
   if not measure:
-    return dataclasses.replace(config, precision_candidates=())
-  if len(config.precision_candidates) == 1:
-    return dataclasses.replace(config, precision_candidates=(),
-                               precision_figures=dict(
-                                   images_per_sec={},
-                                   hardware=config.mixed_precision_why))
+    return preferred
+  if len(candidates) == 1:
+    return dataclasses.replace(preferred, figures=dict(
+        images_per_sec={}, hardware=preferred.why))
   began = time.perf_counter()
-  modes = [mode for mode in config.precision_candidates
+  modes = [mode for mode in candidates
            # A task's own step has no loss scaling.
            if not (task.optimizers and mode == "float16")]
   batches = list(itertools.islice(data.train_batches(
       splits.train, splits.info, rank=world.rank, world_size=world.size,
-      batch_size=config.batch_size * config.grad_accum_steps,
-      steps=MEASURED_STEPS, seed=config.seed, first_epoch=0,
-      flip=config.random_flip, shift=config.random_shift,
-      transpose=config.random_transpose), MEASURED_STEPS))
+      batch_size=(config.training.batch_size
+                  * config.performance.grad_accum_steps),
+      steps=MEASURED_STEPS, seed=config.training.seed, first_epoch=0,
+      flip=config.data.random_flip, shift=config.data.random_shift,
+      transpose=config.data.random_transpose), MEASURED_STEPS))
   train_steps, step_seconds = {}, {}
   for mode in modes:
     _, train_steps[mode] = optimizer_and_step(
-        dataclasses.replace(config, mixed_precision=mode), task,
-        model_of(mode), learning_rate=0.0)
+        config, mode, task, model_of(mode), learning_rate=0.0)
     train_steps[mode](*batches[0])  # tracing, not timed
     started = time.perf_counter()
     train_steps[mode](*batches[1 % len(batches)])
@@ -230,12 +240,10 @@ def _measured_precision(config: TrainConfig, world: distributed.World,
   why = precision.described(images_per_sec, chosen)
   took = time.perf_counter() - began
   logging.info("--mixed_precision=auto: %s (%.1f s)", why, took)
-  return dataclasses.replace(
-      config, mixed_precision=chosen, mixed_precision_why=why,
-      precision_candidates=(), precision_figures=dict(
-          images_per_sec={mode: round(rate, 1)
-                          for mode, rate in images_per_sec.items()},
-          steps_per_round=steps, seconds=round(took, 2)))
+  return precision.Choice(mode=chosen, why=why, figures=dict(
+      images_per_sec={mode: round(rate, 1)
+                      for mode, rate in images_per_sec.items()},
+      steps_per_round=steps, seconds=round(took, 2)))
 
 
 def stage(config: TrainConfig, world: distributed.World,
@@ -244,22 +252,23 @@ def stage(config: TrainConfig, world: distributed.World,
   node-local copies (engine/input/staging.py), and the staging's record for
   metrics.jsonl: files and bytes over all ranks, the bytes copied, and the
   seconds until the slowest process had its share."""
-  if not config.stage_dir:
+  data_dir, stage_dir = config.data.dir, config.data.stage_dir
+  if not stage_dir:
     return splits, None
-  if config.elastic:
+  if config.faults.elastic:
     raise UserError("--stage_dir with --elastic: a process's share of the "
                     "files changes with the workers; stage without --elastic")
   splits, staged = distributed.agree(lambda: staging.stage(
-      splits, data_dir=config.data_dir, stage_dir=config.stage_dir,
+      splits, data_dir=data_dir, stage_dir=stage_dir,
       rank=world.rank, world_size=world.size), name="stage")
   files, size, copied = distributed.sum_across_ranks(
       [staged.files, staged.bytes, staged.copied_bytes], name="staged")
   seconds = distributed.max_across_ranks(staged.seconds, name="staging")
   logging.info("staged %d files (%.1f MB, %.1f MB copied) to %s in %.1f s "
                "(%.1f MB/s)", files, size / staging.MB, copied / staging.MB,
-               config.stage_dir, seconds,
+               stage_dir, seconds,
                copied / staging.MB / max(seconds, 1e-6))
-  return splits, dict(event="staged", stage_dir=config.stage_dir,
+  return splits, dict(event="staged", stage_dir=stage_dir,
                       files=int(files), bytes=int(size),
                       copied_bytes=int(copied), seconds=round(seconds, 3),
                       time=round(time.time(), 3))
@@ -268,14 +277,15 @@ def stage(config: TrainConfig, world: distributed.World,
 def decider(config: TrainConfig, task: tasks.Task) -> tasks.Decider:
   """The validation figure that decides best/, early stopping and the
   target: --best_metric, or the task's own."""
-  decides = (tasks.Decider.of(config.best_metric, task, flag="best_metric")
-             if config.best_metric else
+  best_metric = config.task.best_metric
+  decides = (tasks.Decider.of(best_metric, task, flag="best_metric")
+             if best_metric else
              tasks.Decider.of(task.best_metric, task))
   if decides.figure not in _figure_names(task):
-    raise UserError(f"--best_metric={config.best_metric}: the "
+    raise UserError(f"--best_metric={best_metric}: the "
                     f"{task.name} task's figures are "
                     f"{', '.join('val_' + n for n in _figure_names(task))}")
-  if config.target_accuracy and decides.key != "val_accuracy":
+  if config.training.target_accuracy and decides.key != "val_accuracy":
     raise UserError(f"--target_accuracy: this run is decided by "
                     f"{decides.key}; give its target as --target")
   return decides
@@ -290,40 +300,46 @@ def _figure_names(task: tasks.Task) -> list[str]:
 def learning_rate_schedule(config: TrainConfig) -> schedules.WarmupThenDecay:
   """The flags' learning rate, a function of the step; `set_world` gives
   it the number of processes and the steps per epoch."""
+  optimization = config.optimization
   return schedules.WarmupThenDecay(
-      base_lr=config.base_lr, scaling=config.lr_scaling,
-      warmup_epochs=config.warmup_epochs, decay=config.lr_schedule,
-      epochs=config.epochs, decay_epochs=config.lr_decay_epochs,
-      decay_factor=config.lr_decay_factor)
+      base_lr=optimization.base_lr, scaling=optimization.lr_scaling,
+      warmup_epochs=optimization.warmup_epochs,
+      decay=optimization.lr_schedule, epochs=config.training.epochs,
+      decay_epochs=optimization.lr_decay_epochs,
+      decay_factor=optimization.lr_decay_factor)
 
 
-def optimizer_and_step(config: TrainConfig, task: tasks.Task,
+def optimizer_and_step(config: TrainConfig, mode: str, task: tasks.Task,
                        model: tf.keras.Model, learning_rate,
                        weight_average=None) -> tuple[Any, steps.TrainStep]:
   """The optimizer the flags ask for, at `learning_rate` (a schedule of the
   step), and the train step that applies it to `model` for `task` (and
-  updates `weight_average`, an ema.WeightAverage)."""
+  updates `weight_average`, an ema.WeightAverage), in precision `mode`
+  (precision.Choice's)."""
+  optimization, performance = config.optimization, config.performance
   def optimizer():
-    return optimizers.build(config.optimizer, learning_rate=learning_rate,
-                            momentum=config.momentum,
-                            nesterov=config.nesterov, xla=config.xla)
+    return optimizers.build(optimization.optimizer,
+                            learning_rate=learning_rate,
+                            momentum=optimization.momentum,
+                            nesterov=optimization.nesterov,
+                            xla=performance.xla)
 
   if task.optimizers:  # the task's own step applies several
-    if config.mixed_precision == "float16":
+    if mode == "float16":
       raise UserError("--mixed_precision=float16: a task with its own train "
                       "step has no loss scaling; use bfloat16 or none")
     optimizer = optimizers.Several({name: optimizer()
                                     for name in task.optimizers})
     step = steps.TaskTrainStep
   else:
-    optimizer = precision.with_loss_scaling(optimizer(),
-                                            config.mixed_precision)
+    optimizer = precision.with_loss_scaling(optimizer(), mode)
     step = steps.TrainStep
   return optimizer, step(
-      model=model, optimizer=optimizer, allreduce_op=config.allreduce_op,
-      compression=config.gradient_compression,
-      accumulation_steps=config.grad_accum_steps, task=task,
-      weight_average=weight_average, xla=config.xla)
+      model=model, optimizer=optimizer,
+      allreduce_op=performance.allreduce_op,
+      compression=performance.gradient_compression,
+      accumulation_steps=performance.grad_accum_steps, task=task,
+      weight_average=weight_average, xla=performance.xla)
 
 
 def eval_step(config: TrainConfig, task: tasks.Task,
@@ -331,48 +347,51 @@ def eval_step(config: TrainConfig, task: tasks.Task,
   """The evaluation step, with the views --eval_flip and --eval_shift ask
   for."""
   image_shape = task.info.image_shape
-  return steps.EvalStep(model=model, task=task, xla=config.xla,
-                        image_shape=image_shape, flip=config.eval_flip,
+  return steps.EvalStep(model=model, task=task, xla=config.performance.xla,
+                        image_shape=image_shape, flip=config.data.eval_flip,
                         shift=eval_shift_pixels(config, image_shape))
 
 
 def eval_shift_pixels(config: TrainConfig, image_shape: tuple) -> int:
   """--eval_shift, a fraction of the width, in whole pixels of these
   images."""
-  if not config.eval_shift:
+  fraction = config.data.eval_shift
+  if not fraction:
     return 0
   width = image_shape[1]
-  pixels = round(config.eval_shift * width)
+  pixels = round(fraction * width)
   if not 0 < 2 * pixels < width:
-    raise UserError(f"--eval_shift={config.eval_shift:g}: {pixels} pixels of "
+    raise UserError(f"--eval_shift={fraction:g}: {pixels} pixels of "
                     f"images {width} wide; give a fraction that moves them "
                     "at least one pixel and less than half their width")
   return pixels
 
 
-def describe_numerics(config: TrainConfig, world: distributed.World) -> None:
+def describe_numerics(config: TrainConfig, choice: precision.Choice,
+                      world: distributed.World) -> None:
   """Says which optimizer, precision and allreduce the run uses; warns of
   GPU options that slow a CPU run."""
+  performance = config.performance
   logging.info("%s; precision %s%s%s; allreduce %s, compression %s",
-               config.optimizer, config.mixed_precision
-               if config.mixed_precision != "none" else "float32",
-               f" (auto: {config.mixed_precision_why})"
-               if config.mixed_precision_why else "",
-               ", XLA" if config.xla else "", config.allreduce_op,
-               config.gradient_compression)
+               config.optimization.optimizer, choice.mode
+               if choice.mode != "none" else "float32",
+               f" (auto: {choice.why})" if choice.why else "",
+               ", XLA" if performance.xla else "", performance.allreduce_op,
+               performance.gradient_compression)
   if world.device == "CPU":
-    _warn_about_slow_options_on_cpu(config)
+    _warn_about_slow_options_on_cpu(config, choice)
 
 
-def _warn_about_slow_options_on_cpu(config: TrainConfig) -> None:
+def _warn_about_slow_options_on_cpu(config: TrainConfig,
+                                    choice: precision.Choice) -> None:
   """GPU options that cost a CPU run dearly (bench/cpu_defaults.py on an
   AMD EPYC with AVX512-BF16: the cnn and WRN-16-2; bench/RESULTS.md)."""
-  if config.mixed_precision == "float16":
+  if choice.mode == "float16":
     logging.warning("--mixed_precision=float16 on CPU: no float16 "
                     "arithmetic, steps were 66-74x slower than float32 "
                     "there; use bfloat16 (1.34x faster on CPUs with "
                     "AVX512-BF16) or none")
-  if config.xla:
+  if config.performance.xla:
     logging.warning("--xla on CPU: steps were 1.7-4.7x slower than "
                     "TensorFlow's oneDNN kernels there")
 
@@ -389,8 +408,9 @@ def _describe(world: distributed.World, kernels: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class TrainingParts:
   """What engine.train's loop is built from, in the order it is built."""
-  config: TrainConfig  # as given, with what the start-up measured
+  config: TrainConfig  # as given
   world: distributed.World
+  precision: precision.Choice  # what --mixed_precision decided at start-up
   splits: datasets.Splits
   staged: Optional[dict]  # --stage_dir's record, for metrics.jsonl
   task: tasks.Task
@@ -407,7 +427,7 @@ def training_parts(config: TrainConfig) -> TrainingParts:
   """The parts of a training run, built on every rank alike."""
   # Distributed setup (Horovod, this process's device and cores), the data
   # set every rank reads its own shard of, and the model.
-  config, world, splits, task, model = prepare(config)
+  world, choice, splits, task, model = prepare(config)
   # With --stage_dir, each rank reads its files from node-local copies.
   splits, staged = stage(config, world, splits)
   info = splits.info
@@ -422,16 +442,18 @@ def training_parts(config: TrainConfig) -> TrainingParts:
   # inside the train step.
   learning_rate = learning_rate_schedule(config)
   # The weights' moving average, which evaluation and exports use.
-  weight_average = ema.maybe_average(model, config.ema_decay)
-  optimizer, train_step = optimizer_and_step(config, task, model,
-                                             learning_rate, weight_average)
+  weight_average = ema.maybe_average(model, config.optimization.ema_decay)
+  optimizer, train_step = optimizer_and_step(config, choice.mode, task,
+                                             model, learning_rate,
+                                             weight_average)
   parts = TrainingParts(
-      config=config, world=world, splits=splits, staged=staged, task=task,
+      config=config, world=world, precision=choice, splits=splits,
+      staged=staged, task=task,
       model=model, learning_rate=learning_rate,
       weight_average=weight_average, optimizer=optimizer,
       train_step=train_step, eval_step=eval_step(config, task, model),
       # The validation figure that decides best/, early stopping and
       # --target.
       decider=decider(config, task))
-  describe_numerics(config, world)
+  describe_numerics(config, choice, world)
   return parts

@@ -29,6 +29,8 @@ from engine.errors import WorkerLost
 from engine.errors import op_detail
 from engine.loop import preemption
 from engine.records import run_files
+# The engine's flags, defined for the commands that parse them here.
+import flags as engine_flags  # noqa: F401 pylint: disable=unused-import
 
 FLAGS = flags.FLAGS
 Result = TypeVar("Result")
@@ -122,7 +124,7 @@ def train_or_exit(train: Callable[[config_lib.TrainConfig], Result],
     # and SIGKILL 5 s later: the line below takes a few seconds to find.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     exit_with_error(liveness.describe_lost_process(
-        tf.train.latest_checkpoint(os.path.join(config.model_dir,
+        tf.train.latest_checkpoint(os.path.join(config.training.model_dir,
                                                 run_files.CHECKPOINT_DIR))),
                     WorkerLost.exit_code)
 

@@ -1,9 +1,22 @@
-"""The run's configuration: the engine's flags as plain values.
+"""The run's configuration: what the user asked for, as plain values.
 
 absl's FLAGS are read here and only here (and by the entry points that
 parse them, engine.cli): everything below the entry point takes a
 TrainConfig, so a test or a script builds one without a command line, and
 two runs differ only by the values they were given.
+
+A TrainConfig is nested by concern, one frozen section per module of
+flags/ (elastic training's two flags sit with the faults it survives, and
+--target with the early stopping it ends), and holds the flags' values
+only. What a run measures or decides at start-up is never written back
+into it but travels in records of its own: the precision (build.prepare's
+precision.Choice), the processes (distributed.World), the global batch and
+steps per epoch (run_state.LoopState). So this module imports no
+TensorFlow and probes no hardware.
+
+A section's fields keep their flag's name less the section's own prefix
+(--data_dir is `config.data.dir`); the data set, model and task a run uses
+are their sections' `name`, and what their code is given their `params`.
 """
 import dataclasses
 import os
@@ -11,37 +24,55 @@ from typing import Optional
 
 from absl import flags
 
-from engine.compute import precision
 from engine.errors import UserError
-import flags as engine_flags
 
 FLAGS = flags.FLAGS
+# The config and each of its sections: frozen, since what a run was asked
+# for does not change while it runs (TrainConfig.replace makes another);
+# keyword-only, since a section of eleven values is read by name.
+_SECTION = dict(frozen=True, kw_only=True)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-  """Everything a run depends on, as plain values (see flags/ for meanings)."""
-  # Data (dataset and model: a registered name or a user's module:function)
-  dataset: str
-  data_dir: str
-  data_params: dict  # what a data set's loader declares it takes
+@dataclasses.dataclass(**_SECTION)
+class DataConfig:
+  """The data set (a registered name or a user's module:function), how
+  its images are augmented and evaluated, and where it is staged."""
+  name: str
+  dir: str
+  params: dict  # what a data set's loader declares it takes
   normalization: Optional[tuple]  # (mean, std) per channel, or None
   random_flip: bool
-  eval_flip: bool
-  eval_shift: float  # a fraction of the width, as random_shift
-  random_shift: float
+  random_shift: float  # a fraction of the width
   random_transpose: bool  # volumes: a random order of their axes
   # ((side, last epoch), ...): smaller training images for the first epochs
   progressive_resizing: tuple
+  eval_flip: bool
+  eval_shift: float  # a fraction of the width, as random_shift
   stage_dir: str  # node-local storage to copy TFRecord files to; "": none
-  # Model
-  model: str
-  model_params: dict
-  # Task (a registered name or a user's module:Class)
-  task: str
-  task_params: dict  # what a task's __init__ declares it takes
+
+  def resizing_text(self) -> str:
+    """--progressive_resizing as a flag's value: SIDE:EPOCHS,..."""
+    return ",".join(f"{side}:{last}" for side, last in
+                    self.progressive_resizing)
+
+
+@dataclasses.dataclass(**_SECTION)
+class ModelConfig:
+  """The model: a registered name or a user's module:function."""
+  name: str
+  params: dict
+
+
+@dataclasses.dataclass(**_SECTION)
+class TaskConfig:
+  """The task: a registered name or a user's module:Class."""
+  name: str
+  params: dict  # what a task's __init__ declares it takes
   best_metric: str  # "val_<figure>:max|min", or "": the task's own
-  # Optimization
+
+
+@dataclasses.dataclass(**_SECTION)
+class OptimizationConfig:
   optimizer: str
   base_lr: float
   lr_scaling: str
@@ -53,10 +84,13 @@ class TrainConfig:
   nesterov: bool
   label_smoothing: float
   ema_decay: float
-  # Training
-  batch_size: int
+
+
+@dataclasses.dataclass(**_SECTION)
+class TrainingConfig:
+  batch_size: int  # per process and micro-batch
   epochs: int
-  steps_per_epoch: int
+  steps_per_epoch: int  # 0: the data's
   target: float  # of the deciding figure; 0: none
   target_accuracy: bool  # whether the target came as --target_accuracy
   patience: int
@@ -65,42 +99,6 @@ class TrainConfig:
   progress: str
   summary_every_steps: int
   eval_every_epochs: int
-  # Checkpoints
-  resume: str
-  resume_from: str
-  keep_checkpoints: int
-  checkpoint_every_steps: int
-  command_line: str  # the flags as a flagfile, recorded in model_dir
-  # Faults
-  on_nonfinite: str
-  rollback_lr_factor: float
-  max_rollbacks: int
-  # Elastic
-  elastic: bool
-  commit_every_steps: int
-  # Devices
-  intra_op_threads: int
-  inter_op_threads: int
-  bind_cpus: bool
-  deterministic: bool
-  # Performance
-  mixed_precision: str  # none, float16 or bfloat16 (--mixed_precision=auto
-  mixed_precision_why: str  # resolved by precision.resolve, and why)
-  # --mixed_precision=auto: the hardware's native modes, which
-  # build.prepare measures where there are several (then none: the choice
-  # is in mixed_precision, and precision_figures has each mode's img/s and
-  # the seconds it took, or the hardware where float32 ran unmeasured).
-  precision_candidates: tuple
-  precision_figures: dict
-  xla: bool
-  gradient_compression: str
-  allreduce_op: str
-  grad_accum_steps: int
-  steps_per_call: int
-  # Profiling
-  profile_steps: tuple  # (first, last) global steps, or () for none
-  profile_all_ranks: bool
-  horovod_timeline: bool
 
   def evaluates(self, epoch: int) -> bool:
     """Whether epoch `epoch` (0-based) is evaluated: every
@@ -108,98 +106,182 @@ class TrainConfig:
     return ((epoch + 1) % self.eval_every_epochs == 0
             or epoch + 1 == self.epochs)
 
-  def resizing_text(self) -> str:
-    """--progressive_resizing as a flag's value: SIDE:EPOCHS,..."""
-    return ",".join(f"{side}:{last}" for side, last in
-                    self.progressive_resizing)
 
-  def hparams(self, world_size: int, global_batch: int) -> dict:
+@dataclasses.dataclass(**_SECTION)
+class CheckpointConfig:
+  resume: str
+  resume_from: str
+  keep_checkpoints: int
+  checkpoint_every_steps: int
+
+
+@dataclasses.dataclass(**_SECTION)
+class FaultConfig:
+  """What a run does when a step is not finite, or a worker is lost."""
+  on_nonfinite: str
+  rollback_lr_factor: float
+  max_rollbacks: int
+  elastic: bool
+  commit_every_steps: int
+
+
+@dataclasses.dataclass(**_SECTION)
+class DeviceConfig:
+  intra_op_threads: int
+  inter_op_threads: int
+  bind_cpus: bool
+  deterministic: bool
+
+
+@dataclasses.dataclass(**_SECTION)
+class PerformanceConfig:
+  # As asked: none, float16, bfloat16, or auto, which build.prepare
+  # resolves (precision.Choice).
+  mixed_precision: str
+  xla: bool
+  gradient_compression: str
+  allreduce_op: str
+  grad_accum_steps: int
+  steps_per_call: int
+
+
+@dataclasses.dataclass(**_SECTION)
+class ProfilingConfig:
+  profile_steps: tuple  # (first, last) global steps, or () for none
+  profile_all_ranks: bool
+  horovod_timeline: bool
+
+
+@dataclasses.dataclass(**_SECTION)
+class TrainConfig:
+  """Everything a run was asked to do, by concern (see flags/ for the
+  meanings)."""
+  data: DataConfig
+  model: ModelConfig
+  task: TaskConfig
+  optimization: OptimizationConfig
+  training: TrainingConfig
+  checkpoints: CheckpointConfig
+  faults: FaultConfig
+  devices: DeviceConfig
+  performance: PerformanceConfig
+  profiling: ProfilingConfig
+  command_line: str  # the flags as a flagfile, recorded in model_dir
+
+  def replace(self, **changes) -> "TrainConfig":
+    """This config with `changes`: a section's by a dict of its fields,
+    any other field by its value, e.g.
+    `config.replace(training=dict(epochs=2), command_line=text)`. A field
+    a section lacks is a TypeError naming it."""
+    return dataclasses.replace(self, **{
+        name: (dataclasses.replace(getattr(self, name), **value)
+               if dataclasses.is_dataclass(getattr(self, name)) else value)
+        for name, value in changes.items()})
+
+  def hparams(self, world_size: int, global_batch: int,
+              mixed_precision: str) -> dict:
     """What TensorBoard's HParams dashboard compares runs by: the flags
-    that shape the result, and the processes and global batch they ran
-    with."""
+    that shape the result, and the processes, global batch and precision
+    (auto's choice) they ran with."""
+    data, optimization, training = self.data, self.optimization, self.training
     return dict(
-        dataset=self.dataset, model=self.model, **self.model_params,
-        task=self.task,
-        optimizer=self.optimizer, base_lr=self.base_lr,
-        lr_scaling=self.lr_scaling, warmup_epochs=self.warmup_epochs,
-        lr_schedule=self.lr_schedule, momentum=self.momentum,
-        label_smoothing=self.label_smoothing, ema_decay=self.ema_decay,
-        batch_size=self.batch_size, global_batch=global_batch,
-        processes=world_size, epochs=self.epochs,
-        mixed_precision=self.mixed_precision,
-        grad_accum_steps=self.grad_accum_steps,
-        random_flip=self.random_flip, random_shift=self.random_shift,
-        progressive_resizing=self.resizing_text(),
-        eval_flip=self.eval_flip, eval_shift=self.eval_shift,
-        seed=self.seed)
+        dataset=data.name, model=self.model.name, **self.model.params,
+        task=self.task.name,
+        optimizer=optimization.optimizer, base_lr=optimization.base_lr,
+        lr_scaling=optimization.lr_scaling,
+        warmup_epochs=optimization.warmup_epochs,
+        lr_schedule=optimization.lr_schedule,
+        momentum=optimization.momentum,
+        label_smoothing=optimization.label_smoothing,
+        ema_decay=optimization.ema_decay,
+        batch_size=training.batch_size, global_batch=global_batch,
+        processes=world_size, epochs=training.epochs,
+        mixed_precision=mixed_precision,
+        grad_accum_steps=self.performance.grad_accum_steps,
+        random_flip=data.random_flip, random_shift=data.random_shift,
+        progressive_resizing=data.resizing_text(),
+        eval_flip=data.eval_flip, eval_shift=data.eval_shift,
+        seed=training.seed)
 
 
 def config_from_flags() -> TrainConfig:
-  mixed_precision, why = precision.resolve(FLAGS.mixed_precision)
-  native = (precision.native()[0] if FLAGS.mixed_precision == "auto"
-            else ())
+  """The parsed flags as a TrainConfig, or a UserError for flags that
+  contradict each other."""
+  # Imported here, not above: the flags' modules import the engine's (and
+  # so TensorFlow) for their choices, and the flags are defined by now.
+  import flags as engine_flags  # pylint: disable=import-outside-toplevel
   if FLAGS.target and FLAGS.target_accuracy:
     raise UserError("--target and --target_accuracy: give one (--target is "
                     "for any figure, --target_accuracy for val_accuracy)")
   return TrainConfig(
-      dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
-      data_params=_data_params_from_flags(),
-      normalization=_normalization_from_flags(),
-      random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
-      eval_flip=FLAGS.eval_flip, eval_shift=FLAGS.eval_shift,
-      random_transpose=FLAGS.random_transpose,
-      progressive_resizing=engine_flags.data.resizing_stages(
-          FLAGS.progressive_resizing),
-      stage_dir=FLAGS.stage_dir,
-      model=FLAGS.model,
-      model_params=dict(depth=FLAGS.depth, width=FLAGS.width,
-                        filters=FLAGS.filters, conv_layers=FLAGS.conv_layers,
-                        stem=FLAGS.stem, pool_first=FLAGS.pool_first,
-                        dropout=FLAGS.dropout,
-                        weight_decay=FLAGS.weight_decay),
-      task=FLAGS.task,
-      task_params=dict(label_smoothing=FLAGS.label_smoothing,
-                       loss=FLAGS.loss, ignore_label=FLAGS.ignore_label,
-                       noise=FLAGS.noise, seed=FLAGS.seed,
-                       standardize_targets=FLAGS.standardize_targets),
-      best_metric=FLAGS.best_metric,
-      optimizer=FLAGS.optimizer, base_lr=FLAGS.base_lr,
-      lr_scaling=FLAGS.lr_scaling, warmup_epochs=FLAGS.warmup_epochs,
-      lr_schedule=FLAGS.lr_schedule,
-      lr_decay_epochs=tuple(int(e) for e in FLAGS.lr_decay_epochs),
-      lr_decay_factor=FLAGS.lr_decay_factor, momentum=FLAGS.momentum,
-      nesterov=FLAGS.nesterov, label_smoothing=FLAGS.label_smoothing,
-      ema_decay=FLAGS.ema_decay,
-      batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
-      steps_per_epoch=FLAGS.steps_per_epoch,
-      target=FLAGS.target or FLAGS.target_accuracy,
-      target_accuracy=bool(FLAGS.target_accuracy), patience=FLAGS.patience,
-      progress=FLAGS.progress, summary_every_steps=FLAGS.summary_every_steps,
-      eval_every_epochs=FLAGS.eval_every_epochs,
-      seed=FLAGS.seed,
-      model_dir=FLAGS.model_dir or default_model_dir(FLAGS.dataset,
-                                                     FLAGS.model),
-      intra_op_threads=FLAGS.intra_op_threads,
-      inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
-      deterministic=FLAGS.deterministic,
-      mixed_precision=mixed_precision, mixed_precision_why=why,
-      precision_candidates=native,
-      precision_figures={}, xla=FLAGS.xla,
-      gradient_compression=FLAGS.gradient_compression,
-      allreduce_op=FLAGS.allreduce_op,
-      grad_accum_steps=FLAGS.grad_accum_steps,
-      steps_per_call=FLAGS.steps_per_call,
-      profile_steps=tuple(int(step) for step in FLAGS.profile_steps.split(",")
-                          if FLAGS.profile_steps),
-      profile_all_ranks=FLAGS.profile_all_ranks,
-      horovod_timeline=FLAGS.horovod_timeline,
-      resume=FLAGS.resume, resume_from=FLAGS.resume_from,
-      keep_checkpoints=FLAGS.keep_checkpoints,
-      checkpoint_every_steps=FLAGS.checkpoint_every_steps,
-      on_nonfinite=FLAGS.on_nonfinite,
-      rollback_lr_factor=FLAGS.rollback_lr_factor,
-      max_rollbacks=FLAGS.max_rollbacks,
-      elastic=FLAGS.elastic, commit_every_steps=FLAGS.commit_every_steps,
+      data=DataConfig(
+          name=FLAGS.dataset, dir=FLAGS.data_dir,
+          params=_data_params_from_flags(),
+          normalization=_normalization_from_flags(),
+          random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
+          random_transpose=FLAGS.random_transpose,
+          progressive_resizing=engine_flags.data.resizing_stages(
+              FLAGS.progressive_resizing),
+          eval_flip=FLAGS.eval_flip, eval_shift=FLAGS.eval_shift,
+          stage_dir=FLAGS.stage_dir),
+      model=ModelConfig(
+          name=FLAGS.model,
+          params=dict(depth=FLAGS.depth, width=FLAGS.width,
+                      filters=FLAGS.filters, conv_layers=FLAGS.conv_layers,
+                      stem=FLAGS.stem, pool_first=FLAGS.pool_first,
+                      dropout=FLAGS.dropout,
+                      weight_decay=FLAGS.weight_decay)),
+      task=TaskConfig(
+          name=FLAGS.task,
+          params=dict(label_smoothing=FLAGS.label_smoothing,
+                      loss=FLAGS.loss, ignore_label=FLAGS.ignore_label,
+                      noise=FLAGS.noise, seed=FLAGS.seed,
+                      standardize_targets=FLAGS.standardize_targets),
+          best_metric=FLAGS.best_metric),
+      optimization=OptimizationConfig(
+          optimizer=FLAGS.optimizer, base_lr=FLAGS.base_lr,
+          lr_scaling=FLAGS.lr_scaling, warmup_epochs=FLAGS.warmup_epochs,
+          lr_schedule=FLAGS.lr_schedule,
+          lr_decay_epochs=tuple(int(e) for e in FLAGS.lr_decay_epochs),
+          lr_decay_factor=FLAGS.lr_decay_factor, momentum=FLAGS.momentum,
+          nesterov=FLAGS.nesterov, label_smoothing=FLAGS.label_smoothing,
+          ema_decay=FLAGS.ema_decay),
+      training=TrainingConfig(
+          batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
+          steps_per_epoch=FLAGS.steps_per_epoch,
+          target=FLAGS.target or FLAGS.target_accuracy,
+          target_accuracy=bool(FLAGS.target_accuracy),
+          patience=FLAGS.patience, seed=FLAGS.seed,
+          model_dir=FLAGS.model_dir or default_model_dir(FLAGS.dataset,
+                                                         FLAGS.model),
+          progress=FLAGS.progress,
+          summary_every_steps=FLAGS.summary_every_steps,
+          eval_every_epochs=FLAGS.eval_every_epochs),
+      checkpoints=CheckpointConfig(
+          resume=FLAGS.resume, resume_from=FLAGS.resume_from,
+          keep_checkpoints=FLAGS.keep_checkpoints,
+          checkpoint_every_steps=FLAGS.checkpoint_every_steps),
+      faults=FaultConfig(
+          on_nonfinite=FLAGS.on_nonfinite,
+          rollback_lr_factor=FLAGS.rollback_lr_factor,
+          max_rollbacks=FLAGS.max_rollbacks,
+          elastic=FLAGS.elastic, commit_every_steps=FLAGS.commit_every_steps),
+      devices=DeviceConfig(
+          intra_op_threads=FLAGS.intra_op_threads,
+          inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
+          deterministic=FLAGS.deterministic),
+      performance=PerformanceConfig(
+          mixed_precision=FLAGS.mixed_precision, xla=FLAGS.xla,
+          gradient_compression=FLAGS.gradient_compression,
+          allreduce_op=FLAGS.allreduce_op,
+          grad_accum_steps=FLAGS.grad_accum_steps,
+          steps_per_call=FLAGS.steps_per_call),
+      profiling=ProfilingConfig(
+          profile_steps=tuple(int(step)
+                              for step in FLAGS.profile_steps.split(",")
+                              if FLAGS.profile_steps),
+          profile_all_ranks=FLAGS.profile_all_ranks,
+          horovod_timeline=FLAGS.horovod_timeline),
       command_line=engine_flags.as_flagfile())
 
 

@@ -42,20 +42,21 @@ flags.DEFINE_string("checkpoint", "latest",
 def evaluate(config: TrainConfig, which: str):
   """Returns (checkpoint path, metrics.Result, and for classification the
   per-class accuracy and class names, else None) on every rank."""
-  config, world, splits, task, model = build.prepare(
-      config, measure_precision=False)
+  world, _, splits, task, model = build.prepare(config,
+                                                measure_precision=False)
   # The run evaluated with its weights' average: so does this.
-  weight_average = ema.maybe_average(model, config.ema_decay)
+  weight_average = ema.maybe_average(model, config.optimization.ema_decay)
+  model_dir = config.training.model_dir
 
   def restore():
     checkpoints = checkpoint.Checkpoints(
-        config.model_dir, model=model, optimizer=None, keep=1,
+        model_dir, model=model, optimizer=None, keep=1,
         identity=checkpoint.identity(model, splits.info),
         weight_average=weight_average)
     path = {"latest": (checkpoints.existing() or [None])[-1],
             "best": checkpoints.best_path}.get(which, which)
     if not path:
-      raise UserError(f"--model_dir={config.model_dir}: no {which} "
+      raise UserError(f"--model_dir={model_dir}: no {which} "
                       "checkpoint in checkpoints/")
     checkpoints.restore(path)
     return path
@@ -68,7 +69,7 @@ def evaluate(config: TrainConfig, which: str):
   with ema.averaged(weight_average):
     result = steps.evaluate(eval_step, data.eval_batches(
         splits.test, splits.info, rank=world.rank, world_size=world.size,
-        batch_size=config.batch_size))
+        batch_size=config.training.batch_size))
   if not isinstance(task, Classification):
     return path, result, None
   return path, result, (per_class_accuracy(result.sums["confusion"]),

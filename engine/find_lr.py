@@ -95,18 +95,20 @@ def range_test(config: TrainConfig, *, min_lr: float,
   if not 0 < min_lr < max_lr:
     raise UserError(f"--min_lr={min_lr:g} and --max_lr={max_lr:g}: the "
                     "range needs 0 < --min_lr < --max_lr")
-  config, world, splits, task, model = build.prepare(config)
+  world, choice, splits, task, model = build.prepare(config)
   rate = ExponentialRange(min_lr, max_lr, range_steps)
-  _, train_step = build.optimizer_and_step(config, task, model, rate)
-  step_batch = config.batch_size * config.grad_accum_steps
+  _, train_step = build.optimizer_and_step(config, choice.mode, task, model,
+                                           rate)
+  training, augment = config.training, config.data
+  step_batch = training.batch_size * config.performance.grad_accum_steps
   steps_per_epoch = data.steps_per_epoch(
       num_train=splits.info.num_train, batch_size=step_batch,
-      world_size=world.size, requested=config.steps_per_epoch)
+      world_size=world.size, requested=training.steps_per_epoch)
   batches = iter(data.train_batches(
       splits.train, splits.info, rank=world.rank, world_size=world.size,
-      batch_size=step_batch, steps=steps_per_epoch, seed=config.seed,
-      first_epoch=0, flip=config.random_flip, shift=config.random_shift,
-      transpose=config.random_transpose))
+      batch_size=step_batch, steps=steps_per_epoch, seed=training.seed,
+      first_epoch=0, flip=augment.random_flip, shift=augment.random_shift,
+      transpose=augment.random_transpose))
   distributed.broadcast_from_chief(model.variables)
   window = metrics.StepWindow(train_step.totals)
   rates, losses = [], []
@@ -177,8 +179,8 @@ def main(argv):
       raise UserError(f"the loss was not finite from --min_lr={FLAGS.min_lr:g}"
                       " on: lower --min_lr")
     rate = suggested_rate(rates, losses)
-    base_lr = rate / schedules.scaled_rate(1.0, world_size,
-                                           config.lr_scaling)
+    scaling = config.optimization.lr_scaling
+    base_lr = rate / schedules.scaled_rate(1.0, world_size, scaling)
     if distributed.is_chief():
       write_figures(FLAGS.plot, rates, losses, rate)
       ended = ("the loss diverged" if len(losses) < FLAGS.range_steps
@@ -186,7 +188,7 @@ def main(argv):
       print(f"{len(losses)} steps from {rates[0]:.3g} to {rates[-1]:.3g} "
             f"({ended}); lowest smoothed loss at {rate * 10:.3g}; suggested "
             f"rate {rate:.3g}, that is --base_lr={base_lr:.3g} with "
-            f"--lr_scaling={config.lr_scaling} on {world_size} processes; "
+            f"--lr_scaling={scaling} on {world_size} processes; "
             f"plot in {FLAGS.plot}")
   except UserError as e:
     cli.exit_with_error(str(e), e.exit_code, program="engine.find_lr")

@@ -48,7 +48,7 @@ def train(config: TrainConfig,
     if not isinstance(action, actions.Action):
       raise UserError(f"run(actions=...): {action!r} is not an action; make "
                       "one with engine.loop.actions.Every(steps, function)")
-  elastic.check_launch(config.elastic)
+  elastic.check_launch(config.faults.elastic)
   # Distributed setup, input pipeline, model, optimizer and steps
   # (build.training_parts says in which order, and why).
   parts = build.training_parts(config)
@@ -58,8 +58,8 @@ def train(config: TrainConfig,
   loop = TrainLoop(parts, user_actions=user_actions)
   state = elastic.TrainingState(loop.variables, run_state=None)
   try:
-    history = (elastic.restarting(loop)(state) if parts.config.elastic
-               else loop(state))
+    history = (elastic.restarting(loop)(state)
+               if parts.config.faults.elastic else loop(state))
     # Whoever is rank 0 at the end exports; every rank learns if it failed.
     distributed.on_chief(loop.directory.export if distributed.is_chief()
                          else None, name="export")

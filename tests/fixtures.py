@@ -3,7 +3,6 @@
 Tests never read the real Fashion-MNIST: they write a few hundred examples
 in the same idx format, with class-dependent patterns a model can learn.
 """
-import dataclasses
 import glob
 import gzip
 import io
@@ -147,14 +146,17 @@ def engine_env(**extra: str) -> dict:
   return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **extra)
 
 
-def train_config(**overrides):
+def train_config(**changes):
   """The engine's TrainConfig at the flags' defaults and ENGINE_FLAGS, with
-  `overrides`."""
+  `changes` by section, as TrainConfig.replace takes them:
+  `train_config(training=dict(epochs=2), model=dict(name="wrn"))`."""
   from absl import flags  # pylint: disable=import-outside-toplevel
   from engine import config  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel,unused-import
+  import flags as engine_flags  # noqa: F401  (defines the engine's flags)
   if not flags.FLAGS.is_parsed():
     flags.FLAGS(["tests", *ENGINE_FLAGS])
-  return dataclasses.replace(config.config_from_flags(), **overrides)
+  return config.config_from_flags().replace(**changes)
 
 
 def write_tfrecords(directory: str, *, num_files: int = 3,

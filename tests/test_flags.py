@@ -1,6 +1,10 @@
-"""The recipes parse, and the CPU recipe is what the flags' defaults say."""
+"""The recipes parse, and the CPU recipe is what the flags' defaults say;
+the TrainConfig they become (engine.config)."""
+import dataclasses
 import glob
 import os
+import subprocess
+import sys
 
 from absl import flags
 import pytest
@@ -10,6 +14,7 @@ from engine import config as engine_config
 from engine import datasets
 from engine.errors import UserError
 from tests import fixtures
+import flags as engine_flags  # noqa: F401 pylint: disable=unused-import
 
 FLAGS = flags.FLAGS
 RECIPES = sorted(glob.glob(os.path.join(fixtures.REPO, "flags", "*.cfg")))
@@ -33,7 +38,7 @@ def test_there_are_recipes():
 @pytest.mark.parametrize("recipe", RECIPES, ids=os.path.basename)
 def test_recipe_parses_and_starts_with_its_command(recipe, parsed):
   config = parsed(f"--flagfile={recipe}")
-  assert config.model_dir.startswith("runs/")
+  assert config.training.model_dir.startswith("runs/")
   with open(recipe) as f:
     header = f.read().split("\n--", 1)[0]
   assert "engine.train" in header or "make train" in header
@@ -43,9 +48,9 @@ def test_recipe_parses_and_starts_with_its_command(recipe, parsed):
 def test_cpu_recipe_is_the_defaults(parsed):
   defaults = parsed()
   recipe = parsed(f"--flagfile={fixtures.REPO}/flags/fashion_mnist_cpu.cfg")
-  assert recipe == engine_config.TrainConfig(**{
-      **defaults.__dict__, "model_dir": "runs/fashion_mnist_cpu",
-      "command_line": recipe.command_line})
+  assert recipe == defaults.replace(
+      training=dict(model_dir="runs/fashion_mnist_cpu"),
+      command_line=recipe.command_line)
 
 
 def test_the_recorded_flags_are_a_flagfile_of_the_engines_flags(parsed):
@@ -60,14 +65,14 @@ def test_the_recorded_flags_are_a_flagfile_of_the_engines_flags(parsed):
 def test_flags_after_the_flagfile_override_it(parsed):
   config = parsed(f"--flagfile={fixtures.REPO}/flags/fashion_mnist_cpu.cfg",
                   "--epochs=2", "--model=wrn")
-  assert (config.epochs, config.model) == (2, "wrn")
+  assert (config.training.epochs, config.model.name) == (2, "wrn")
 
 
 def test_a_users_model_and_data_name_the_default_model_dir(parsed):
   config = parsed("--model=examples/keras_applications.py:mobilenet_v2",
                   "--dataset=my_package.data:load")
-  assert config.model_dir == "runs/load_mobilenet_v2"
-  assert config.model == "examples/keras_applications.py:mobilenet_v2"
+  assert config.training.model_dir == "runs/load_mobilenet_v2"
+  assert config.model.name == "examples/keras_applications.py:mobilenet_v2"
 
 
 def test_every_loader_reads_one_spelling_of_size_classes_and_channels(
@@ -75,13 +80,13 @@ def test_every_loader_reads_one_spelling_of_size_classes_and_channels(
   config = parsed("--dataset=synthetic", "--image_size=16",
                   "--num_classes=5", "--channels=1", "--train_examples=8",
                   "--test_examples=4")
-  splits = datasets.load(config.dataset, data_dir="", **config.data_params)
+  splits = datasets.load(config.data.name, data_dir="", **config.data.params)
   assert (splits.info.image_shape, splits.info.num_classes) == ((16, 16, 1),
                                                                  5)
   # 0, the default: each data set's own size, synthetic's small one.
   splits = datasets.load("synthetic", data_dir="", **parsed(
       "--dataset=synthetic", "--train_examples=8",
-      "--test_examples=4").data_params)
+      "--test_examples=4").data.params)
   assert (splits.info.image_shape, splits.info.num_classes) == ((32, 32, 3),
                                                                  10)
 
@@ -95,3 +100,35 @@ def test_eval_shift_is_a_fraction_of_the_width_as_random_shift_is(parsed):
     with pytest.raises(UserError, match=f"--eval_shift={fraction}: "):
       build.eval_shift_pixels(parsed(f"--eval_shift={fraction}"),
                               (28, 28, 1))
+
+
+def test_importing_the_config_imports_no_tensorflow():
+  result = subprocess.run(
+      [sys.executable, "-c", "import sys; import engine.config; print("
+       "sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', "
+       "'horovod', 'numpy'}))"],
+      cwd=fixtures.REPO, capture_output=True, text=True, timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == "[]"
+
+
+def test_the_config_and_its_sections_are_frozen(parsed):
+  config = parsed()
+  sections = [getattr(config, field.name)
+              for field in dataclasses.fields(config)
+              if dataclasses.is_dataclass(getattr(config, field.name))]
+  assert len(sections) == 10
+  for section in [config, *sections]:
+    name = dataclasses.fields(section)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      setattr(section, name, None)
+
+
+def test_replace_changes_fields_by_section_and_refuses_unknown_ones(parsed):
+  config = parsed()
+  changed = config.replace(training=dict(epochs=3), command_line="x")
+  assert (changed.training.epochs, changed.command_line) == (3, "x")
+  assert changed.training.batch_size == config.training.batch_size
+  assert changed.data == config.data and config.training.epochs != 3
+  with pytest.raises(TypeError, match="epochs"):
+    config.replace(data=dict(epochs=3))

@@ -83,13 +83,15 @@ class FakeStep:
     return ran, False
 
 
-def run_loop(data_dir, model_dir, *, user_actions=(), fake=None, **flags):
-  """The loop over fixtures' Fashion-MNIST with `flags`: its history and
-  its fake step."""
+def run_loop(data_dir, model_dir, *, user_actions=(), fake=None,
+             **changes):
+  """The loop over fixtures' Fashion-MNIST with `changes` to its config
+  (by section, as TrainConfig.replace takes them): its history and its
+  fake step."""
   config = fixtures.train_config(
-      dataset="fashion_mnist", data_dir=data_dir, model="cnn",
-      model_dir=str(model_dir), batch_size=32, progress="none",
-      **{"epochs": 2, **flags})
+      data=dict(name="fashion_mnist", dir=data_dir), model=dict(name="cnn"),
+      training=dict(model_dir=str(model_dir), batch_size=32,
+                    progress="none", epochs=2)).replace(**changes)
   parts = build.training_parts(config)
   step = FakeStep(parts, **(fake or {}))
   loop = TrainLoop(dataclasses.replace(parts, train_step=step),
@@ -107,8 +109,9 @@ def test_calls_end_where_an_action_is_due_and_at_the_epochs_end(data_dir,
                                                                 tmp_path):
   seen = []
   history, step, _ = run_loop(
-      data_dir, tmp_path, steps_per_call=4, checkpoint_every_steps=5,
-      summary_every_steps=3, epochs=1,
+      data_dir, tmp_path, performance=dict(steps_per_call=4),
+      checkpoints=dict(checkpoint_every_steps=5),
+      training=dict(summary_every_steps=3, epochs=1),
       user_actions=[actions.Every(7, recorded(seen))])
   # The first call is one step (the optimizer state's broadcast follows
   # it); then up to 4, ending at every 3rd, 5th and 7th step.
@@ -120,7 +123,8 @@ def test_calls_end_where_an_action_is_due_and_at_the_epochs_end(data_dir,
 
 def test_the_step_counter_is_the_optimizers_and_each_epoch_is_whole(
     data_dir, tmp_path):
-  history, step, parts = run_loop(data_dir, tmp_path, steps_per_call=5)
+  history, step, parts = run_loop(data_dir, tmp_path,
+                                  performance=dict(steps_per_call=5))
   assert optimizers.step(parts.optimizer) == 2 * STEPS_PER_EPOCH
   assert [r["global_step"] for r in history] == [18, 36]
   assert [r["train_examples"] for r in history] == [18 * 32, 18 * 32]
@@ -133,19 +137,21 @@ def test_a_stop_saves_where_it_stands_and_the_rerun_reads_on_from_there(
     data_dir, tmp_path):
   with pytest.raises(preemption.Preempted, match=r"at epoch 2, step 3; "
                      r"saved .*ckpt"):
-    run_loop(data_dir, tmp_path, steps_per_call=4,
+    run_loop(data_dir, tmp_path, performance=dict(steps_per_call=4),
              fake=dict(stop_at=STEPS_PER_EPOCH + 3))
-  history, step, parts = run_loop(data_dir, tmp_path, steps_per_call=4)
+  history, step, parts = run_loop(data_dir, tmp_path,
+                                  performance=dict(steps_per_call=4))
   assert step.calls[0] == (STEPS_PER_EPOCH + 4, 1)
   assert [r["epoch"] for r in history] == [2]
   # The batch after the stop: step 3 of epoch 2 onwards, as a run that had
   # not stopped reads it.
   expected = data.train_batches(
       parts.splits.train, parts.splits.info, rank=0, world_size=1,
-      batch_size=32, steps=STEPS_PER_EPOCH, seed=parts.config.seed,
-      flip=parts.config.random_flip, shift=parts.config.random_shift,
-      transpose=parts.config.random_transpose,
-      resizing=parts.config.progressive_resizing, first_epoch=1,
+      batch_size=32, steps=STEPS_PER_EPOCH, seed=parts.config.training.seed,
+      flip=parts.config.data.random_flip,
+      shift=parts.config.data.random_shift,
+      transpose=parts.config.data.random_transpose,
+      resizing=parts.config.data.progressive_resizing, first_epoch=1,
       first_step=3)
   _, labels = next(iter(expected))
   assert step.first_batches[0] == labels.numpy().tolist()
@@ -154,8 +160,9 @@ def test_a_stop_saves_where_it_stands_and_the_rerun_reads_on_from_there(
 def test_a_nonfinite_step_rolls_back_to_the_last_checkpoint(data_dir,
                                                             tmp_path):
   history, step, parts = run_loop(
-      data_dir, tmp_path, steps_per_call=4, checkpoint_every_steps=5,
-      on_nonfinite="rollback", rollback_lr_factor=0.5,
+      data_dir, tmp_path, performance=dict(steps_per_call=4),
+      checkpoints=dict(checkpoint_every_steps=5),
+      faults=dict(on_nonfinite="rollback", rollback_lr_factor=0.5),
       fake=dict(nonfinite_at={8}))
   # Steps 6-9 failed at 8; back to the checkpoint at 5: step 6 on.
   failed = step.calls.index((6, 3))
@@ -175,14 +182,15 @@ def test_a_nonfinite_step_without_rollback_stops_naming_the_step(data_dir,
                      r"\(epoch 2, step 3\) with learning rate .*: the loss "
                      r"was nan; the step was not applied and nothing was "
                      r"saved after \S+, the last good checkpoint"):
-    run_loop(data_dir, tmp_path, steps_per_call=2, fake=dict(
+    run_loop(data_dir, tmp_path, performance=dict(steps_per_call=2), fake=dict(
         nonfinite_at={STEPS_PER_EPOCH + 3}))
 
 
 def test_a_scripts_actions_must_be_actions(data_dir, tmp_path):
   with pytest.raises(UserError, match=r"^run\(actions=...\): .* is not an "
                      r"action; make one with engine.loop.actions.Every"):
-    train_lib.train(fixtures.train_config(model_dir=str(tmp_path)),
+    train_lib.train(fixtures.train_config(
+        training=dict(model_dir=str(tmp_path))),
                     user_actions=[print])
 
 

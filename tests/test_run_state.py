@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from engine import distributed
 from engine.compute import metrics
+from engine.compute import precision
 from engine.loop.run_state import LoopState
 from engine.loop.run_state import RunState
 from engine.loop.run_state import starting_point
@@ -50,8 +51,9 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
                     learning_rate=lambda step: 0.1, start=committed,
                     steps_per_epoch=10, global_batch=8, world_size=1,
                     epochs=3, best_metric="val_accuracy:max")
-  session = Session(config=fixtures.train_config(model_dir=str(tmp_path),
-                                                 progress="none"),
+  session = Session(config=fixtures.train_config(training=dict(
+                        model_dir=str(tmp_path), progress="none")),
+                    precision_choice=precision.Choice(mode="none"),
                     world=world, directory=None, state=state,
                     batches_from=lambda **at: [at],
                     train_totals=metrics.Totals(

@@ -95,14 +95,17 @@ def test_the_deciding_figure_and_its_direction():
   assert decider.reached(0.1, 0.2) and not decider.reached(0.3, 0.2)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (dict(best_metric="val_accuracy:max"), r"--best_metric=val_accuracy:max:"
-     r" the regression task's figures are val_loss, val_mae, val_rmse"),
-    (dict(target=0.9, target_accuracy=True), "--target_accuracy: this run "
-     "is decided by val_mae; give its target as --target"),
+@pytest.mark.parametrize("changes, message", [
+    (dict(task=dict(name="regression", best_metric="val_accuracy:max")),
+     r"--best_metric=val_accuracy:max: the regression task's figures are "
+     r"val_loss, val_mae, val_rmse"),
+    (dict(task=dict(name="regression"),
+          training=dict(target=0.9, target_accuracy=True)),
+     "--target_accuracy: this run is decided by val_mae; give its target as "
+     "--target"),
 ])
-def test_flags_a_task_cannot_honour_are_one_line(flags, message):
-  config = fixtures.train_config(task="regression", **flags)
+def test_flags_a_task_cannot_honour_are_one_line(changes, message):
+  config = fixtures.train_config(**changes)
   with pytest.raises(UserError, match=message):
     build.decider(config, tasks.build("regression", TARGETS))
 
@@ -494,17 +497,18 @@ def test_a_task_with_optimizers_but_no_step_is_one_line(tmp_path):
 
 
 def test_a_tasks_own_step_refuses_float16_and_accumulation():
-  config = fixtures.train_config(task="tests/workers/tiny_gan.py:TinyDCGAN",
-                                 mixed_precision="float16")
-  task = tasks.build(config.task, SMALL)
+  config = fixtures.train_config(
+      task=dict(name="tests/workers/tiny_gan.py:TinyDCGAN"))
+  task = tasks.build(config.task.name, SMALL)
   with pytest.raises(UserError, match="--mixed_precision=float16: a task "
                      "with its own train step has no loss scaling"):
-    build.optimizer_and_step(config, task, task.build_model(None), 0.001)
-  config = dataclasses.replace(config, mixed_precision="none",
-                               grad_accum_steps=2)
+    build.optimizer_and_step(config, "float16", task, task.build_model(None),
+                             0.001)
+  config = config.replace(performance=dict(grad_accum_steps=2))
   with pytest.raises(UserError, match="--grad_accum_steps: a task with its "
                      "own train step accumulates nothing"):
-    build.optimizer_and_step(config, task, task.build_model(None), 0.001)
+    build.optimizer_and_step(config, "none", task, task.build_model(None),
+                             0.001)
 
 
 def test_an_image_folder_with_masks_beside_its_images(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from engine import build as engine_build
+from engine.compute import precision
 from models import whitening
 from tests import fixtures
 
@@ -38,10 +39,11 @@ def test_early_stopping_stops_at_the_right_epoch_and_says_when(data_dir,
 def test_a_cpu_run_is_warned_of_float16_and_xla_and_of_nothing_else(caplog):
   # pylint: disable-next=protected-access
   warn = engine_build._warn_about_slow_options_on_cpu
-  warn(fixtures.train_config())
-  warn(fixtures.train_config(mixed_precision="bfloat16"))
+  warn(fixtures.train_config(), precision.Choice(mode="none"))
+  warn(fixtures.train_config(), precision.Choice(mode="bfloat16"))
   assert not caplog.records
-  warn(fixtures.train_config(mixed_precision="float16", xla=True))
+  warn(fixtures.train_config(performance=dict(xla=True)),
+       precision.Choice(mode="float16"))
   messages = [r.getMessage() for r in caplog.records]
   assert len(messages) == 2
   assert messages[0].startswith("--mixed_precision=float16 on CPU")

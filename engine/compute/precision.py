@@ -17,6 +17,7 @@ one: float16 on CPU was 66-74x slower, bench/cpu_defaults.py) on the real
 model, batch and data, and rank 0's fastest wins if it beats float32 by
 MARGIN (`choose`). Hardware with float32 alone runs float32 unmeasured.
 """
+import dataclasses
 import json
 import os
 from typing import Optional
@@ -32,6 +33,19 @@ _NAMES = {"none": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 CPU_BFLOAT16_FEATURES = ("avx512_bf16", "amx_bf16")
 _POLICIES = {"none": "float32", "float16": "mixed_float16",
              "bfloat16": "mixed_bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """The precision a run computes in, decided at start-up (build.prepare)
+  and kept apart from the TrainConfig, which holds --mixed_precision as
+  asked: `mode` is none, float16 or bfloat16, never auto."""
+  mode: str
+  why: str = ""  # under auto, why this mode; "" for a mode asked for
+  # Under auto, what the first start measured (or, on hardware of float32
+  # alone, the hardware), for run_files.PRECISION_FILE: {} when there is
+  # nothing to record (a mode asked for, a resume, engine.evaluate).
+  figures: dict = dataclasses.field(default_factory=dict)
 
 
 def resolve(mode: str, cpu_flags: Optional[set] = None) -> tuple[str, str]:

@@ -49,6 +49,7 @@ class TrainLoop:
                user_actions: Sequence[actions.Action] = ()):
     self._config = parts.config
     self._world = parts.world
+    self._precision = parts.precision
     self._splits = parts.splits
     self._model = parts.model
     self._optimizer = parts.optimizer
@@ -59,7 +60,8 @@ class TrainLoop:
     self._decider = parts.decider
     self._staged = parts.staged  # the staging's record, for metrics.jsonl
     # The early stopping count, with --target and --patience.
-    self._stop = stopping.Target(self._config.target, self._config.patience,
+    training = self._config.training
+    self._stop = stopping.Target(training.target, training.patience,
                                  minimize=parts.decider.minimize)
     self._user_actions = list(user_actions)
     self._rollbacks = 0  # in this process's life (see --max_rollbacks)
@@ -82,14 +84,14 @@ class TrainLoop:
     state = session.state
     last_val = None
     try:
-      while state.epoch < self._config.epochs:
+      while state.epoch < self._config.training.epochs:
         try:
           train, train_seconds = self._train_epoch(session)
         except steps.NonFinite as nonfinite:
           self._diverged(session, nonfinite)
           continue
         val, pictures = (self._evaluate(session)
-                         if self._config.evaluates(state.epoch)
+                         if self._config.training.evaluates(state.epoch)
                          else (None, {}))
         last_val = val or last_val
         if self._end_epoch(session, train, val, pictures, train_seconds):
@@ -108,17 +110,19 @@ class TrainLoop:
     world = distributed.current(self._world)
     chief = distributed.is_chief()
     report.configure_logging(chief)
+    training, augment = config.training, config.data
     # A step takes grad_accum_steps micro-batches of batch_size per rank.
-    step_batch = config.batch_size * config.grad_accum_steps
+    micro_batches = config.performance.grad_accum_steps
+    step_batch = training.batch_size * micro_batches
     steps_per_epoch = data.steps_per_epoch(
         num_train=info.num_train, batch_size=step_batch,
-        world_size=world.size, requested=config.steps_per_epoch)
+        world_size=world.size, requested=training.steps_per_epoch)
     global_batch = step_batch * world.size
     logging.info("global batch %d on %d processes%s, %d steps per epoch",
                  global_batch, world.size,
-                 f" ({config.grad_accum_steps} micro-batches of "
-                 f"{config.batch_size} per process)"
-                 if config.grad_accum_steps > 1 else "", steps_per_epoch)
+                 f" ({micro_batches} micro-batches of "
+                 f"{training.batch_size} per process)"
+                 if micro_batches > 1 else "", steps_per_epoch)
     run_state, fresh = self._continue_from(committed, world, chief,
                                            global_batch)
     self._set_learning_rate(world, steps_per_epoch)
@@ -126,20 +130,22 @@ class TrainLoop:
                       learning_rate=self._learning_rate, start=run_state,
                       steps_per_epoch=steps_per_epoch,
                       global_batch=global_batch, world_size=world.size,
-                      epochs=config.epochs, best_metric=str(self._decider))
+                      epochs=training.epochs, best_metric=str(self._decider))
     if committed is None:
       # What a worker lost before the first commit would go back to.
       self._commit(state.snapshot())
     session = Session(
-        config=config, world=world, directory=self.directory if chief
-        else None, state=state, train_totals=self._train_step.totals,
+        config=config, precision_choice=self._precision, world=world,
+        directory=self.directory if chief else None, state=state,
+        train_totals=self._train_step.totals,
         batches_from=functools.partial(
             data.train_batches, self._splits.train, info, rank=world.rank,
             world_size=world.size, batch_size=step_batch,
-            steps=steps_per_epoch, seed=config.seed, flip=config.random_flip,
-            shift=config.random_shift, transpose=config.random_transpose,
-            resizing=config.progressive_resizing))
-    if fresh and config.on_nonfinite == "rollback":
+            steps=steps_per_epoch, seed=training.seed,
+            flip=augment.random_flip, shift=augment.random_shift,
+            transpose=augment.random_transpose,
+            resizing=augment.progressive_resizing))
+    if fresh and config.faults.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.
       session.save()
     self._actions = self._cadences(session) + self._user_actions + [
@@ -160,7 +166,8 @@ class TrainLoop:
     """
     if chief and self.directory is None:
       self.directory = RunDirectory(
-          self._config.model_dir, self._config, model=self._model,
+          self._config.training.model_dir, self._config,
+          precision_choice=self._precision, model=self._model,
           optimizer=self._optimizer, info=self._splits.info,
           task=self._train_step.task, decider=self._decider,
           lr_factor=self._learning_rate.factor,
@@ -186,20 +193,20 @@ class TrainLoop:
   def _set_learning_rate(self, world: distributed.World,
                          steps_per_epoch: int) -> None:
     """The schedule for this number of processes."""
-    config = self._config
+    optimization = self._config.optimization
     self._learning_rate.set_world(world_size=world.size,
                                   steps_per_epoch=steps_per_epoch)
     logging.info("learning rate %g x %d processes (%s) = %g%s",
-                 config.base_lr, world.size, config.lr_scaling,
+                 optimization.base_lr, world.size, optimization.lr_scaling,
                  self._learning_rate.peak_lr,
-                 f" after {config.warmup_epochs:g} warmup epochs"
-                 if config.warmup_epochs else "")
+                 f" after {optimization.warmup_epochs:g} warmup epochs"
+                 if optimization.warmup_epochs else "")
 
   def _commit(self, run_state: RunState) -> None:
     """Under --elastic, what a reset goes back to: `run_state` and the
     variables, copied in host memory. The one commit path: at the start,
     every --commit_every_steps, at each epoch's end and after a rollback."""
-    if self._config.elastic:
+    if self._config.faults.elastic:
       self._elastic_state.commit(run_state=run_state)
 
   # What happens between steps: the cadences, as actions
@@ -218,12 +225,13 @@ class TrainLoop:
                 optimizers.state(self._optimizer)))),
         actions.AfterEveryCall(functools.partial(self._stop_if_agreed,
                                                  session)),
-        *actions.every(config.checkpoint_every_steps,
+        *actions.every(config.checkpoints.checkpoint_every_steps,
                        lambda at: session.save()),
-        *actions.every(config.commit_every_steps if config.elastic else 0,
+        *actions.every(config.faults.commit_every_steps
+                       if config.faults.elastic else 0,
                        functools.partial(self._commit_within_epoch,
                                          session)),
-        *(actions.every(config.summary_every_steps,
+        *(actions.every(config.training.summary_every_steps,
                         functools.partial(self._summarize, session))
           if session.directory else []),
         actions.AfterEveryCall(
@@ -271,7 +279,7 @@ class TrainLoop:
       before = state.global_step
       count = actions.steps_in_call(
           self._actions, before, at_most=min(
-              self._config.steps_per_call,
+              self._config.performance.steps_per_call,
               state.steps_per_epoch - state.step))
       with session.profiler.step(before + 1):
         stop_agreed = self._call(session, count)
@@ -290,7 +298,7 @@ class TrainLoop:
     batches inside (their wait is then step time). Returns whether the
     ranks agreed to stop."""
     requested = session.stop_requests.requested
-    if self._config.steps_per_call == 1:
+    if self._config.performance.steps_per_call == 1:
       with session.times.input():
         images, labels = next(session.batches)
       with session.times.step():
@@ -306,7 +314,7 @@ class TrainLoop:
                       step=state.step, model=self._model,
                       rank=session.world.rank,
                       world_size=session.world.size, is_chief=session.directory is not None,
-                      model_dir=self._config.model_dir,
+                      model_dir=self._config.training.model_dir,
                       stop_agreed=stop_agreed)
 
   def _evaluate(self, session: Session) -> tuple[metrics.Result, dict]:
@@ -316,7 +324,8 @@ class TrainLoop:
     with ema.averaged(self._weight_average):
       val = steps.evaluate(self._eval_step, data.eval_batches(
           self._splits.test, self._splits.info, rank=session.world.rank,
-          world_size=session.world.size, batch_size=self._config.batch_size))
+          world_size=session.world.size,
+          batch_size=self._config.training.batch_size))
       if session.directory:
         pictures = self._pictures()
     return val, pictures
@@ -339,7 +348,7 @@ class TrainLoop:
                  train_seconds: float) -> bool:
     """Records, saves and commits the epoch (`val` None: not evaluated),
     with the task's TensorBoard `pictures`; returns whether to stop."""
-    config, state = self._config, session.state
+    training, state = self._config.training, session.state
     record = state.end_epoch(
         train, val, train_seconds=train_seconds,
         input_seconds=session.times.input_seconds,
@@ -350,7 +359,7 @@ class TrainLoop:
         cumulative_seconds=record["cumulative_seconds"])
     if stop_now:
       record["stopped_early"] = True
-    if config.target:
+    if training.target:
       record["target_accuracy_first_epoch"] = self._stop.first_reached_epoch
       record["target_accuracy_first_seconds"] = \
           self._stop.first_reached_seconds
@@ -364,7 +373,7 @@ class TrainLoop:
       logging.info("stopping early: %s %s %g for %d epochs; first reached "
                    "at epoch %d, %.1fs", self._decider.key,
                    "<=" if self._decider.minimize else ">=",
-                   config.target, config.patience,
+                   training.target, training.patience,
                    self._stop.first_reached_epoch,
                    self._stop.first_reached_seconds)
     return stop_now
@@ -378,7 +387,8 @@ class TrainLoop:
     elif not session.state.history:
       logging.info("%s has finished its %d epochs already; pass a larger "
                    "--epochs to train on, or another --model_dir for a new "
-                   "run", self._config.model_dir, self._config.epochs)
+                   "run", self._config.training.model_dir,
+                   self._config.training.epochs)
 
   # A divergence: stop, or roll back.
 
@@ -386,12 +396,12 @@ class TrainLoop:
     """After a step that was not finite (and not applied, on any rank; the
     step counter counted it): stops with Diverged, or rolls back
     (--on_nonfinite=rollback)."""
-    config, state = self._config, session.state
+    faults, state = self._config.faults, session.state
     what = (f"at global step {state.global_step} (epoch {state.epoch + 1}, "
             f"step {state.step}) with learning rate "
             f"{state.learning_rate():.4g}: {nonfinite}")
-    rolling_back = config.on_nonfinite == "rollback"
-    if rolling_back and self._rollbacks < config.max_rollbacks:
+    rolling_back = faults.on_nonfinite == "rollback"
+    if rolling_back and self._rollbacks < faults.max_rollbacks:
       self._roll_back(session, what)
       return
     latest = session.on_chief(
@@ -409,10 +419,10 @@ class TrainLoop:
     receives it: weights, optimizer, and the early stopping count as it
     was then), with the learning rate multiplied by --rollback_lr_factor
     from then on: what practitioners do by hand after a loss spike."""
-    config, state = self._config, session.state
+    faults, state = self._config.faults, session.state
     diverged_at_step = state.global_step
     factor = float(self._learning_rate.factor.numpy()) * \
-        config.rollback_lr_factor
+        faults.rollback_lr_factor
     position, path = session.on_chief(
         lambda directory: directory.roll_back(), name="rollback")
     distributed.broadcast_from_chief(self.variables())
@@ -423,7 +433,7 @@ class TrainLoop:
     logging.warning("rolling back %s; back to %s (global step %d), learning "
                     "rate x%g from now on (rollback %d of at most %d)", what,
                     path, state.global_step, factor, self._rollbacks,
-                    config.max_rollbacks)
+                    faults.max_rollbacks)
     record = {"event": "rollback", "epoch": state.epoch,
               "global_step": state.global_step,
               "diverged_at_step": diverged_at_step, "checkpoint": path,

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from engine import distributed
 from engine.compute import metrics
+from engine.compute import precision
 from engine.config import TrainConfig
 from engine.loop import preemption
 from engine.loop import profiling
@@ -26,11 +27,13 @@ class Session:
   """What a start set up: the run's state and what it reads and reports
   with."""
 
-  def __init__(self, *, config: TrainConfig, world: distributed.World,
+  def __init__(self, *, config: TrainConfig,
+               precision_choice: precision.Choice, world: distributed.World,
                directory: Optional[RunDirectory], state: LoopState,
                train_totals: metrics.Totals,
                batches_from: Callable[..., tf.data.Dataset]):
-    """`train_totals`: the train step's running sums, which summaries
+    """`precision_choice`: the start-up's, whose mode the run's hparams
+    name. `train_totals`: the train step's running sums, which summaries
     within an epoch read. `batches_from(first_epoch=, first_step=)`: this
     rank's training batches from there on (data.train_batches, all else
     given)."""
@@ -40,24 +43,26 @@ class Session:
     self._batches_from = batches_from
     self.read_from_state()
     chief = distributed.is_chief()
+    training, profile = config.training, config.profiling
     # Rank 0's is its model_dir's; the others' does nothing.
     self.reporter = directory.reporter if directory else report.Reporter(
-        config.model_dir, chief=False, epochs=config.epochs)
+        training.model_dir, chief=False, epochs=training.epochs)
     # What was written past this point (before a crash, say) goes.
     self.reporter.keep_epochs_up_to(state.epoch, state.global_step)
-    self.reporter.hparams(config.hparams(world.size, state.global_batch))
+    self.reporter.hparams(config.hparams(world.size, state.global_batch,
+                                         precision_choice.mode))
     self.progress = progress_lib.Progress(
-        mode=config.progress, chief=chief,
-        steps_per_epoch=state.steps_per_epoch, epochs=config.epochs,
+        mode=training.progress, chief=chief,
+        steps_per_epoch=state.steps_per_epoch, epochs=training.epochs,
         global_batch=state.global_batch)
     self.stop_requests = preemption.StopRequests()
     self.stop_requests.install()
     self.times = profiling.EpochTimes()
     self.window = metrics.StepWindow(train_totals)
     self.profiler = profiling.StepProfiler(
-        config.model_dir, steps=config.profile_steps, rank=world.rank,
-        all_ranks=config.profile_all_ranks,
-        timeline=config.horovod_timeline)
+        training.model_dir, steps=profile.profile_steps, rank=world.rank,
+        all_ranks=profile.profile_all_ranks,
+        timeline=profile.horovod_timeline)
 
   def read_from_state(self) -> None:
     """This rank's batches from where the state stands on (a start, or a

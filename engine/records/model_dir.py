@@ -41,14 +41,17 @@ class RunDirectory:
   in WriteFailed saying where a rerun of the same command resumes.
   """
 
-  def __init__(self, model_dir: str, config: TrainConfig, *, model,
-               optimizer, info: datasets.DatasetInfo, task: tasks.Task,
+  def __init__(self, model_dir: str, config: TrainConfig, *,
+               precision_choice: precision.Choice, model, optimizer,
+               info: datasets.DatasetInfo, task: tasks.Task,
                decider: tasks.Decider, lr_factor: tf.Variable,
                weight_average: Optional[ema.WeightAverage],
                stop: stopping.Target):
-    """`decider`: the validation figure that decides best/."""
+    """`precision_choice`: the start-up's, whose figures a first start
+    records; `decider`: the validation figure that decides best/."""
     self.model_dir = model_dir
     self._config = config
+    self._precision = precision_choice
     self._model = model
     self._task = task
     self._decider = decider
@@ -61,7 +64,7 @@ class RunDirectory:
     self.checkpoints = None
     # The run's metrics.jsonl and TensorBoard events, which rank 0 writes.
     self.reporter = report.Reporter(model_dir, chief=True,
-                                    epochs=config.epochs)
+                                    epochs=config.training.epochs)
     self.opened = False  # model_dir passed the checks and is written to
 
   def open(self) -> Optional[checkpoint.Position]:
@@ -73,7 +76,7 @@ class RunDirectory:
     self._open_checkpoints()
     position = None
     if self.checkpoints.existing():
-      if self._config.resume == "never":
+      if self._config.checkpoints.resume == "never":
         raise UserError(
             f"--model_dir={self.model_dir} holds checkpoints of an earlier "
             "run and --resume=never; pass --resume=auto to continue it, or "
@@ -81,29 +84,28 @@ class RunDirectory:
       position = self.checkpoints.restore_latest_readable()
       logging.info("resuming %s at epoch %d, step %d", self.model_dir,
                    position.epoch + 1, position.step)
-    elif self._config.resume == "never" and os.path.exists(
+    elif self._config.checkpoints.resume == "never" and os.path.exists(
         os.path.join(self.model_dir, run_files.METRICS_FILE)):
       raise UserError(f"--model_dir={self.model_dir} holds an earlier run "
                       f"({run_files.METRICS_FILE}) and --resume=never; "
                       "choose another --model_dir")
-    elif self._config.resume_from:
-      source = checkpoint.resolve(self._config.resume_from)
+    elif self._config.checkpoints.resume_from:
+      source = checkpoint.resolve(self._config.checkpoints.resume_from)
       position = self.checkpoints.restore(source)
       logging.info("starting %s from %s (epoch %d, step %d)", self.model_dir,
                    source, position.epoch + 1, position.step)
     _make_model_dir(self.model_dir)  # the checks passed: now it is written
-    storage.warn_if_short_of_space(self.model_dir,
-                                   checkpoint_size=self.checkpoints.size,
-                                   keep=self._config.keep_checkpoints)
+    storage.warn_if_short_of_space(
+        self.model_dir, checkpoint_size=self.checkpoints.size,
+        keep=self._config.checkpoints.keep_checkpoints)
     with self._writes(), storage.writing(
         f"{run_files.FLAGS_FILE}, {run_files.CLASSES_FILE} and "
         f"{run_files.NORMALIZATION_FILE} in", self.model_dir):
       run_files.record_flags(self.model_dir, self._config.command_line)
       datasets.record(self.model_dir, self._info)
-      if self._config.precision_figures:  # --mixed_precision=auto's choice
+      if self._precision.figures:  # --mixed_precision=auto's choice
         precision.record(self.model_dir, dict(
-            mode=self._config.mixed_precision,
-            **self._config.precision_figures))
+            mode=self._precision.mode, **self._precision.figures))
     self.opened = True
     return position
 
@@ -117,7 +119,8 @@ class RunDirectory:
   def _open_checkpoints(self) -> None:
     self.checkpoints = checkpoint.Checkpoints(
         self.model_dir, model=self._model, optimizer=self._optimizer,
-        keep=self._config.keep_checkpoints, identity=self._identity,
+        keep=self._config.checkpoints.keep_checkpoints,
+        identity=self._identity,
         lr_factor=self._lr_factor, weight_average=self._weight_average,
         stop=self._stop)
 

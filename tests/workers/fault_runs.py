@@ -41,20 +41,24 @@ from tests import fixtures
 TMPFS_MEGABYTES = 11
 
 
-def config(data_dir, model_dir, **overrides):
+def config(data_dir, model_dir, epochs=1, **changes):
+  """A run of `epochs` in `model_dir`, with `changes` by section."""
   defaults = fixtures.train_config()
-  settings = dict(data_dir=data_dir, model_dir=model_dir, batch_size=16,
-                  steps_per_epoch=6, epochs=1, optimizer="sgd", base_lr=0.02,
-                  progress="none", keep_checkpoints=3,
-                  model_params={**defaults.model_params, "filters": 32})
-  settings.update(overrides)
-  return fixtures.train_config(**settings)
+  return fixtures.train_config(
+      data=dict(dir=data_dir),
+      model=dict(params={**defaults.model.params, "filters": 32}),
+      training=dict(model_dir=model_dir, batch_size=16, steps_per_epoch=6,
+                    epochs=epochs, progress="none"),
+      optimization=dict(optimizer="sgd", base_lr=0.02),
+      checkpoints=dict(keep_checkpoints=3)).replace(**changes)
 
 
-def diverging(**overrides):
-  """From epoch 2 on, the rate is 10^5 times the first epoch's."""
-  return dict(epochs=3, lr_schedule="step", lr_decay_epochs=(1,),
-              lr_decay_factor=1e5, **overrides)
+def diverging(**faults):
+  """From epoch 2 on, the rate is 10^5 times the first epoch's; `faults`:
+  the fault flags."""
+  return dict(epochs=3, optimization=dict(
+      lr_schedule="step", lr_decay_epochs=(1,), lr_decay_factor=1e5),
+              faults=faults)
 
 
 def attempt(run_config) -> dict:

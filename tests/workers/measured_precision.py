@@ -1,7 +1,8 @@
 """Run by tests/test_precision.py under `horovodrun -np 2`:
 --mixed_precision=auto's measurement on two processes, on hardware of two
-native modes (float32 and bfloat16, given here rather than read from the
-CPU, so that any machine runs it). Each rank writes OUT/rank<r>.json.
+native modes (float32 and bfloat16: `precision.native` replaced rather
+than the CPU read, so that any machine runs it). Each rank writes
+OUT/rank<r>.json.
 
 1. A run measures and chooses; rank 0 is made to choose bfloat16 and rank
    1 float32 (`precision.choose` replaced), so the mode both run says
@@ -15,7 +16,6 @@ CPU, so that any machine runs it). Each rank writes OUT/rank<r>.json.
 4. A first start under auto on hardware of float32 alone: float32,
    unmeasured, recorded for a resume on other hardware.
 """
-import dataclasses
 import json
 import os
 import sys
@@ -41,14 +41,18 @@ def weights(model) -> np.ndarray:
 
 def main(out_dir: str, data_dir: str) -> None:
   config = fixtures.train_config(
-      data_dir=data_dir, model="cnn",
-      model_params={**fixtures.train_config().model_params, "filters": 4},
-      precision_candidates=("none", "bfloat16"), batch_size=16, epochs=1,
-      steps_per_epoch=4, deterministic=True, progress="none",
-      model_dir=os.path.join(out_dir, "run"))
+      data=dict(dir=data_dir),
+      model=dict(name="cnn", params={
+          **fixtures.train_config().model.params, "filters": 4}),
+      training=dict(batch_size=16, epochs=1, steps_per_epoch=4,
+                    progress="none", model_dir=os.path.join(out_dir, "run")),
+      devices=dict(deterministic=True),
+      performance=dict(mixed_precision="auto"))
   auto, float32 = "--mixed_precision=auto", "--mixed_precision=none"
-  config = dataclasses.replace(  # the flags.txt an auto run records
-      config, command_line=config.command_line.replace(float32, auto))
+  config = config.replace(  # the flags.txt an auto run records
+      command_line=config.command_line.replace(float32, auto))
+  precision.native = lambda cpu_flags=None: (("none", "bfloat16"),
+                                             "CPU with AVX512_BF16")
   precision.choose = lambda figures: "bfloat16" if hvd.rank() == 0 else "none"
   # Before Horovod starts: the rank horovodrun gave this process.
   rank = int(os.environ["HOROVOD_RANK"])
@@ -60,18 +64,18 @@ def main(out_dir: str, data_dir: str) -> None:
     raise AssertionError(f"measured again: {figures}")
 
   precision.choose = measured_again
-  second = engine_train.train(dataclasses.replace(config, epochs=2))
-  float32_run = dataclasses.replace(
-      config, model_dir=os.path.join(out_dir, "float32_run"))
-  engine_train.train(dataclasses.replace(
-      float32_run, mixed_precision="none", precision_candidates=(),
+  second = engine_train.train(config.replace(training=dict(epochs=2)))
+  float32_run = config.replace(
+      training=dict(model_dir=os.path.join(out_dir, "float32_run")))
+  engine_train.train(float32_run.replace(
+      performance=dict(mixed_precision="none"),
       command_line=config.command_line.replace(auto, float32)))
-  resumed_float32 = engine_train.train(dataclasses.replace(
-      float32_run, epochs=2))
-  float32_alone = engine_train.train(dataclasses.replace(
-      config, model_dir=os.path.join(out_dir, "float32_alone"),
-      mixed_precision="none", precision_candidates=("none",),
-      mixed_precision_why="CPU without AVX512_BF16 or AMX"))
+  resumed_float32 = engine_train.train(float32_run.replace(
+      training=dict(epochs=2)))
+  precision.native = lambda cpu_flags=None: (
+      ("none",), "CPU without AVX512_BF16 or AMX")
+  float32_alone = engine_train.train(config.replace(
+      training=dict(model_dir=os.path.join(out_dir, "float32_alone"))))
   flat = weights(second.model)
   everyone = hvd.allgather(tf.constant(flat[None]), name="weights").numpy()
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:

@@ -65,7 +65,8 @@ def engine_run(config) -> dict:
   flat = np.concatenate([v.numpy().ravel() for v in model.variables
                          + ema.variables(result.weight_average)])
   everyone = hvd.allgather(tf.constant(flat[None]), name="weights_" +
-                           re.sub(r"\W", "_", config.model_dir)).numpy()
+                           re.sub(r"\W", "_",
+                                  config.training.model_dir)).numpy()
   with ema.averaged(result.weight_average):
     full_loss, full_accuracy = full_split_figures(model, config)
   return {
@@ -89,10 +90,10 @@ def engine_run(config) -> dict:
 
 def full_split_figures(model, config) -> tuple[float, float]:
   """Loss and accuracy of the whole test split, computed by this rank alone."""
-  splits = datasets.load(config.dataset, data_dir=config.data_dir,
-                         model_dir=config.model_dir,
-                         normalization=config.normalization,
-                         **config.data_params)
+  splits = datasets.load(config.data.name, data_dir=config.data.dir,
+                         model_dir=config.training.model_dir,
+                         normalization=config.data.normalization,
+                         **config.data.params)
   losses, correct = [], 0
   for images, labels in data.eval_batches(splits.test, splits.info, rank=0,
                                           world_size=1, batch_size=64):
@@ -138,39 +139,46 @@ def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
   only Fashion-MNIST is trained."""
   model_dir = os.path.join(out_dir, "model")
   observed = engine_run(fixtures.train_config(
-      data_dir=fashion_mnist_dir, model="wrn",
-      model_params=dict(depth=10, width=1, dropout=0.1, weight_decay=1e-4),
-      batch_size=16, epochs=2, optimizer="sgd", base_lr=0.01, nesterov=True,
-      seed=3, model_dir=model_dir, progress="none"))
+      data=dict(dir=fashion_mnist_dir),
+      model=dict(name="wrn", params=dict(depth=10, width=1, dropout=0.1,
+                                         weight_decay=1e-4)),
+      training=dict(batch_size=16, epochs=2, seed=3, model_dir=model_dir,
+                    progress="none"),
+      optimization=dict(optimizer="sgd", base_lr=0.01, nesterov=True)))
   observed["datasets"] = {}
   if cifar10_dir and tfrecord_dir:
     defaults = fixtures.train_config()
-    data_params = defaults.data_params
+    data_params = defaults.data.params
     each = {
-        "cifar10": dict(data_dir=cifar10_dir, random_shift=0.125),
+        "cifar10": dict(data=dict(dir=cifar10_dir, random_shift=0.125)),
         # With the weights' average (--ema_decay), shared across ranks.
-        "synthetic": dict(ema_decay=0.9, data_params={
+        "synthetic": dict(optimization=dict(ema_decay=0.9), data=dict(params={
             **data_params, "train_examples": 40, "test_examples": 9,
-            "image_size": 16, "channels": 3}),
-        "tfrecord": dict(data_dir=tfrecord_dir, data_params={
-            **data_params, "image_size": 16, "num_classes": 10}),
+            "image_size": 16, "channels": 3})),
+        "tfrecord": dict(data=dict(dir=tfrecord_dir, params={
+            **data_params, "image_size": 16, "num_classes": 10})),
     }
     # ResNet-9 for its BatchNorm statistics, at width 4: ResNetSmall's 26
     # layers took 3-4 times as long to build, trace and export, and
     # tests/workers/own_data_run.py trains it on two processes already.
-    for name, params in each.items():
+    for name, changes in each.items():
       observed["datasets"][name] = engine_run(fixtures.train_config(
-          dataset=name, model_dir=os.path.join(out_dir, name), epochs=2,
-          steps_per_epoch=3, batch_size=4, progress="none", model="resnet9",
-          model_params={**defaults.model_params, "filters": 4},
-          optimizer="lamb", base_lr=0.01, warmup_epochs=1.0,
-          lr_schedule="cosine", **params))
+          data=dict(name=name),
+          model=dict(name="resnet9",
+                     params={**defaults.model.params, "filters": 4}),
+          training=dict(model_dir=os.path.join(out_dir, name), epochs=2,
+                        steps_per_epoch=3, batch_size=4, progress="none"),
+          optimization=dict(optimizer="lamb", base_lr=0.01,
+                            warmup_epochs=1.0, lr_schedule="cosine"),
+      ).replace(**changes))
     observed["options"] = engine_run(fixtures.train_config(
-        data_dir=fashion_mnist_dir, model_dir=os.path.join(out_dir, "options"),
-        model_params={**defaults.model_params, "filters": 8}, epochs=2,
-        batch_size=8, grad_accum_steps=2, mixed_precision="float16",
-        gradient_compression="fp16", profile_steps=(2, 3),
-        profile_all_ranks=True, progress="none"))
+        data=dict(dir=fashion_mnist_dir),
+        model=dict(params={**defaults.model.params, "filters": 8}),
+        training=dict(model_dir=os.path.join(out_dir, "options"), epochs=2,
+                      batch_size=8, progress="none"),
+        performance=dict(grad_accum_steps=2, mixed_precision="float16",
+                         gradient_compression="fp16"),
+        profiling=dict(profile_steps=(2, 3), profile_all_ranks=True)))
   data_parallel_steps(out_dir)
   if hvd.size() > 1:
     for name, options in STEP_VARIANTS.items():

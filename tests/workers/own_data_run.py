@@ -7,7 +7,6 @@ ranks, reported against full-split figures, histories) to
 OUT/rank<r>.json; the run directories stay in OUT/<case>/ for the test to
 read (checkpoints, classes.txt, exports).
 """
-import dataclasses
 import json
 import os
 import sys
@@ -40,15 +39,18 @@ def main(out_dir: str, image_dir: str, arrays_dir: str, code_dir: str):
   defaults = fixtures.train_config()
   observed = {}
   for name, case in cases(image_dir, arrays_dir, code_dir).items():
-    image_size = case.pop("image_size", defaults.data_params["image_size"])
+    image_size = case.get("image_size", defaults.data.params["image_size"])
     config = fixtures.train_config(
-        **case, model_dir=os.path.join(out_dir, name), epochs=1,
-        batch_size=4, progress="none", optimizer="sgd", base_lr=0.05,
-        data_params={**defaults.data_params, "image_size": image_size},
-        model_params={**defaults.model_params, "filters": 4,
-                      "dropout": 0.1})
+        data=dict(name=case["dataset"], dir=case["data_dir"],
+                  params={**defaults.data.params, "image_size": image_size}),
+        model=dict(name=case["model"],
+                   params={**defaults.model.params, "filters": 4,
+                           "dropout": 0.1}),
+        training=dict(model_dir=os.path.join(out_dir, name), epochs=1,
+                      batch_size=4, progress="none"),
+        optimization=dict(optimizer="sgd", base_lr=0.05))
     first = engine_run(config)
-    resumed = engine_run(dataclasses.replace(config, epochs=2))
+    resumed = engine_run(config.replace(training=dict(epochs=2)))
     observed[name] = {"first": first, "resumed": resumed}
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump(observed, f)

@@ -18,7 +18,6 @@ one step a call. Each rank writes OUT/rank<r>.json.
    straight through, and stopped on rank 1 in the second epoch and
    resumed: calls whose images change size between epochs.
 """
-import dataclasses
 import json
 import os
 import sys
@@ -104,7 +103,8 @@ def trained(config, stop_after=None) -> dict:
             "steps_run": seen["steps_run"]}
   flat = weights(result.model)
   everyone = hvd.allgather(tf.constant(flat[None]),
-                           name=os.path.basename(config.model_dir)).numpy()
+                           name=os.path.basename(
+                               config.training.model_dir)).numpy()
   return {"weights": flat.tolist(),
           "max_weight_difference_across_ranks":
               float(np.abs(everyone - everyone[0]).max()),
@@ -115,38 +115,43 @@ def trained(config, stop_after=None) -> dict:
 
 def main(out_dir: str, data_dir: str) -> None:
   config = fixtures.train_config(
-      data_dir=data_dir, model="cnn",
-      model_params={**fixtures.train_config().model_params, "filters": 4},
-      batch_size=8, epochs=2, steps_per_epoch=10, deterministic=True,
-      checkpoint_every_steps=3, summary_every_steps=5, progress="none")
-  def at(k, name, **changes):
-    return dataclasses.replace(config, steps_per_call=k,
-                               model_dir=os.path.join(out_dir, name),
-                               **changes)
+      data=dict(dir=data_dir),
+      model=dict(name="cnn", params={
+          **fixtures.train_config().model.params, "filters": 4}),
+      training=dict(batch_size=8, epochs=2, steps_per_epoch=10,
+                    summary_every_steps=5, progress="none"),
+      devices=dict(deterministic=True),
+      checkpoints=dict(checkpoint_every_steps=3))
+  def at(k, name, base=config, training=(), **changes):
+    """`base` at --steps_per_call=k in OUT/name, with `changes` by
+    section."""
+    return base.replace(
+        performance=dict(steps_per_call=k),
+        training=dict(training, model_dir=os.path.join(out_dir, name)),
+        **changes)
 
   observed = {"k1": trained(at(1, "k1")), "k4": trained(at(4, "k4")),
               "k4_stopped": trained(at(4, "k4_resumed"), stop_after=6)}
   observed["k4_resumed"] = trained(at(4, "k4_resumed"))
   for k in (1, 4):
     observed[f"diverged_k{k}"] = trained(at(
-        k, f"diverged_k{k}", optimizer="sgd", base_lr=200.0,
-        warmup_epochs=0.0, lr_schedule="constant", checkpoint_every_steps=0,
-        summary_every_steps=0))
+        k, f"diverged_k{k}",
+        optimization=dict(optimizer="sgd", base_lr=200.0, warmup_epochs=0.0,
+                          lr_schedule="constant"),
+        checkpoints=dict(checkpoint_every_steps=0),
+        training=dict(summary_every_steps=0)))
   for k in (1, 4):
     observed[f"gan_k{k}"] = trained(at(
-        k, f"gan_k{k}", task="tests/workers/tiny_gan.py:TinyDCGAN"))
-  resized = dataclasses.replace(
-      config, model="resnet9", epochs=3,
-      model_params={**config.model_params, "stem": "whitened",
-                    "pool_first": True},
-      progressive_resizing=((12, 1), (20, 2)))
+        k, f"gan_k{k}", task=dict(name="tests/workers/tiny_gan.py:TinyDCGAN")))
+  resized = config.replace(
+      model=dict(name="resnet9",
+                 params={**config.model.params, "stem": "whitened",
+                         "pool_first": True}),
+      training=dict(epochs=3),
+      data=dict(progressive_resizing=((12, 1), (20, 2))))
   for k in (1, 4):
-    observed[f"resized_k{k}"] = trained(dataclasses.replace(
-        resized, steps_per_call=k,
-        model_dir=os.path.join(out_dir, f"resized_k{k}")))
-    resumed = dataclasses.replace(
-        resized, steps_per_call=k,
-        model_dir=os.path.join(out_dir, f"resized_k{k}_resumed"))
+    observed[f"resized_k{k}"] = trained(at(k, f"resized_k{k}", resized))
+    resumed = at(k, f"resized_k{k}_resumed", resized)
     observed[f"resized_k{k}_stopped"] = trained(resumed, stop_after=12)
     observed[f"resized_k{k}_resumed"] = trained(resumed)
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:

@@ -15,7 +15,6 @@ observed to OUT/rank<r>.json.
 3. Volumes with a record that does not match the spec: the error every
    rank raises, and whether model_dir was made.
 """
-import dataclasses
 import json
 import os
 import sys
@@ -39,9 +38,9 @@ def weights(model) -> np.ndarray:
 def whole_split_figures(result, config) -> dict:
   """The task's figures over the whole test split, by this rank alone."""
   task = result.eval_step.task
-  splits = datasets.load(config.dataset, data_dir=config.data_dir,
-                         model_dir=config.model_dir, labels=task.labels,
-                         **config.data_params)
+  splits = datasets.load(config.data.name, data_dir=config.data.dir,
+                         model_dir=config.training.model_dir,
+                         labels=task.labels, **config.data.params)
   totals = metrics.Totals("whole_split", task)
   for images, labels in data.eval_batches(splits.test, splits.info, rank=0,
                                           world_size=1, batch_size=7):
@@ -57,11 +56,11 @@ def straight_and_resumed(config, name: str) -> dict:
   straight = engine_train.train(config)
   flat = weights(straight.model)
   everyone = hvd.allgather(tf.constant(flat[None]), name=name).numpy()
-  stopped = dataclasses.replace(
-      config, epochs=1, model_dir=config.model_dir + "_resumed")
+  stopped = config.replace(training=dict(
+      epochs=1, model_dir=config.training.model_dir + "_resumed"))
   engine_train.train(stopped)
-  resumed = engine_train.train(dataclasses.replace(stopped,
-                                                   epochs=config.epochs))
+  resumed = engine_train.train(stopped.replace(
+      training=dict(epochs=config.training.epochs)))
   return {
       "max_weight_difference_across_ranks":
           float(np.abs(everyone - everyone[0]).max()),
@@ -74,15 +73,17 @@ def straight_and_resumed(config, name: str) -> dict:
 
 def regression(out_dir: str, arrays: str) -> dict:
   config = fixtures.train_config(
-      dataset="arrays", data_dir=arrays, task="regression", model="cnn",
-      model_params={**fixtures.train_config().model_params, "filters": 4},
-      batch_size=4, epochs=3, base_lr=0.01, deterministic=True,
-      progress="none", model_dir=os.path.join(out_dir, "regression"))
+      data=dict(name="arrays", dir=arrays), task=dict(name="regression"),
+      model=dict(name="cnn", params={
+          **fixtures.train_config().model.params, "filters": 4}),
+      training=dict(batch_size=4, epochs=3, progress="none",
+                    model_dir=os.path.join(out_dir, "regression")),
+      optimization=dict(base_lr=0.01), devices=dict(deterministic=True))
   observed = straight_and_resumed(config, "regression")
   try:
-    engine_train.train(dataclasses.replace(
-        config, optimizer="sgd", base_lr=1e12,
-        model_dir=os.path.join(out_dir, "diverged")))
+    engine_train.train(config.replace(
+        optimization=dict(optimizer="sgd", base_lr=1e12),
+        training=dict(model_dir=os.path.join(out_dir, "diverged"))))
     observed["diverged"] = None
   except Diverged as e:
     observed["diverged"] = str(e)
@@ -92,54 +93,66 @@ def regression(out_dir: str, arrays: str) -> dict:
 def segmentation(out_dir: str, fashion_mnist: str) -> dict:
   """Masks flipped and shifted with their images, BatchNorm (U-Net)."""
   return straight_and_resumed(fixtures.train_config(
-      data_dir=fashion_mnist, task="segmentation", model="unet",
-      model_params={**fixtures.train_config().model_params, "filters": 4},
-      random_flip=True, random_shift=0.1, batch_size=8, epochs=2,
-      steps_per_epoch=5, deterministic=True, progress="none",
-      model_dir=os.path.join(out_dir, "segmentation")), "segmentation")
+      data=dict(dir=fashion_mnist, random_flip=True, random_shift=0.1),
+      task=dict(name="segmentation"),
+      model=dict(name="unet", params={
+          **fixtures.train_config().model.params, "filters": 4}),
+      training=dict(batch_size=8, epochs=2, steps_per_epoch=5,
+                    progress="none",
+                    model_dir=os.path.join(out_dir, "segmentation")),
+      devices=dict(deterministic=True)), "segmentation")
 
 
 def reconstruction(out_dir: str, fashion_mnist: str) -> dict:
   """Each image's own noise, whatever rank and batch it is in."""
+  defaults = fixtures.train_config()
   return straight_and_resumed(fixtures.train_config(
-      data_dir=fashion_mnist, task="reconstruction", model="unet",
-      model_params={**fixtures.train_config().model_params, "filters": 4},
-      task_params={**fixtures.train_config().task_params, "noise": 0.5},
-      random_flip=True, batch_size=8, epochs=2, steps_per_epoch=5,
-      deterministic=True, progress="none",
-      model_dir=os.path.join(out_dir, "reconstruction")), "reconstruction")
+      data=dict(dir=fashion_mnist, random_flip=True),
+      task=dict(name="reconstruction",
+                params={**defaults.task.params, "noise": 0.5}),
+      model=dict(name="unet", params={**defaults.model.params, "filters": 4}),
+      training=dict(batch_size=8, epochs=2, steps_per_epoch=5,
+                    progress="none",
+                    model_dir=os.path.join(out_dir, "reconstruction")),
+      devices=dict(deterministic=True)), "reconstruction")
 
 
 def gan(out_dir: str, fashion_mnist: str) -> dict:
   """examples/dcgan.py: a task's own step, two models, two optimizers."""
   return straight_and_resumed(fixtures.train_config(
-      data_dir=fashion_mnist, task="tests/workers/tiny_gan.py:TinyDCGAN",
-      batch_size=8, epochs=2, steps_per_epoch=5, deterministic=True,
-      progress="none", model_dir=os.path.join(out_dir, "gan")), "gan")
+      data=dict(dir=fashion_mnist),
+      task=dict(name="tests/workers/tiny_gan.py:TinyDCGAN"),
+      training=dict(batch_size=8, epochs=2, steps_per_epoch=5,
+                    progress="none", model_dir=os.path.join(out_dir, "gan")),
+      devices=dict(deterministic=True)), "gan")
 
 
 def volumes(out_dir: str, volumes_dir: str, damaged_dir: str) -> dict:
   """CosmoFlow's layout: log(1 + x), flips and transposes, staging."""
   defaults = fixtures.train_config()
   config = fixtures.train_config(
-      dataset="tfrecord", data_dir=volumes_dir, task="regression",
-      model="cosmoflow", model_params={**defaults.model_params, "filters": 2},
-      data_params={**defaults.data_params, "log_transform": True},
-      task_params={**defaults.task_params, "standardize_targets": False},
-      random_flip=True, random_transpose=True,
-      stage_dir=os.path.join(out_dir, "stage"), batch_size=4, epochs=2,
-      base_lr=0.003, deterministic=True, progress="none",
-      model_dir=os.path.join(out_dir, "volumes"))
+      data=dict(name="tfrecord", dir=volumes_dir,
+                params={**defaults.data.params, "log_transform": True},
+                random_flip=True, random_transpose=True,
+                stage_dir=os.path.join(out_dir, "stage")),
+      task=dict(name="regression", params={**defaults.task.params,
+                                           "standardize_targets": False}),
+      model=dict(name="cosmoflow",
+                 params={**defaults.model.params, "filters": 2}),
+      training=dict(batch_size=4, epochs=2, progress="none",
+                    model_dir=os.path.join(out_dir, "volumes")),
+      optimization=dict(base_lr=0.003), devices=dict(deterministic=True))
   observed = straight_and_resumed(config, "volumes")
-  damaged = dataclasses.replace(
-      config, data_dir=damaged_dir,
-      model_dir=os.path.join(out_dir, "damaged_run"))
+  damaged = config.replace(
+      data=dict(dir=damaged_dir),
+      training=dict(model_dir=os.path.join(out_dir, "damaged_run")))
   try:
     engine_train.train(damaged)
     observed["damaged"] = None
   except UserError as e:
     observed["damaged"] = str(e)
-  observed["damaged_model_dir_made"] = os.path.exists(damaged.model_dir)
+  observed["damaged_model_dir_made"] = os.path.exists(
+      damaged.training.model_dir)
   return observed
 
 
