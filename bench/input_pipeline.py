@@ -7,7 +7,7 @@ and converted with engine.tools.to_tfrecords. Then, interleaved over
 --repeats rounds:
 
 1. The input pipeline alone: one process with all cores pulls
-   --pipeline_batches batches of 128 from engine.input.data.train_batches, as
+   --pipeline_batches batches of 128 from engine.input.data.train_stream, as
    training would, and nothing else: images/s.
 2. A real run: `horovodrun --gloo -np 2 engine.train --model=M --image_size=32`
    on each, for each of --models (resnet_small, and the far cheaper cnn),
@@ -56,15 +56,18 @@ import sys, time
 from absl import flags
 from engine import datasets
 from engine.input import data
+from engine.input.augmentation import Augmentation
 import flags as engine_flags
 FLAGS = flags.FLAGS
 FLAGS(["pipeline", *sys.argv[2:]])
 splits = datasets.load(FLAGS.dataset, data_dir=FLAGS.data_dir,
     image_size=32, channels=3, validation_split=0.0, skip_bad_files=False,
     num_classes=10, label_offset=0, train_examples=0, test_examples=0)
-batches = iter(data.train_batches(splits.train, splits.info, rank=0,
-    world_size=1, batch_size=128, steps=splits.info.num_train // 128,
-    seed=0, first_epoch=0, flip=True, shift=0.1))
+batches = iter(data.train_stream(splits.train, splits.info,
+    shard=datasets.Shard(0, 1),
+    epochs=datasets.Epochs(batch_size=128,
+                           steps=splits.info.num_train // 128, seed=0),
+    augmentation=Augmentation(flip=True, shift=0.1)))
 for _ in range(10):
   next(batches)  # warm-up: threads, first files
 count = int(sys.argv[1])

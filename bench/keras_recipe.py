@@ -49,7 +49,9 @@ from engine import distributed
 from engine.compute import optimizers
 from engine.compute import step as steps
 from engine.config import config_from_flags
+from engine.datasets import Epochs, Shard
 from engine.input import data
+from engine.input.augmentation import Augmentation
 from engine.records import run_files
 from engine.tasks import Regression, Segmentation
 
@@ -64,12 +66,11 @@ def main(argv):
       num_train=info.num_train, batch_size=training.batch_size,
       world_size=world.size, requested=training.steps_per_epoch)
   segmentation = isinstance(task, Segmentation)
-  batches = data.train_batches(
-      splits.train, info, rank=world.rank, world_size=world.size,
-      batch_size=training.batch_size, steps=steps_per_epoch,
-      seed=training.seed, first_epoch=0, flip=config.data.random_flip,
-      shift=config.data.random_shift,
-      transpose=config.data.random_transpose)
+  batches = data.train_stream(
+      splits.train, info, shard=Shard(world.rank, world.size),
+      epochs=Epochs(batch_size=training.batch_size, steps=steps_per_epoch,
+                    seed=training.seed),
+      augmentation=Augmentation.requested(config.data, resizing=False))
   if segmentation:
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     metric = tf.keras.metrics.MeanIoU(info.num_classes, sparse_y_pred=False,

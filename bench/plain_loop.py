@@ -2,7 +2,7 @@ r"""The floor: a plain tf.GradientTape loop on one process, no Horovod at all.
 
 The engine at 1 process against this loop is what Horovod and the engine's
 loop cost when there is nothing to average. Only the loop differs: the loop
-reads the engine's own input pipeline (engine.input.data.train_batches, which
+reads the engine's own input pipeline (engine.input.data.train_stream, which
 imports no Horovod) and applies the engine's optimizer (engine.compute.optimizers)
 in a compiled step of the same math (workload.train_step).
 
@@ -22,7 +22,9 @@ from absl import flags
 from bench import epochs
 from bench import workload
 from engine.compute import optimizers
+from engine.datasets import Epochs, Shard
 from engine.input import data
+from engine.input.augmentation import Augmentation
 
 FLAGS = flags.FLAGS
 workload.define_worker_flags()
@@ -45,10 +47,11 @@ def main(argv):
                                momentum=0.0, nesterov=False)
   optimizers.build_state(optimizer, model.trainable_variables)
   step = workload.train_step(model, optimizer)
-  batches = iter(data.train_batches(
-      splits.train, info, rank=0, world_size=1, batch_size=FLAGS.batch_size,
-      steps=FLAGS.steps_per_epoch, seed=workload.SEED, first_epoch=0,
-      flip=False, shift=0.0))
+  batches = iter(data.train_stream(
+      splits.train, info, shard=Shard(0, 1),
+      epochs=Epochs(batch_size=FLAGS.batch_size, steps=FLAGS.steps_per_epoch,
+                    seed=workload.SEED),
+      augmentation=Augmentation()))
   timer = epochs.EpochTimer(
       FLAGS.records, images_per_epoch=FLAGS.steps_per_epoch * FLAGS.batch_size,
       world_size=1, intra_op_threads=FLAGS.intra_op_threads,

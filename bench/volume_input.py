@@ -34,8 +34,10 @@ import numpy as np
 from bench import interleaved
 from engine import datasets
 from engine.config import config_from_flags
+from engine.datasets import Epochs, Shard
 from engine.input import data
 from engine.input import staging
+from engine.input.augmentation import Augmentation
 import flags as engine_flags  # noqa: F401  the engine's flags, for the recipe
 
 FLAGS = flags.FLAGS
@@ -56,12 +58,11 @@ def pipeline_alone(splits, config) -> dict:
   steps = data.steps_per_epoch(num_train=splits.info.num_train,
                                batch_size=batch_size, world_size=2,
                                requested=0)
-  batches = iter(data.train_batches(
-      splits.train, splits.info, rank=0, world_size=2,
-      batch_size=batch_size, steps=steps, seed=config.training.seed,
-      first_epoch=0, flip=config.data.random_flip,
-      shift=config.data.random_shift,
-      transpose=config.data.random_transpose))
+  batches = iter(data.train_stream(
+      splits.train, splits.info, shard=Shard(0, 2),
+      epochs=Epochs(batch_size=batch_size, steps=steps,
+                    seed=config.training.seed),
+      augmentation=Augmentation.requested(config.data, resizing=False)))
   next(batches)  # the pipeline's start, not its rate
   began = time.perf_counter()
   for _ in range(FLAGS.pipeline_batches - 1):

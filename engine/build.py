@@ -27,9 +27,11 @@ from engine.compute import precision
 from engine.compute import schedules
 from engine.compute import step as steps
 from engine.config import TrainConfig
+from engine.datasets import Epochs, Shard
 from engine.errors import UserError
 from engine.input import data
 from engine.input import staging
+from engine.input.augmentation import Augmentation
 from engine.records import report
 import models
 from models import whitening
@@ -205,13 +207,13 @@ def _measured_precision(config: TrainConfig, preferred: precision.Choice,
   modes = [mode for mode in candidates
            # A task's own step has no loss scaling.
            if not (task.optimizers and mode == "float16")]
-  batches = list(itertools.islice(data.train_batches(
-      splits.train, splits.info, rank=world.rank, world_size=world.size,
-      batch_size=(config.training.batch_size
-                  * config.performance.grad_accum_steps),
-      steps=MEASURED_STEPS, seed=config.training.seed, first_epoch=0,
-      flip=config.data.random_flip, shift=config.data.random_shift,
-      transpose=config.data.random_transpose), MEASURED_STEPS))
+  batches = list(itertools.islice(data.train_stream(
+      splits.train, splits.info, shard=Shard(world.rank, world.size),
+      epochs=Epochs(batch_size=config.training.batch_size
+                    * config.performance.grad_accum_steps,
+                    steps=MEASURED_STEPS, seed=config.training.seed),
+      augmentation=Augmentation.requested(config.data, resizing=False)),
+                                  MEASURED_STEPS))
   train_steps, step_seconds = {}, {}
   for mode in modes:
     _, train_steps[mode] = optimizer_and_step(

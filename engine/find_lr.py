@@ -36,9 +36,11 @@ from engine.compute import schedules
 from engine.compute import step as steps
 from engine.config import TrainConfig
 from engine.config import config_from_flags
+from engine.datasets import Epochs, Shard
 from engine.errors import UserError
 from engine.errors import WriteFailed
 from engine.input import data
+from engine.input.augmentation import Augmentation
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("min_lr", 1e-5, "The range test's first rate (the rate "
@@ -99,16 +101,16 @@ def range_test(config: TrainConfig, *, min_lr: float,
   rate = ExponentialRange(min_lr, max_lr, range_steps)
   _, train_step = build.optimizer_and_step(config, choice.mode, task, model,
                                            rate)
-  training, augment = config.training, config.data
+  training = config.training
   step_batch = training.batch_size * config.performance.grad_accum_steps
   steps_per_epoch = data.steps_per_epoch(
       num_train=splits.info.num_train, batch_size=step_batch,
       world_size=world.size, requested=training.steps_per_epoch)
-  batches = iter(data.train_batches(
-      splits.train, splits.info, rank=world.rank, world_size=world.size,
-      batch_size=step_batch, steps=steps_per_epoch, seed=training.seed,
-      first_epoch=0, flip=augment.random_flip, shift=augment.random_shift,
-      transpose=augment.random_transpose))
+  batches = iter(data.train_stream(
+      splits.train, splits.info, shard=Shard(world.rank, world.size),
+      epochs=Epochs(batch_size=step_batch, steps=steps_per_epoch,
+                    seed=training.seed),
+      augmentation=Augmentation.requested(config.data, resizing=False)))
   distributed.broadcast_from_chief(model.variables)
   window = metrics.StepWindow(train_step.totals)
   rates, losses = [], []

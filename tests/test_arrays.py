@@ -5,8 +5,10 @@ import pytest
 
 from engine import datasets
 from engine.datasets import ArrayRows, Examples
+from engine.datasets import Epochs, Shard
 from engine.errors import UserError
 from engine.input import data
+from engine.input.augmentation import Augmentation
 from tests import fixtures
 
 FORMATS = ["a.npz", "a.h5", "npy_dir"]
@@ -48,9 +50,12 @@ def test_each_rank_reads_its_rows_and_eval_covers_the_split(stored):
     assert images.shape[1:] == (12, 12, 1)
     seen += labels.numpy().tolist()
   assert sorted(seen) == sorted(test_labels.tolist())
-  stream = data.train_batches(splits.train, splits.info, rank=1,
-                              world_size=2, batch_size=8, steps=5, seed=0,
-                              first_epoch=0, flip=False, shift=0.0)
+  stream = data.train_stream(
+      splits.train, splits.info,
+      shard=Shard(1, 2),
+      epochs=Epochs(batch_size=8, steps=5, seed=0),
+      augmentation=Augmentation(flip=False, shift=0.0),
+      first_epoch=0)
   # 30 odd-numbered rows, read in 5 batches of 8 (two passes).
   labels = np.concatenate([l.numpy() for _, l in stream.take(5)])
   assert set(labels) <= set(splits.train.labels[1::2].tolist())
@@ -60,9 +65,12 @@ def test_the_formats_train_alike(tmp_path):
   streams = []
   for name in FORMATS:
     splits = load(fixtures.write_arrays(str(tmp_path / name)))
-    stream = data.train_batches(splits.train, splits.info, rank=0,
-                                world_size=2, batch_size=8, steps=3, seed=2,
-                                first_epoch=1, flip=True, shift=0.1)
+    stream = data.train_stream(
+        splits.train, splits.info,
+        shard=Shard(0, 2),
+        epochs=Epochs(batch_size=8, steps=3, seed=2),
+        augmentation=Augmentation(flip=True, shift=0.1),
+        first_epoch=1)
     streams.append([(i.numpy(), l.numpy()) for i, l in stream.take(3)])
   for other in streams[1:]:
     for (images, labels), (again, again_labels) in zip(streams[0], other):

@@ -3,6 +3,7 @@ import pytest
 import tensorflow as tf
 
 from engine.datasets import DatasetInfo, Epochs, Examples, Shard
+from engine.datasets import Epochs, Shard
 from engine.errors import UserError
 from engine.input import augmentation, data
 from engine.input.augmentation import Augmentation
@@ -22,10 +23,12 @@ def numbered_examples():
 
 def train_labels(rank, world_size, epoch, *, steps, batch_size=8, seed=0):
   """The labels of each batch of `epoch`, from a stream started there."""
-  batches = data.train_batches(
-      numbered_examples(), INFO, rank=rank, world_size=world_size,
-      batch_size=batch_size, steps=steps, seed=seed, first_epoch=epoch,
-      flip=False, shift=0.0)
+  batches = data.train_stream(
+      numbered_examples(), INFO,
+      shard=Shard(rank, world_size),
+      epochs=Epochs(batch_size=batch_size, steps=steps, seed=seed),
+      augmentation=Augmentation(flip=False, shift=0.0),
+      first_epoch=epoch)
   return [labels.numpy().tolist() for _, labels in batches.take(steps)]
 
 
@@ -66,9 +69,12 @@ def test_train_shards_are_disjoint_and_every_rank_runs_the_same_steps():
 
 
 def test_the_stream_runs_epoch_after_epoch_and_can_start_at_any():
-  stream = data.train_batches(
-      numbered_examples(), INFO, rank=0, world_size=2, batch_size=8, steps=6,
-      seed=0, first_epoch=0, flip=False, shift=0.0)
+  stream = data.train_stream(
+      numbered_examples(), INFO,
+      shard=Shard(0, 2),
+      epochs=Epochs(batch_size=8, steps=6, seed=0),
+      augmentation=Augmentation(flip=False, shift=0.0),
+      first_epoch=0)
   labels = [l.numpy().tolist() for _, l in stream.take(18)]
   assert labels[6:12] == train_labels(0, 2, epoch=1, steps=6)
   assert labels[12:] == train_labels(0, 2, epoch=2, steps=6)
@@ -76,10 +82,14 @@ def test_the_stream_runs_epoch_after_epoch_and_can_start_at_any():
 
 def test_resizing_gives_each_epoch_its_side_and_a_resume_its_batches():
   def stream(first_epoch, first_step=0):
-    return data.train_batches(
-        numbered_examples(), INFO, rank=0, world_size=2, batch_size=8,
-        steps=3, seed=0, first_epoch=first_epoch, first_step=first_step,
-        flip=False, shift=0.0, resizing=((2, 1), (3, 2)))
+    return data.train_stream(
+        numbered_examples(), INFO,
+        shard=Shard(0, 2),
+        epochs=Epochs(batch_size=8, steps=3, seed=0),
+        augmentation=Augmentation(flip=False, shift=0.0,
+                                  resizing=((2, 1), (3, 2))),
+        first_epoch=first_epoch,
+        first_step=first_step)
 
   batches = list(stream(0).take(12))
   assert [tuple(images.shape[1:3]) for images, _ in batches] == (
@@ -96,9 +106,13 @@ def test_resizing_gives_each_epoch_its_side_and_a_resume_its_batches():
 
 
 def test_the_keywords_read_the_stream_the_records_do():
-  keywords = data.train_batches(
-      numbered_examples(), INFO, rank=1, world_size=2, batch_size=8,
-      steps=3, seed=4, first_epoch=1, first_step=2, flip=True, shift=0.25)
+  keywords = data.train_stream(
+      numbered_examples(), INFO,
+      shard=Shard(1, 2),
+      epochs=Epochs(batch_size=8, steps=3, seed=4),
+      augmentation=Augmentation(flip=True, shift=0.25),
+      first_epoch=1,
+      first_step=2)
   records = data.train_stream(
       numbered_examples(), INFO, shard=Shard(1, 2),
       epochs=Epochs(batch_size=8, steps=3, seed=4),

@@ -8,9 +8,11 @@ import pytest
 import tensorflow as tf
 
 from engine import datasets
+from engine.datasets import Epochs, Shard
 from engine.datasets import ImageFiles, image_folder
 from engine.errors import UserError
 from engine.input import data
+from engine.input.augmentation import Augmentation
 from tests import fixtures
 
 TRAIN_COUNTS, VALIDATION_COUNTS = (7, 5, 6), (3, 2, 4)
@@ -92,10 +94,13 @@ def test_eval_reads_each_file_once_across_ranks(folder):
 
 
 def rank_stream(splits, rank, *, first_epoch=0, first_step=0, steps=4):
-  batches = data.train_batches(
-      splits.train, splits.info, rank=rank, world_size=2, batch_size=2,
-      steps=steps, seed=1, first_epoch=first_epoch, first_step=first_step,
-      flip=True, shift=0.1)
+  batches = data.train_stream(
+      splits.train, splits.info,
+      shard=Shard(rank, 2),
+      epochs=Epochs(batch_size=2, steps=steps, seed=1),
+      augmentation=Augmentation(flip=True, shift=0.1),
+      first_epoch=first_epoch,
+      first_step=first_step)
   return [(images.numpy(), labels.numpy()) for images, labels in
           batches.take(steps - first_step)]
 

@@ -22,10 +22,12 @@ from engine import train as train_lib
 from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute import step as steps
+from engine.datasets import Epochs, Shard
 from engine.distributed import elastic
 from engine.errors import Diverged
 from engine.errors import UserError
 from engine.input import data
+from engine.input.augmentation import Augmentation
 from engine.loop import actions
 from engine.loop import preemption
 from engine.loop.loop import TrainLoop
@@ -145,13 +147,13 @@ def test_a_stop_saves_where_it_stands_and_the_rerun_reads_on_from_there(
   assert [r["epoch"] for r in history] == [2]
   # The batch after the stop: step 3 of epoch 2 onwards, as a run that had
   # not stopped reads it.
-  expected = data.train_batches(
-      parts.splits.train, parts.splits.info, rank=0, world_size=1,
-      batch_size=32, steps=STEPS_PER_EPOCH, seed=parts.config.training.seed,
-      flip=parts.config.data.random_flip,
-      shift=parts.config.data.random_shift,
-      transpose=parts.config.data.random_transpose,
-      resizing=parts.config.data.progressive_resizing, first_epoch=1,
+  expected = data.train_stream(
+      parts.splits.train, parts.splits.info,
+      shard=Shard(0, 1),
+      epochs=Epochs(batch_size=32, steps=STEPS_PER_EPOCH,
+                    seed=parts.config.training.seed),
+      augmentation=Augmentation.requested(parts.config.data),
+      first_epoch=1,
       first_step=3)
   _, labels = next(iter(expected))
   assert step.first_batches[0] == labels.numpy().tolist()

@@ -11,8 +11,10 @@ from engine import build
 from engine import tasks
 from engine.compute import metrics
 from engine.datasets import DatasetInfo
+from engine.datasets import Epochs, Shard
 from engine.datasets import arrays
 from engine.errors import UserError
+from engine.input.augmentation import Augmentation
 from engine.loop import stopping
 from tests import fixtures
 
@@ -338,9 +340,12 @@ def test_masks_are_flipped_and_shifted_with_their_images():
   images = rng.integers(0, 3, (32, 4, 4, 1)).astype(np.uint8) * 100
   masks = (images[..., 0] > 0).astype(np.uint8)
   info = dataclasses.replace(MASKS, num_train=32, shift_fill="constant")
-  batches = data.train_batches(
-      Examples(images, masks), info, rank=0, world_size=1, batch_size=8,
-      steps=4, seed=1, first_epoch=0, flip=True, shift=0.5)
+  batches = data.train_stream(
+      Examples(images, masks), info,
+      shard=Shard(0, 1),
+      epochs=Epochs(batch_size=8, steps=4, seed=1),
+      augmentation=Augmentation(flip=True, shift=0.5),
+      first_epoch=0)
   stored = {mask.tobytes() for mask in masks}
   moved = 0
   for batch_images, batch_masks in batches.take(4):
@@ -524,9 +529,12 @@ def test_an_image_folder_with_masks_beside_its_images(tmp_path):
   assert (info.label_shape, info.label_dtype) == ((24, 24), "uint8")
   assert (info.num_train, info.num_test) == (9, 5)
   # Masks resized (nearest) and flipped and shifted with their images.
-  batches = data.train_batches(
-      splits.train, info, rank=0, world_size=1, batch_size=3, steps=3,
-      seed=0, first_epoch=0, flip=True, shift=0.2)
+  batches = data.train_stream(
+      splits.train, info,
+      shard=Shard(0, 1),
+      epochs=Epochs(batch_size=3, steps=3, seed=0),
+      augmentation=Augmentation(flip=True, shift=0.2),
+      first_epoch=0)
   for images, masks in batches.take(3):
     pixels = images.numpy()[..., 0] * info.std[0] + info.mean[0]
     masks = masks.numpy()

@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 
 from engine import datasets
+from engine.datasets import Epochs, Shard
 from engine.datasets import RecordFiles
 from engine.errors import UserError
 from engine.input import data
+from engine.input.augmentation import Augmentation
 from tests import fixtures
 
 
@@ -53,9 +55,12 @@ def test_training_files_are_split_across_ranks_and_steps_are_equal(data_dir):
   steps = data.steps_per_epoch(num_train=24, batch_size=4, world_size=2,
                                requested=0)
   for rank in range(2):
-    stream = data.train_batches(
-        splits.train, splits.info, rank=rank, world_size=2, batch_size=4,
-        steps=steps, seed=0, first_epoch=0, flip=True, shift=0.0)
+    stream = data.train_stream(
+        splits.train, splits.info,
+        shard=Shard(rank, 2),
+        epochs=Epochs(batch_size=4, steps=steps, seed=0),
+        augmentation=Augmentation(flip=True, shift=0.0),
+        first_epoch=0)
     batches = list(stream.take(2 * steps))
     assert len(batches) == 2 * steps
     assert all(b[0].shape == (4, 16, 16, 3) for b in batches)
@@ -67,9 +72,12 @@ def test_each_rank_reads_exactly_its_own_files_each_epoch(tmp_path):
   splits = load(directory)
   labels = fixtures.learnable_images(8, (24, 20, 3), 10, 0)[1].tolist()
   for rank, own_file in ((0, labels[:4]), (1, labels[4:])):
-    stream = data.train_batches(
-        splits.train, splits.info, rank=rank, world_size=2, batch_size=2,
-        steps=2, seed=0, first_epoch=0, flip=False, shift=0.0)
+    stream = data.train_stream(
+        splits.train, splits.info,
+        shard=Shard(rank, 2),
+        epochs=Epochs(batch_size=2, steps=2, seed=0),
+        augmentation=Augmentation(flip=False, shift=0.0),
+        first_epoch=0)
     epochs = [[], []]
     for i, (_, batch_labels) in enumerate(stream.take(4)):
       epochs[i // 2] += batch_labels.numpy().tolist()
@@ -81,9 +89,12 @@ def test_fewer_files_than_processes(data_dir):
   splits = load(data_dir)
   with pytest.raises(UserError, match="3 TFRecord files cannot be split "
                      "across 4 processes"):
-    data.train_batches(splits.train, splits.info, rank=0, world_size=4,
-                       batch_size=2, steps=1, seed=0, first_epoch=0,
-                       flip=False, shift=0.0)
+    data.train_stream(
+        splits.train, splits.info,
+        shard=Shard(0, 4),
+        epochs=Epochs(batch_size=2, steps=1, seed=0),
+        augmentation=Augmentation(flip=False, shift=0.0),
+        first_epoch=0)
 
 
 @pytest.mark.parametrize("make, message", [

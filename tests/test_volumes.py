@@ -18,6 +18,7 @@ from engine import datasets
 from engine.datasets import RecordFiles, record_features
 from engine.errors import UserError
 from engine.input import augmentation, data, staging
+from engine.input.augmentation import Augmentation
 from engine.records import run_files
 import models
 from tests import fixtures
@@ -274,12 +275,13 @@ def test_validation_reads_every_record_once_across_ranks(data_dir):
                              rtol=1e-5, atol=1e-5)
 
 
-def train_batches(splits, **overrides):
-  params = dict(rank=0, world_size=2, batch_size=2, steps=3, seed=5,
-                first_epoch=0, flip=True, shift=0.1, transpose=True)
-  params.update(overrides)
-  return [(x.numpy(), y.numpy()) for x, y in data.train_batches(
-      splits.train, splits.info, **params).take(7)]
+def train_batches(splits, *, batch_size=2, steps=3, flip=True,
+                  transpose=True, first_epoch=0, first_step=0):
+  return [(x.numpy(), y.numpy()) for x, y in data.train_stream(
+      splits.train, splits.info, shard=datasets.Shard(0, 2),
+      epochs=datasets.Epochs(batch_size=batch_size, steps=steps, seed=5),
+      augmentation=Augmentation(flip=flip, shift=0.1, transpose=transpose),
+      first_epoch=first_epoch, first_step=first_step).take(7)]
 
 
 def test_training_batches_resume_at_any_step_and_differ_by_epoch(data_dir):

@@ -33,6 +33,14 @@ class Augmentation:
   transpose: bool = False
   resizing: tuple = ()
 
+  @classmethod
+  def requested(cls, data_config, *, resizing: bool = True) -> "Augmentation":
+    """What a run's data flags (config.DataConfig) ask for; without
+    `resizing`, at the images' own size (a measurement's batches)."""
+    return cls(flip=data_config.random_flip, shift=data_config.random_shift,
+               transpose=data_config.random_transpose,
+               resizing=data_config.progressive_resizing if resizing else ())
+
   def check(self, image_shape) -> None:
     """A UserError if these examples cannot be augmented so."""
     volumes = len(image_shape) == 4

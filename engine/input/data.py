@@ -87,23 +87,6 @@ def train_stream(source: Source, info: DatasetInfo, *, shard: Shard,
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
 
 
-def train_batches(source: Source, info: DatasetInfo, *,
-                  rank: int, world_size: int, batch_size: int, steps: int,
-                  seed: int, first_epoch: int, flip: bool, shift: float,
-                  transpose: bool = False, resizing: tuple = (),
-                  first_step: int = 0) -> tf.data.Dataset:
-  """`train_stream` with its records given field by field: so callers
-  written against these keywords (engine/train.py, engine/build.py,
-  engine/find_lr.py, bench/) need not change; new code passes the
-  records."""
-  return train_stream(
-      source, info, shard=Shard(rank, world_size),
-      epochs=Epochs(batch_size=batch_size, steps=steps, seed=seed),
-      augmentation=Augmentation(flip=flip, shift=shift, transpose=transpose,
-                                resizing=resizing),
-      first_epoch=first_epoch, first_step=first_step)
-
-
 def _resized(batches: tf.data.Dataset, resizing: tuple, *, steps: int,
              first_epoch: int, first_step: int) -> tf.data.Dataset:
   """Progressive resizing (fast.ai's; Touvron et al. 2019, "Fixing the

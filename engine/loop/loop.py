@@ -14,6 +14,7 @@ from absl import logging
 import tensorflow as tf
 
 from engine import build
+from engine import datasets
 from engine import distributed
 from engine import tasks
 from engine.compute import ema
@@ -23,6 +24,7 @@ from engine.compute import step as steps
 from engine.distributed import elastic
 from engine.errors import Diverged
 from engine.input import data
+from engine.input.augmentation import Augmentation
 from engine.loop import actions
 from engine.loop import preemption
 from engine.loop import stopping
@@ -110,7 +112,7 @@ class TrainLoop:
     world = distributed.current(self._world)
     chief = distributed.is_chief()
     report.configure_logging(chief)
-    training, augment = config.training, config.data
+    training = config.training
     # A step takes grad_accum_steps micro-batches of batch_size per rank.
     micro_batches = config.performance.grad_accum_steps
     step_batch = training.batch_size * micro_batches
@@ -139,12 +141,11 @@ class TrainLoop:
         directory=self.directory if chief else None, state=state,
         train_totals=self._train_step.totals,
         batches_from=functools.partial(
-            data.train_batches, self._splits.train, info, rank=world.rank,
-            world_size=world.size, batch_size=step_batch,
-            steps=steps_per_epoch, seed=training.seed,
-            flip=augment.random_flip, shift=augment.random_shift,
-            transpose=augment.random_transpose,
-            resizing=augment.progressive_resizing))
+            data.train_stream, self._splits.train, info,
+            shard=datasets.Shard(world.rank, world.size),
+            epochs=datasets.Epochs(batch_size=step_batch,
+                                   steps=steps_per_epoch, seed=training.seed),
+            augmentation=Augmentation.requested(config.data)))
     if fresh and config.faults.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.
       session.save()

@@ -35,7 +35,7 @@ class Session:
     """`precision_choice`: the start-up's, whose mode the run's hparams
     name. `train_totals`: the train step's running sums, which summaries
     within an epoch read. `batches_from(first_epoch=, first_step=)`: this
-    rank's training batches from there on (data.train_batches, all else
+    rank's training batches from there on (data.train_stream, all else
     given)."""
     self.world = world
     self.directory = directory  # rank 0's model_dir; None on the others
