@@ -131,6 +131,19 @@ def launch(python_args, *, processes: int = 1, timeout: float = 300,
                         timeout=timeouts.bound(timeout))
 
 
+def packages_imported_by(module: str, packages: set[str]) -> list[str]:
+  """Which of `packages` (top-level names) importing `module` imports, in a
+  process of its own: what a light command (engine.runs) or module
+  (engine.config) must keep out."""
+  result = subprocess.run(
+      [PYTHON, "-c", f"import json, sys; import {module}; print(json.dumps("
+       f"sorted({{m.split('.')[0] for m in sys.modules}}"
+       f" & set({sorted(packages)!r}))))"],
+      cwd=REPO, capture_output=True, text=True, timeout=timeouts.bound(60))
+  assert result.returncode == 0, result.stderr
+  return json.loads(result.stdout)
+
+
 def engine_args(python_args: list[str]) -> list[str]:
   """`python_args` with ENGINE_FLAGS after the program's name if it is one
   of the engine's (`-m engine.train`), so that its own flags override

@@ -9,6 +9,7 @@ import pytest
 
 from engine import runs
 from engine.errors import UserError
+from tests import fixtures
 from tests import timeouts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -381,11 +382,8 @@ def test_cli_nonexistent_dir_is_one_error_line(tmp_path):
 
 
 def test_importing_it_imports_neither_tensorflow_nor_matplotlib():
-  result = run_cli("-c", "import sys; import engine.runs; print(sorted("
-                   "{m.split('.')[0] for m in sys.modules} & {'tensorflow', "
-                   "'matplotlib', 'numpy'}))")
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.strip() == "[]"
+  assert fixtures.packages_imported_by(
+      "engine.runs", {"tensorflow", "matplotlib", "numpy"}) == []
 
 
 def test_the_final_accuracy_is_the_last_evaluated_epochs():
