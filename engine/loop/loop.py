@@ -276,15 +276,16 @@ class TrainLoop:
     began = time.perf_counter()
     self._train_step.start_epoch()
     session.start_epoch()
-    while not state.epoch_done:
-      before = state.global_step
+    # The step counter is read once a call, after it (_at).
+    at = self._at(session)
+    while at.step < state.steps_per_epoch:
       count = actions.steps_in_call(
-          self._actions, before, at_most=min(
+          self._actions, at.global_step, at_most=min(
               self._config.performance.steps_per_call,
-              state.steps_per_epoch - state.step))
-      with session.profiler.step(before + 1):
+              state.steps_per_epoch - at.step))
+      with session.profiler.step(at.global_step + 1):
         stop_agreed = self._call(session, count)
-      at = self._at(session, stop_agreed)
+      before, at = at.global_step, self._at(session, stop_agreed)
       for action in actions.due(self._actions, before, at.global_step):
         action.run(at)
     # An allreduce: all ranks are done.
@@ -310,11 +311,11 @@ class TrainLoop:
       return stop_agreed
 
   def _at(self, session: Session, stop_agreed: bool = False) -> actions.At:
-    state = session.state
-    return actions.At(global_step=state.global_step, epoch=state.epoch,
-                      step=state.step, model=self._model,
-                      rank=session.world.rank,
-                      world_size=session.world.size, is_chief=session.directory is not None,
+    global_step, epoch, step = session.state.where()
+    return actions.At(global_step=global_step, epoch=epoch, step=step,
+                      model=self._model, rank=session.world.rank,
+                      world_size=session.world.size,
+                      is_chief=session.directory is not None,
                       model_dir=self._config.training.model_dir,
                       stop_agreed=stop_agreed)
 

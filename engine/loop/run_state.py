@@ -134,11 +134,13 @@ class LoopState:
   @property
   def step(self) -> int:
     """The steps of the epoch being trained that are done."""
-    return self.global_step - self.epoch * self.steps_per_epoch
+    return self.where()[2]
 
-  @property
-  def epoch_done(self) -> bool:
-    return self.step >= self.steps_per_epoch
+  def where(self) -> tuple[int, int, int]:
+    """(global_step, epoch, step) from one read of the step counter."""
+    global_step = self.global_step
+    return (global_step, self._epoch,
+            global_step - self._epoch * self.steps_per_epoch)
 
   @property
   def first_step(self) -> int:
