@@ -55,8 +55,8 @@ PIPELINE = """
 import sys, time
 from absl import flags
 from engine import datasets
+from engine.datasets.augmentation import Augmentation
 from engine.input import data
-from engine.input.augmentation import Augmentation
 import flags as engine_flags
 FLAGS = flags.FLAGS
 FLAGS(["pipeline", *sys.argv[2:]])

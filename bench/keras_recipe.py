@@ -48,11 +48,11 @@ from engine import cli
 from engine import distributed
 from engine.compute import optimizers
 from engine.compute import step as steps
-from engine.config import config_from_flags
+from engine.core import run_files
+from engine.core.config import config_from_flags
 from engine.datasets import Epochs, Shard
+from engine.datasets.augmentation import Augmentation
 from engine.input import data
-from engine.input.augmentation import Augmentation
-from engine.records import run_files
 from engine.tasks import Regression, Segmentation
 
 
@@ -154,8 +154,8 @@ class _EvaluateAndRecord(tf.keras.callbacks.Callback):
       self.model.optimizer.finalize_variable_values(
           self.model.trainable_variables)
     val = steps.evaluate(self._eval_step, data.eval_batches(
-        self._splits.test, self._splits.info, rank=self._world.rank,
-        world_size=self._world.size,
+        self._splits.test, self._splits.info,
+        shard=Shard(self._world.rank, self._world.size),
         batch_size=self._config.training.batch_size))
     self.model.set_weights(own)
     record = {"epoch": epoch + 1, "epochs": self._config.training.epochs,

@@ -23,8 +23,8 @@ from bench import epochs
 from bench import workload
 from engine.compute import optimizers
 from engine.datasets import Epochs, Shard
+from engine.datasets.augmentation import Augmentation
 from engine.input import data
-from engine.input.augmentation import Augmentation
 
 FLAGS = flags.FLAGS
 workload.define_worker_flags()

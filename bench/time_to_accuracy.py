@@ -42,6 +42,7 @@ from absl import flags
 
 from bench import interleaved
 from engine import runs
+from engine.core import run_files
 
 RESULTS = os.path.join(interleaved.REPO, "bench", "RESULTS.md")
 BEGIN, END = "<!-- time_to_accuracy -->", "<!-- /time_to_accuracy -->"
@@ -140,7 +141,7 @@ def _run(config: str, *, seed: int) -> dict:
           "command": command,
           "curve": [(r["cumulative_seconds"], r["val_accuracy"])
                     for r in records if r.get("val_accuracy") is not None],
-          **runs.summary(records)}
+          **run_files.summary(records)}
 
 
 def _seconds_to(run: dict, target: float):

@@ -33,11 +33,11 @@ import numpy as np
 
 from bench import interleaved
 from engine import datasets
-from engine.config import config_from_flags
+from engine.core.config import config_from_flags
 from engine.datasets import Epochs, Shard
+from engine.datasets.augmentation import Augmentation
 from engine.input import data
 from engine.input import staging
-from engine.input.augmentation import Augmentation
 import flags as engine_flags  # noqa: F401  the engine's flags, for the recipe
 
 FLAGS = flags.FLAGS

@@ -25,12 +25,12 @@ entry point, worker and test imports the engine first.
   affected.
 
 TensorFlow's own import prints nothing that TF_CPP_MIN_LOG_LEVEL hides
-(engine/quiet_import.py says why that takes more than the setting).
+(engine/core/quiet_import.py says why that takes more than the setting).
 """
 import os
 import sys
 
-from engine import quiet_import
+from engine.core import quiet_import
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

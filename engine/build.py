@@ -26,15 +26,16 @@ from engine.compute import optimizers
 from engine.compute import precision
 from engine.compute import schedules
 from engine.compute import step as steps
-from engine.config import TrainConfig
+from engine.core.config import TrainConfig
+from engine.core.errors import UserError
 from engine.datasets import Epochs, Shard
-from engine.errors import UserError
+from engine.datasets.augmentation import Augmentation
 from engine.input import data
 from engine.input import staging
-from engine.input.augmentation import Augmentation
+from engine.loop.loop import TrainingParts
 from engine.records import report
-import models
 from models import whitening
+import models
 
 # --mixed_precision=auto's measurement: rounds, the seconds of timed steps
 # they share (all modes, all rounds), and the most steps a mode runs in one.
@@ -133,7 +134,7 @@ def _first_images(splits: datasets.Splits):
   the same on every rank."""
   height, width = splits.info.image_shape[:2]
   images, _ = next(iter(data.eval_batches(
-      splits.train, splits.info, rank=0, world_size=1,
+      splits.train, splits.info, shard=Shard(0, 1),
       batch_size=max(1, min(ADAPTED_IMAGES,
                             ADAPTED_PIXELS // (height * width))))))
   return images.numpy()
@@ -405,24 +406,6 @@ def _describe(world: distributed.World, kernels: str) -> str:
           f"{world.inter_op_threads} inter-op threads per process, "
           f"{kernels} kernels, Horovod cycle "
           f"{os.environ['HOROVOD_CYCLE_TIME']} ms")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingParts:
-  """What engine.train's loop is built from, in the order it is built."""
-  config: TrainConfig  # as given
-  world: distributed.World
-  precision: precision.Choice  # what --mixed_precision decided at start-up
-  splits: datasets.Splits
-  staged: Optional[dict]  # --stage_dir's record, for metrics.jsonl
-  task: tasks.Task
-  model: tf.keras.Model
-  learning_rate: schedules.WarmupThenDecay
-  weight_average: Optional[Any]  # ema.WeightAverage
-  optimizer: Any
-  train_step: steps.TrainStep
-  eval_step: steps.EvalStep
-  decider: tasks.Decider
 
 
 def training_parts(config: TrainConfig) -> TrainingParts:

@@ -3,7 +3,7 @@
 engine.train, engine.evaluate and engine.find_lr parse the engine's flags
 here and end here: an error a user can act on (a flag, a file, a checkpoint,
 a lost process) is one line, `PROGRAM: error: ...`, and its kind's exit code
-(engine.errors); a preemption exits with 128 + the signal's number. Under
+(engine.core.errors); a preemption exits with 128 + the signal's number. Under
 horovodrun a traceback would be printed N times and bury that line.
 
 The training loop is passed in (`train_or_exit(train)`), not imported, so
@@ -19,16 +19,16 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
-from engine import config as config_lib
 from engine import distributed
-from engine import user_code
+from engine.core import config as config_lib
+from engine.core import run_files
+from engine.core import user_code
+from engine.core.errors import op_detail
+from engine.core.errors import UserError
+from engine.core.errors import WorkerLost
 from engine.datasets import record_features
 from engine.distributed import liveness
-from engine.errors import UserError
-from engine.errors import WorkerLost
-from engine.errors import op_detail
 from engine.loop import preemption
-from engine.records import run_files
 # The engine's flags, defined for the commands that parse them here.
 import flags as engine_flags  # noqa: F401 pylint: disable=unused-import
 
@@ -91,7 +91,7 @@ def train_or_exit(train: Callable[[config_lib.TrainConfig], Result],
                   argv: tuple = ()) -> Result:
   """Trains with the flags; an error the user can act on ends the process
   with one line (`engine.train: error: ...`) and its kind's exit code
-  (engine.errors), a preemption with 128 + the signal's number."""
+  (engine.core.errors), a preemption with 128 + the signal's number."""
   try:
     refuse_arguments(argv)
     config = config_lib.config_from_flags()

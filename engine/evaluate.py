@@ -22,13 +22,14 @@ from engine import cli
 from engine import distributed
 from engine.compute import ema
 from engine.compute import step as steps
-from engine.config import TrainConfig
-from engine.config import config_from_flags
-from engine.errors import UserError
+from engine.core import run_files
+from engine.core.config import config_from_flags
+from engine.core.config import TrainConfig
+from engine.core.errors import UserError
+from engine.datasets import Shard
 from engine.input import data
 from engine.records import checkpoint
 from engine.records import report
-from engine.records import run_files
 from engine.tasks.classification import Classification
 from engine.tasks.classification import per_class_accuracy
 
@@ -68,7 +69,7 @@ def evaluate(config: TrainConfig, which: str):
   eval_step = build.eval_step(config, task, model)
   with ema.averaged(weight_average):
     result = steps.evaluate(eval_step, data.eval_batches(
-        splits.test, splits.info, rank=world.rank, world_size=world.size,
+        splits.test, splits.info, shard=Shard(world.rank, world.size),
         batch_size=config.training.batch_size))
   if not isinstance(task, Classification):
     return path, result, None

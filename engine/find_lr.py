@@ -34,13 +34,13 @@ from engine import distributed
 from engine.compute import metrics
 from engine.compute import schedules
 from engine.compute import step as steps
-from engine.config import TrainConfig
-from engine.config import config_from_flags
+from engine.core.config import config_from_flags
+from engine.core.config import TrainConfig
+from engine.core.errors import UserError
+from engine.core.errors import WriteFailed
 from engine.datasets import Epochs, Shard
-from engine.errors import UserError
-from engine.errors import WriteFailed
+from engine.datasets.augmentation import Augmentation
 from engine.input import data
-from engine.input.augmentation import Augmentation
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("min_lr", 1e-5, "The range test's first rate (the rate "

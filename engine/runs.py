@@ -21,13 +21,11 @@ not import TensorFlow: it starts in a fraction of a second, and works on a
 copy of a model_dir or while the run trains. --plot draws validation
 accuracy against training time.
 
-`summary` gives a run's figures from its epoch records; engine.records.report logs
-the same figures to TensorBoard's HParams dashboard.
+Its figures are engine.core.run_files.summary's, which engine.records.report
+logs to TensorBoard's HParams dashboard too.
 """
 import dataclasses
-import math
 import os
-import statistics
 import sys
 import time
 from typing import Optional
@@ -35,9 +33,9 @@ from typing import Optional
 from absl import app
 from absl import flags
 
-from engine.errors import UserError
-from engine.errors import WriteFailed
-from engine.records import run_files
+from engine.core import run_files
+from engine.core.errors import UserError
+from engine.core.errors import WriteFailed
 
 FLAGS = flags.FLAGS
 
@@ -74,48 +72,6 @@ class Run:
                  for name in ("target", "target_accuracy"))
     except ValueError:
       return False
-
-
-def decided_by(records: list[dict]) -> tuple[str, bool]:
-  """The key of the figure that decided the run's best epoch, and whether
-  lower is better: the records' best_metric (val_accuracy:max before
-  tasks)."""
-  spec = records[-1].get("best_metric") if records else None
-  key, _, direction = (spec or "val_accuracy:max").partition(":")
-  return key, direction == "min"
-
-
-def summary(records: list[dict]) -> dict:
-  """A run's figures from its epoch records (in order), for the table here
-  and for TensorBoard's HParams dashboard (engine.records.report).
-
-  `metric` is the key of the deciding figure (val_accuracy, val_mae), and
-  `best_<metric>` and `final_<metric>` its best and last values.
-  `images_per_sec` is the median over the epochs, leaving out epoch 1 when
-  there are others: its time includes tracing the step functions. A figure
-  no record gives (no epochs yet, no --target, or not reached) is None.
-  """
-  metric, minimize = decided_by(records)
-  values = [r[metric] for r in records if _is_finite(r.get(metric))]
-  timed = ([r for r in records if r.get("epoch") != 1]
-           if len(records) >= 2 else records)
-  rates = [r["images_per_sec"] for r in timed
-           if _is_finite(r.get("images_per_sec"))]
-  last = records[-1] if records else {}
-  # The last evaluated epoch's (--eval_every_epochs skips some).
-  final = values[-1] if values else None
-  seconds_to_target = last.get("target_accuracy_first_seconds")
-  best = min if minimize else max
-  return {
-      "metric": metric,
-      f"best_{metric}": best(values) if values else None,
-      f"final_{metric}": final,
-      "seconds_to_target": (seconds_to_target
-                            if _is_finite(seconds_to_target) else None),
-      "images_per_sec": statistics.median(rates) if rates else None,
-      "epochs": last.get("epoch", 0),
-      "world_size": last.get("world_size"),
-  }
 
 
 def read_run(path: str, now: Optional[float] = None) -> Run:
@@ -214,7 +170,8 @@ def table(runs: dict[str, Run], *, scaling: bool = False) -> str:
   (the speedup over the ratio of processes; 100% is linear scaling).
   """
   flag_names = _differing_flags(list(runs.values()))
-  summaries = {label: summary(run.records) for label, run in runs.items()}
+  summaries = {label: run_files.summary(run.records)
+               for label, run in runs.items()}
   if scaling:
     runs = dict(sorted(runs.items(), key=lambda item: (
         summaries[item[0]]["world_size"] or 0, item[0])))
@@ -298,12 +255,13 @@ def plot(runs: dict[str, Run], path: str) -> None:
   FigureCanvasAgg(figure)
   axes = figure.add_subplot()
   drawn = False
-  metrics = {decided_by(run.records)[0] for run in runs.values()}
+  metrics = {run_files.decided_by(run.records)[0] for run in runs.values()}
   for label, run in runs.items():
-    metric = decided_by(run.records)[0]
+    metric = run_files.decided_by(run.records)[0]
     points = [(r["cumulative_seconds"], r[metric])
-              for r in run.records if _is_finite(r.get("cumulative_seconds"))
-              and _is_finite(r.get(metric))]
+              for r in run.records
+              if run_files.is_finite(r.get("cumulative_seconds"))
+              and run_files.is_finite(r.get(metric))]
     if points:
       seconds, values = zip(*points)
       axes.plot(seconds, values, marker="o", label=(
@@ -359,11 +317,13 @@ def _state(records: list[dict], events: list[dict], end: Optional[dict],
   if last.get("stopped_early") is True or (
       planned_epochs is not None and last["epoch"] >= planned_epochs):
     return "finished"
-  times = [r["time"] for r in records + events if _is_finite(r.get("time"))]
+  times = [r["time"] for r in records + events
+           if run_files.is_finite(r.get("time"))]
   if not times:
     return "running?"  # an engine that did not record times
   longest_epoch = max((r["epoch_seconds"] for r in records
-                       if _is_finite(r.get("epoch_seconds"))), default=0)
+                       if run_files.is_finite(r.get("epoch_seconds"))),
+                      default=0)
   if max(times) > now - (RUNNING_EPOCHS * longest_epoch +
                          RUNNING_GRACE_SECONDS):
     return "running"
@@ -404,11 +364,6 @@ def _shortened(reason: str) -> str:
 
 def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_finite(value) -> bool:
-  return (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and math.isfinite(value))
 
 
 # The command line.

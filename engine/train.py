@@ -23,9 +23,9 @@ from engine import cli
 from engine import distributed
 from engine.compute import ema
 from engine.compute import step as steps
-from engine.config import TrainConfig
+from engine.core.config import TrainConfig
+from engine.core.errors import UserError
 from engine.distributed import elastic
-from engine.errors import UserError
 from engine.loop import actions
 from engine.loop.loop import TrainLoop
 

@@ -5,7 +5,7 @@ model whose output is float32 logits of shape [batch, num_classes]. For a
 task other than classification (engine/tasks) `num_classes` is the width
 of the model's output: the number of targets of a regression, say.
 Builders declare the parameters they use in their signatures and receive
-only those (engine/registry.py), so the flags shared by several models
+only those (engine/core/registry.py), so the flags shared by several models
 (dropout, weight decay) reach the models that have them and are ignored by
 the others. A user's own builder, `--model=package.module:function` or
 `--model=path/to/file.py:function`, is called the same way, and what it
@@ -13,9 +13,9 @@ returns is checked here, at start-up, rather than ten calls into training.
 """
 import tensorflow as tf
 
-from engine.errors import UserError
-from engine.errors import first_line
-from engine.registry import Registry
+from engine.core.errors import first_line
+from engine.core.errors import UserError
+from engine.core.registry import Registry
 from models import cnn, cosmoflow, resnet, resnet9, unet, wrn
 
 _MODELS = Registry("model", {

@@ -14,7 +14,7 @@ import math
 
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 layers = tf.keras.layers
 MAX_CONV_LAYERS = 5

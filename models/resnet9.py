@@ -19,7 +19,7 @@ BatchNorm picks the minimum where its scale is negative).
 """
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 from models import whitening
 
 layers = tf.keras.layers

@@ -11,7 +11,7 @@ import functools
 
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 layers = tf.keras.layers
 

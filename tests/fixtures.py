@@ -16,6 +16,7 @@ from typing import Optional
 
 import numpy as np
 
+from engine.datasets import Shard
 from engine.datasets import cifar10, fashion_mnist, idx
 from tests import timeouts
 
@@ -134,7 +135,7 @@ def launch(python_args, *, processes: int = 1, timeout: float = 300,
 def packages_imported_by(module: str, packages: set[str]) -> list[str]:
   """Which of `packages` (top-level names) importing `module` imports, in a
   process of its own: what a light command (engine.runs) or module
-  (engine.config) must keep out."""
+  (engine.core.config) must keep out."""
   result = subprocess.run(
       [PYTHON, "-c", f"import json, sys; import {module}; print(json.dumps("
        f"sorted({{m.split('.')[0] for m in sys.modules}}"
@@ -164,7 +165,7 @@ def train_config(**changes):
   `changes` by section, as TrainConfig.replace takes them:
   `train_config(training=dict(epochs=2), model=dict(name="wrn"))`."""
   from absl import flags  # pylint: disable=import-outside-toplevel
-  from engine import config  # pylint: disable=import-outside-toplevel
+  from engine.core import config  # pylint: disable=import-outside-toplevel
   # pylint: disable-next=import-outside-toplevel,unused-import
   import flags as engine_flags  # noqa: F401  (defines the engine's flags)
   if not flags.FLAGS.is_parsed():
@@ -208,8 +209,8 @@ def eval_batches_of_every_rank(source, info, *, world_size: int,
   """(images, labels) of every evaluation batch of every rank, in turn."""
   from engine.input import data  # pylint: disable=import-outside-toplevel
   for rank in range(world_size):
-    yield from data.eval_batches(source, info, rank=rank,
-                                 world_size=world_size, batch_size=batch_size)
+    yield from data.eval_batches(source, info, shard=Shard(rank, world_size),
+                                 batch_size=batch_size)
 
 
 def recorded_processes(out_dir) -> list[dict]:

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from engine import datasets
+from engine.core.errors import UserError
 from engine.datasets import ArrayRows, Examples
 from engine.datasets import Epochs, Shard
-from engine.errors import UserError
+from engine.datasets.augmentation import Augmentation
 from engine.input import data
-from engine.input.augmentation import Augmentation
 from tests import fixtures
 
 FORMATS = ["a.npz", "a.h5", "npy_dir"]

@@ -4,12 +4,12 @@ import os
 import pytest
 import tensorflow as tf
 
-import models
 from engine.compute import precision
-from engine.errors import UserError
+from engine.core import run_files
+from engine.core.errors import UserError
 from engine.loop import stopping
 from engine.records import checkpoint
-from engine.records import run_files
+import models
 
 IDENTITY = "model cnn_4 (1234 parameters) on fashion_mnist"
 

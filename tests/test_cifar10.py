@@ -6,8 +6,8 @@ import tarfile
 import numpy as np
 import pytest
 
+from engine.core.errors import UserError
 from engine.datasets import cifar10
-from engine.errors import UserError
 from tests import fixtures
 
 NUM_PER_BATCH = 20

@@ -198,7 +198,7 @@ def snapshot(directory):
 
 
 # A model_dir whose checkpoints are of another format than this engine's
-# (engine/records/run_files.py): one line, exit 2, the model_dir as it was.
+# (engine/core/run_files.py): one line, exit 2, the model_dir as it was.
 
 @pytest.fixture(scope="module")
 def trained(data_dir, train_commands, tmp_path_factory):

@@ -2,11 +2,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from engine.core.errors import UserError
+from engine.datasets import augmentation
 from engine.datasets import DatasetInfo, Epochs, Examples, Shard
-from engine.datasets import Epochs, Shard
-from engine.errors import UserError
-from engine.input import augmentation, data
-from engine.input.augmentation import Augmentation
+from engine.datasets.augmentation import Augmentation
+from engine.input import data
 
 NUM = 103
 INFO = DatasetInfo(name="t", image_shape=(4, 6, 1), num_classes=10,
@@ -49,8 +49,8 @@ def test_global_batch_larger_than_the_data_is_an_error():
 def test_eval_shards_are_disjoint_and_cover_the_split(world_size):
   seen = []
   for rank in range(world_size):
-    batches = data.eval_batches(numbered_examples(), INFO, rank=rank,
-                                world_size=world_size, batch_size=10)
+    batches = data.eval_batches(numbered_examples(), INFO,
+                                shard=Shard(rank, world_size), batch_size=10)
     seen += [label for _, labels in batches for label in labels.numpy()]
   assert sorted(seen) == list(range(NUM))
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from engine import datasets
+from engine.core.errors import UserError
 from engine.datasets import fashion_mnist, idx
-from engine.errors import UserError
 from tests import fixtures
 
 

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from engine import distributed
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 LAUNCHER_MARKS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
                    "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")

@@ -22,8 +22,8 @@ import pytest
 import tensorflow as tf
 
 from engine import distributed
+from engine.core.errors import UserError
 from engine.distributed import elastic
-from engine.errors import UserError
 from tests import fixtures
 from tests import timeouts
 

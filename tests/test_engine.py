@@ -1,6 +1,7 @@
 """`import engine` (engine/__init__.py): the settings TensorFlow reads once,
 made before it reads them, and its import without the notices that
-TF_CPP_MIN_LOG_LEVEL hides."""
+TF_CPP_MIN_LOG_LEVEL hides; and how engine/'s modules import each other:
+no cycles, and its packages in layers."""
 import ast
 import os
 import subprocess
@@ -45,9 +46,11 @@ def test_a_script_that_used_keras_3_as_tf_keras_first_is_told_what_to_do():
           "before TensorFlow") in ran.stderr
 
 
-def engine_imports(root: str) -> dict[str, set[str]]:
+def engine_imports(root: str, *, in_functions: bool = False
+                   ) -> dict[str, set[str]]:
   """Each of the engine's modules -> the engine's modules it imports when
-  imported (module-level imports; those inside functions run later)."""
+  imported (module-level imports; those inside functions run later), and
+  with `in_functions` also those its functions import."""
   modules = {}
   for directory, _, files in os.walk(os.path.join(root, "engine")):
     for name in files:
@@ -60,7 +63,7 @@ def engine_imports(root: str) -> dict[str, set[str]]:
     with open(path) as f:
       tree = ast.parse(f.read())
     imported = set()
-    for node in tree.body:
+    for node in ast.walk(tree) if in_functions else tree.body:
       if isinstance(node, ast.Import):
         imported |= {alias.name for alias in node.names}
       elif isinstance(node, ast.ImportFrom) and node.module:
@@ -107,3 +110,53 @@ def test_the_engines_modules_import_each_other_without_cycles(tmp_path):
   (tmp_path / "engine" / "b.py").write_text("import os\nimport engine.a\n")
   assert import_cycle(engine_imports(str(tmp_path))) == [
       "engine.a", "engine.b", "engine.a"]
+
+
+# engine/'s packages from the bottom up (README's layout table): a module
+# imports from its own package and those below it. The commands above them
+# (engine/*.py: train, build, evaluate, ...) and engine/tools/ may import
+# any.
+LAYERS = ("core", "distributed", "datasets", "input", "tasks", "compute",
+          "records", "loop")
+COMMANDS = "commands"
+
+
+def layer_of(module: str) -> str:
+  """The layer of engine module `module` (engine.loop.loop -> "loop").
+  `engine` itself, which every import of the engine runs first, counts
+  as the bottom layer's."""
+  parts = module.split(".")
+  if len(parts) == 1:
+    return LAYERS[0]
+  return parts[1] if len(parts) > 2 or parts[1] in LAYERS else COMMANDS
+
+
+def back_arrows(graph: dict[str, set[str]]) -> list[str]:
+  """The imports in `graph` of a module from a layer above its own, as
+  "importer -> imported"."""
+  order = {layer: i for i, layer in enumerate(LAYERS)}
+  order[COMMANDS] = len(LAYERS)
+  return sorted(f"{module} -> {imported}"
+                for module, imports in graph.items() for imported in imports
+                if order.get(layer_of(imported), len(LAYERS)) >
+                order.get(layer_of(module), len(LAYERS)))
+
+
+def test_the_engines_packages_import_only_from_layers_below_their_own(
+    tmp_path):
+  graph = engine_imports(fixtures.REPO, in_functions=True)
+  packages = {layer_of(module) for module in graph} - {COMMANDS}
+  # Each package has its place: a new one must be given one here.
+  assert packages == set(LAYERS) | {"tools"}
+  assert graph["engine.loop.loop"] >= {"engine.records.report",
+                                       "engine.core.errors"}
+  assert back_arrows(graph) == []
+  # The check finds one: the bottom layer importing from the top, in a
+  # function.
+  (tmp_path / "engine" / "core").mkdir(parents=True)
+  (tmp_path / "engine" / "core" / "errors.py").write_text(
+      "def f():\n  from engine import train\n")
+  (tmp_path / "engine" / "train.py").write_text(
+      "from engine.core import errors\n")
+  assert back_arrows(engine_imports(str(tmp_path), in_functions=True)) == [
+      "engine.core.errors -> engine.train"]

@@ -1,5 +1,5 @@
 """The recipes parse, and the CPU recipe is what the flags' defaults say;
-the TrainConfig they become (engine.config)."""
+the TrainConfig they become (engine.core.config)."""
 import dataclasses
 import glob
 import os
@@ -8,9 +8,9 @@ from absl import flags
 import pytest
 
 from engine import build
-from engine import config as engine_config
 from engine import datasets
-from engine.errors import UserError
+from engine.core import config as engine_config
+from engine.core.errors import UserError
 from tests import fixtures
 import flags as engine_flags  # noqa: F401 pylint: disable=unused-import
 
@@ -102,7 +102,7 @@ def test_eval_shift_is_a_fraction_of_the_width_as_random_shift_is(parsed):
 
 def test_importing_the_config_imports_no_tensorflow():
   assert fixtures.packages_imported_by(
-      "engine.config", {"tensorflow", "horovod", "numpy"}) == []
+      "engine.core.config", {"tensorflow", "horovod", "numpy"}) == []
 
 
 def test_the_config_and_its_sections_are_frozen(parsed):

@@ -3,8 +3,8 @@ import gzip
 import numpy as np
 import pytest
 
+from engine.core.errors import UserError
 from engine.datasets import idx
-from engine.errors import UserError
 
 
 def test_round_trip_of_images_and_labels(tmp_path):

@@ -12,24 +12,23 @@ import dataclasses
 import json
 import os
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
 from engine import build
-from engine import distributed
 from engine import train as train_lib
 from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute import step as steps
+from engine.core.errors import Diverged
+from engine.core.errors import UserError
 from engine.datasets import Epochs, Shard
+from engine.datasets.augmentation import Augmentation
 from engine.distributed import elastic
-from engine.errors import Diverged
-from engine.errors import UserError
 from engine.input import data
-from engine.input.augmentation import Augmentation
 from engine.loop import actions
 from engine.loop import preemption
+from engine.loop.loop import TrainingParts
 from engine.loop.loop import TrainLoop
 from tests import fixtures
 
@@ -45,7 +44,7 @@ def data_dir(tmp_path_factory):
 class FakeStep:
   """The train step's interface, without training."""
 
-  def __init__(self, parts: build.TrainingParts, *, nonfinite_at=(),
+  def __init__(self, parts: TrainingParts, *, nonfinite_at=(),
                stop_at=None):
     self.task = parts.task
     self._optimizer = parts.optimizer

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.tools import make_volumes
 from tests import fixtures
 

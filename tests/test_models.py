@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
-from engine.errors import UserError
+from engine.core.errors import UserError
 from models import whitening
+import models
 
 
 @pytest.mark.parametrize("name, params, input_shape", [

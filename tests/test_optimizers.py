@@ -3,10 +3,10 @@ import pytest
 import tensorflow as tf
 
 from bench import addons
-import models
 from engine import distributed
 from engine.compute import optimizers, schedules
-from engine.errors import UserError
+from engine.core.errors import UserError
+import models
 
 
 @pytest.fixture(scope="module", autouse=True)

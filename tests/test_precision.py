@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 from engine.compute import precision
-from engine.errors import UserError
-from engine.records import run_files
+from engine.core import run_files
+from engine.core.errors import UserError
 from tests import fixtures
 
 

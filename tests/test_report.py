@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from engine.core import run_files
 from engine.records import report
-from engine.records import run_files
 from engine.tasks.classification import Classification
 
 RECORD = {"epoch": 1, "global_step": 30, "train_loss": 1.5,
@@ -61,17 +61,6 @@ def test_chief_writes_metrics_jsonl_and_tensorboard_scalars(tmp_path):
 def test_other_ranks_write_nothing(tmp_path):
   report.Reporter(str(tmp_path), chief=False, epochs=1).epoch(RECORD)
   assert not os.listdir(tmp_path)
-
-
-def test_the_confusion_matrix_is_drawn_row_by_row():
-  counts = np.array([[3, 1, 0], [0, 0, 0], [0, 2, 2]], np.float64)
-  image = report.confusion_image(counts, size=30)
-  assert image.shape == (1, 30, 30, 3) and image.dtype == np.uint8
-  cell = image[0, 5::10, 5::10, 0]  # the red channel at each cell's centre
-  # Darker is larger: 3/4 < 1/4 < 0, and an empty row is white.
-  assert cell[0, 0] < cell[0, 1] < cell[0, 2] == 255
-  assert list(cell[1]) == [255, 255, 255]
-  assert cell[2, 1] == cell[2, 2] < cell[2, 0]
 
 
 def test_the_chief_writes_the_confusion_image_each_epoch(tmp_path):

@@ -1,17 +1,17 @@
-"""engine.records.run_files: a model_dir's names, and the readers and writers of its
-small files that several modules share (no TensorFlow)."""
+"""engine.core.run_files: a model_dir's names, and the readers and writers
+of its small files that several modules share (no TensorFlow)."""
 import os
 
 import pytest
 
-from engine.errors import UserError
-from engine.records import run_files
+from engine.core import run_files
+from engine.core.errors import UserError
 from tests import fixtures
 
 
 def test_importing_it_imports_no_tensorflow():
   assert fixtures.packages_imported_by(
-      "engine.records.run_files", {"tensorflow", "numpy", "absl"}) == []
+      "engine.core.run_files", {"tensorflow", "numpy", "absl"}) == []
 
 
 def test_the_first_starts_flags_are_kept_and_a_resumes_go_beside_them(

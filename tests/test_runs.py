@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from engine import runs
-from engine.errors import UserError
+from engine.core import run_files
+from engine.core.errors import UserError
 from tests import fixtures
 from tests import timeouts
 
@@ -75,7 +76,7 @@ def test_summary_gives_best_final_epochs_and_processes():
   records = [epoch_record(1, val_accuracy=0.6),
              epoch_record(2, val_accuracy=0.8, world_size=4),
              epoch_record(3, val_accuracy=0.7, world_size=4)]
-  figures = runs.summary(records)
+  figures = run_files.summary(records)
   assert figures["best_val_accuracy"] == 0.8
   assert figures["final_val_accuracy"] == 0.7
   assert figures["epochs"] == 3
@@ -87,13 +88,13 @@ def test_images_per_sec_is_the_median_without_epoch_1():
   rates = [100.0, 200.0, 300.0, 1000.0]  # epoch 1 in would give 250
   records = [epoch_record(epoch, images_per_sec=rate)
              for epoch, rate in enumerate(rates, start=1)]
-  assert runs.summary(records)["images_per_sec"] == 300.0
+  assert run_files.summary(records)["images_per_sec"] == 300.0
   # A single epoch is all there is.
-  assert runs.summary(records[:1])["images_per_sec"] == 100.0
+  assert run_files.summary(records[:1])["images_per_sec"] == 100.0
 
 
 def test_summary_of_no_records():
-  figures = runs.summary([])
+  figures = run_files.summary([])
   assert figures["epochs"] == 0
   assert figures["best_val_accuracy"] is None
   assert figures["images_per_sec"] is None
@@ -104,8 +105,8 @@ def test_seconds_to_target_from_the_last_record(tmp_path):
                           target_accuracy_first_seconds=None),
              epoch_record(2, target_accuracy_first_epoch=2,
                           target_accuracy_first_seconds=21.5)]
-  assert runs.summary(reached)["seconds_to_target"] == 21.5
-  assert runs.summary(reached[:1])["seconds_to_target"] is None
+  assert run_files.summary(reached)["seconds_to_target"] == 21.5
+  assert run_files.summary(reached[:1])["seconds_to_target"] is None
   write_run(tmp_path / "reached", reached, {"target_accuracy": "0.7"})
   write_run(tmp_path / "not_reached", reached[:1],
             {"target_accuracy": "0.7"})
@@ -222,7 +223,7 @@ def test_a_redone_epoch_replaces_its_record_and_later_ones(tmp_path):
               epoch_record(2, val_accuracy=0.2, epochs=5)]
   run = runs.read_run(write_run(tmp_path / "run", records), now=NOW)
   assert [r["epoch"] for r in run.records] == [1, 2]
-  assert runs.summary(run.records)["final_val_accuracy"] == 0.2
+  assert run_files.summary(run.records)["final_val_accuracy"] == 0.2
 
 
 # The table
@@ -389,6 +390,6 @@ def test_importing_it_imports_neither_tensorflow_nor_matplotlib():
 def test_the_final_accuracy_is_the_last_evaluated_epochs():
   records = [epoch_record(1, val_accuracy=0.6), epoch_record(2,
              val_accuracy=None, val_loss=None)]
-  figures = runs.summary(records)
+  figures = run_files.summary(records)
   assert figures["final_val_accuracy"] == 0.6
   assert figures["best_val_accuracy"] == 0.6

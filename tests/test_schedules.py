@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from engine.compute import schedules
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 STEPS_PER_EPOCH = 10
 

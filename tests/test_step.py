@@ -3,13 +3,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
 from engine import distributed
 from engine.compute import ema
 from engine.compute import precision
 from engine.compute import step as steps
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.tasks import classification
+import models
 
 
 @pytest.fixture(scope="module", autouse=True)

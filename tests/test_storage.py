@@ -5,10 +5,10 @@ from absl import logging
 import pytest
 import tensorflow as tf
 
-from engine.errors import WriteFailed
+from engine.core import run_files
+from engine.core.errors import WriteFailed
 from engine.loop import actions
 from engine.loop import profiling
-from engine.records import run_files
 from engine.records import storage
 
 

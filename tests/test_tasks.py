@@ -10,12 +10,13 @@ import tensorflow as tf
 from engine import build
 from engine import tasks
 from engine.compute import metrics
+from engine.core.errors import UserError
+from engine.datasets import arrays
 from engine.datasets import DatasetInfo
 from engine.datasets import Epochs, Shard
-from engine.datasets import arrays
-from engine.errors import UserError
-from engine.input.augmentation import Augmentation
+from engine.datasets.augmentation import Augmentation
 from engine.loop import stopping
+from engine.tasks.classification import confusion_image
 from tests import fixtures
 
 CLASSES = DatasetInfo(name="shapes", image_shape=(8, 8, 1), num_classes=3,
@@ -389,7 +390,7 @@ def test_the_unet_outputs_a_class_per_pixel():
 
 
 def test_a_task_class_given_to_a_script_is_named_for_flags_txt():
-  from engine import user_code  # pylint: disable=import-outside-toplevel
+  from engine.core import user_code  # pylint: disable=import-outside-toplevel
   from engine.tasks.segmentation import Segmentation  # pylint: disable=import-outside-toplevel
   spec = user_code.spec_of(Segmentation)
   assert spec == "engine.tasks.segmentation:Segmentation"
@@ -541,8 +542,8 @@ def test_an_image_folder_with_masks_beside_its_images(tmp_path):
     assert set(np.unique(masks)) <= {0, 1, 2}
     # Edges blend with the grey (images resize bilinearly, masks nearest).
     assert (pixels[masks == 1] > 160).all() and (pixels[masks == 2] < 100).all()
-  [(images, masks)] = data.eval_batches(splits.test, info, rank=0,
-                                        world_size=1, batch_size=5)
+  [(images, masks)] = data.eval_batches(splits.test, info,
+                                        shard=Shard(0, 1), batch_size=5)
   assert masks.shape == (5, 24, 24) and masks.dtype == tf.uint8
 
 
@@ -646,3 +647,14 @@ def test_a_data_set_function_of_yours_gives_float_targets(tmp_path):
                              rtol=1e-6)
   np.testing.assert_allclose(info.label_std, targets.std(axis=0), rtol=1e-6)
   assert tasks.build("regression", info).output_shape() == (3,)
+
+
+def test_the_confusion_matrix_is_drawn_row_by_row():
+  counts = np.array([[3, 1, 0], [0, 0, 0], [0, 2, 2]], np.float64)
+  image = confusion_image(counts, size=30)
+  assert image.shape == (1, 30, 30, 3) and image.dtype == np.uint8
+  cell = image[0, 5::10, 5::10, 0]  # the red channel at each cell's centre
+  # Darker is larger: 3/4 < 1/4 < 0, and an empty row is white.
+  assert cell[0, 0] < cell[0, 1] < cell[0, 2] == 255
+  assert list(cell[1]) == [255, 255, 255]
+  assert cell[2, 1] == cell[2, 2] < cell[2, 0]

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from engine import datasets
+from engine.core.errors import UserError
 from engine.datasets import Epochs, Shard
 from engine.datasets import RecordFiles
-from engine.errors import UserError
+from engine.datasets.augmentation import Augmentation
 from engine.input import data
-from engine.input.augmentation import Augmentation
 from tests import fixtures
 
 

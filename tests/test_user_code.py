@@ -4,9 +4,10 @@ import sys
 import pytest
 import tensorflow as tf
 
-from engine import datasets, user_code
+from engine import datasets
 from engine.compute import precision
-from engine.errors import UserError
+from engine.core import user_code
+from engine.core.errors import UserError
 import models
 from tests import fixtures
 

@@ -15,11 +15,12 @@ import pytest
 import tensorflow as tf
 
 from engine import datasets
+from engine.core import run_files
+from engine.core.errors import UserError
+from engine.datasets import augmentation
 from engine.datasets import RecordFiles, record_features
-from engine.errors import UserError
-from engine.input import augmentation, data, staging
-from engine.input.augmentation import Augmentation
-from engine.records import run_files
+from engine.datasets.augmentation import Augmentation
+from engine.input import data, staging
 import models
 from tests import fixtures
 
@@ -366,9 +367,9 @@ def test_each_rank_stages_its_own_files_and_a_rerun_copies_nothing(
     assert not any(f.startswith(stage_dir) for f in other)
   # The staged files read as the originals.
   assert [y.numpy().tolist() for _, y in data.eval_batches(
-      staged_splits[1].test, splits.info, rank=1, world_size=2,
+      staged_splits[1].test, splits.info, shard=datasets.Shard(1, 2),
       batch_size=8)] == [y.numpy().tolist() for _, y in data.eval_batches(
-          splits.test, splits.info, rank=1, world_size=2, batch_size=8)]
+          splits.test, splits.info, shard=datasets.Shard(1, 2), batch_size=8)]
   _, again = staging.stage(splits, data_dir=str(data_dir),
                            stage_dir=stage_dir, rank=0, world_size=2)
   assert (again.files, again.copied_bytes) == (3, 0)

@@ -23,7 +23,7 @@ decay is never applied twice.
 """
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 
 def names() -> list[str]:

@@ -24,7 +24,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from engine.records import run_files
+from engine.core import run_files
 
 MODES = ("none", "float16", "bfloat16", "auto")
 # How much faster than float32 a 16-bit mode must measure to be chosen.

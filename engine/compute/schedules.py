@@ -9,7 +9,7 @@ import math
 
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 SCALINGS = ("linear", "sqrt", "none")
 DECAYS = ("constant", "step", "cosine", "linear")

@@ -15,7 +15,7 @@ from engine import tasks
 from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute import precision
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.tasks import Task
 from engine.tasks.classification import Classification
 

@@ -9,7 +9,7 @@ CIFAR-10 (in memory), TFRecords and image folders (streamed), arrays on
 disk (read by rows), synthetic images. A user's own loader,
 `--dataset=package.module:function`, returns the same `Splits`
 (engine/datasets/splits.py). Loaders declare the options they take in
-their signatures and receive only those (engine/registry.py).
+their signatures and receive only those (engine/core/registry.py).
 """
 import dataclasses
 import json
@@ -28,10 +28,10 @@ from engine.datasets.sources import (  # noqa: F401
     ArrayRows, Examples, ImageFiles)
 from engine.datasets.splits import (  # noqa: F401
     DatasetInfo, Epochs, Shard, Source, Splits)
-from engine.errors import UserError
-from engine.records import run_files
-from engine.records.run_files import CLASSES_FILE
-from engine.registry import Registry
+from engine.core import run_files
+from engine.core.errors import UserError
+from engine.core.registry import Registry
+from engine.core.run_files import CLASSES_FILE
 
 _DATASETS = Registry("dataset", {
     "arrays": arrays.load,

@@ -24,9 +24,9 @@ import zipfile
 from absl import logging
 import numpy as np
 
+from engine.core.errors import UserError
 from engine.datasets.sources import ArrayRows, Examples
 from engine.datasets.splits import DatasetInfo, Splits
-from engine.errors import UserError
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 CLASS_NAMES_KEY = "class_names"

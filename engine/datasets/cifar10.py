@@ -17,9 +17,9 @@ import zlib
 
 import numpy as np
 
+from engine.core.errors import UserError
 from engine.datasets.sources import Examples
 from engine.datasets.splits import DatasetInfo, Splits
-from engine.errors import UserError
 
 BATCHES_DIR = "cifar-10-batches-py"
 ARCHIVE = "cifar-10-python.tar.gz"

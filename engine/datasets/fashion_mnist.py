@@ -10,10 +10,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from engine.core.errors import UserError
 from engine.datasets import idx
 from engine.datasets.sources import Examples
 from engine.datasets.splits import DatasetInfo, Splits
-from engine.errors import UserError
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 FILES = {

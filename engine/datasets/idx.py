@@ -11,7 +11,7 @@ import zlib
 
 import numpy as np
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 _UNSIGNED_BYTE = 0x08
 

@@ -34,10 +34,10 @@ import numpy as np
 from PIL import Image
 import tensorflow as tf
 
+from engine.core.errors import UserError
+from engine.core.run_files import CLASSES_FILE
 from engine.datasets.sources import ImageFiles, decode
 from engine.datasets.splits import DatasetInfo, Splits
-from engine.errors import UserError
-from engine.records.run_files import CLASSES_FILE
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TRAIN_DIR = "train"

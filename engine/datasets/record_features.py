@@ -29,8 +29,8 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from engine.errors import UserError
-from engine.errors import op_detail
+from engine.core.errors import op_detail
+from engine.core.errors import UserError
 
 # Beside the TFRecord files: the spec, one entry a line.
 FEATURES_FILE = "features.txt"

@@ -12,10 +12,10 @@ from typing import Any
 
 import tensorflow as tf
 
+from engine.core.errors import UserError
 from engine.datasets import record_features, sources
+from engine.datasets.augmentation import Augmentation
 from engine.datasets.splits import DatasetInfo, Epochs, Shard, Source
-from engine.errors import UserError
-from engine.input.augmentation import Augmentation
 
 # TFRecord streams: files read at once, and records shuffled through a
 # buffer (serialized, before decoding: about 110 KB each for ImageNet).

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from engine.datasets.augmentation import Augmentation, augment, augment_volumes
 from engine.datasets.splits import DatasetInfo, Epochs, Shard, Source
-from engine.input.augmentation import Augmentation, augment, augment_volumes
 
 # Batches augmented (or read) at once: our per-batch work (a gather, a
 # flip, a shift) runs at about 45k images/s on one thread, so one batch in

@@ -23,7 +23,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from engine.input.augmentation import Augmentation
+from engine.datasets.augmentation import Augmentation
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,9 +6,9 @@ same input pipeline as real in-memory data sets carries them to the step.
 """
 import numpy as np
 
+from engine.core.errors import UserError
 from engine.datasets.sources import Examples
 from engine.datasets.splits import DatasetInfo, Splits
-from engine.errors import UserError
 
 
 DEFAULT_TRAIN_EXAMPLES = 10000

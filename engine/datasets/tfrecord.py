@@ -22,11 +22,11 @@ import os
 
 import tensorflow as tf
 
+from engine.core.errors import UserError
+from engine.core.run_files import CLASSES_FILE
 from engine.datasets import record_features
 from engine.datasets.record_files import RecordFiles
 from engine.datasets.splits import DatasetInfo, Splits
-from engine.errors import UserError
-from engine.records.run_files import CLASSES_FILE
 
 # ImageNet's per-channel statistics (0-255 scale), the usual choice for
 # natural images when computing the data set's own would mean a full pass.

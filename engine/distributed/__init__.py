@@ -15,8 +15,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import _pywrap_util_port
 
+from engine.core.errors import UserError
 from engine.distributed import liveness
-from engine.errors import UserError
 
 
 # Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (1 by

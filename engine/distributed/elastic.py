@@ -24,7 +24,7 @@ from horovod.common.exceptions import HorovodInternalError
 import tensorflow as tf
 
 from engine import distributed
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 Result = TypeVar("Result")
 

@@ -30,9 +30,9 @@ down between epochs.
 """
 import tensorflow as tf
 
+from engine.core.errors import UserError
 from engine.datasets import DatasetInfo, Epochs, Shard, Source, sources
-from engine.errors import UserError
-from engine.input.augmentation import Augmentation
+from engine.datasets.augmentation import Augmentation
 
 # Fixed parallelism rather than tf.data's autotuning: one batch in flight
 # and two ready keep the step fed (sources.PARALLEL_BATCHES). Autotuning
@@ -113,8 +113,7 @@ def _resized(batches: tf.data.Dataset, resizing: tuple, *, steps: int,
                                  num_parallel_calls=sources.PARALLEL_BATCHES)
 
 
-def eval_batches(source: Source, info: DatasetInfo, *,
-                 rank: int, world_size: int,
+def eval_batches(source: Source, info: DatasetInfo, *, shard: Shard,
                  batch_size: int) -> tf.data.Dataset:
   """This rank's share of the whole split, each example exactly once,
   normalized.
@@ -124,7 +123,7 @@ def eval_batches(source: Source, info: DatasetInfo, *,
   the result is exactly the whole split's.
   """
   batches = source.eval_batches(
-      info, shard=Shard(rank, world_size), batch_size=batch_size).map(
+      info, shard=shard, batch_size=batch_size).map(
           lambda images, labels: (info.normalized(images), labels),
           num_parallel_calls=sources.PARALLEL_BATCHES)
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))

@@ -18,8 +18,8 @@ import os
 import shutil
 import time
 
+from engine.core.errors import UserError
 from engine.datasets import Shard, Splits
-from engine.errors import UserError
 
 MB = 1 << 20
 

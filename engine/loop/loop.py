@@ -6,36 +6,58 @@ steps it runs actions (actions.py); the run's state has one owner
 (run_state.LoopState); a start's resources are a Session (session.py).
 engine/train.py builds the parts and runs it.
 """
+import dataclasses
 import functools
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from absl import logging
 import tensorflow as tf
 
-from engine import build
 from engine import datasets
 from engine import distributed
 from engine import tasks
 from engine.compute import ema
 from engine.compute import metrics
 from engine.compute import optimizers
+from engine.compute import precision
+from engine.compute import schedules
 from engine.compute import step as steps
+from engine.core.config import TrainConfig
+from engine.core.errors import Diverged
+from engine.datasets.augmentation import Augmentation
 from engine.distributed import elastic
-from engine.errors import Diverged
 from engine.input import data
-from engine.input.augmentation import Augmentation
 from engine.loop import actions
 from engine.loop import preemption
 from engine.loop import stopping
+from engine.loop.run_directory import RunDirectory
 from engine.loop.run_state import LoopState
 from engine.loop.run_state import RunState
 from engine.loop.session import Session
 from engine.records import report
-from engine.records.model_dir import RunDirectory
 
 # Test examples the task draws in TensorBoard each evaluated epoch.
 SAMPLES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingParts:
+  """What the loop is built from (engine.build.training_parts), in the
+  order it is built."""
+  config: TrainConfig  # as given
+  world: distributed.World
+  precision: precision.Choice  # what --mixed_precision decided at start-up
+  splits: datasets.Splits
+  staged: Optional[dict]  # --stage_dir's record, for metrics.jsonl
+  task: tasks.Task
+  model: tf.keras.Model
+  learning_rate: schedules.WarmupThenDecay
+  weight_average: Optional[ema.WeightAverage]
+  optimizer: Any
+  train_step: steps.TrainStep
+  eval_step: steps.EvalStep
+  decider: tasks.Decider
 
 
 class TrainLoop:
@@ -47,7 +69,7 @@ class TrainLoop:
   steps per epoch, the learning rate, this rank's data, who is rank 0.
   """
 
-  def __init__(self, parts: build.TrainingParts,
+  def __init__(self, parts: TrainingParts,
                user_actions: Sequence[actions.Action] = ()):
     self._config = parts.config
     self._world = parts.world
@@ -325,8 +347,8 @@ class TrainLoop:
     pictures = {}
     with ema.averaged(self._weight_average):
       val = steps.evaluate(self._eval_step, data.eval_batches(
-          self._splits.test, self._splits.info, rank=session.world.rank,
-          world_size=session.world.size,
+          self._splits.test, self._splits.info,
+          shard=datasets.Shard(session.world.rank, session.world.size),
           batch_size=self._config.training.batch_size))
       if session.directory:
         pictures = self._pictures()
@@ -340,7 +362,7 @@ class TrainLoop:
     if not tasks.defines(task, "sample_images"):
       return {}  # the task draws none
     for images, labels in data.eval_batches(
-        self._splits.test, self._splits.info, rank=0, world_size=1,
+        self._splits.test, self._splits.info, shard=datasets.Shard(0, 1),
         batch_size=SAMPLES).take(1):
       return task.sample_images(self._model, images, labels)
     return {}  # an empty test split

@@ -18,8 +18,8 @@ from absl import logging
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from engine.core import run_files
 from engine.loop import actions
-from engine.records import run_files
 from engine.records import storage
 
 

@@ -14,13 +14,13 @@ import tensorflow as tf
 from engine import distributed
 from engine.compute import metrics
 from engine.compute import precision
-from engine.config import TrainConfig
+from engine.core.config import TrainConfig
 from engine.loop import preemption
 from engine.loop import profiling
 from engine.loop import progress as progress_lib
+from engine.loop.run_directory import RunDirectory
 from engine.loop.run_state import LoopState
 from engine.records import report
-from engine.records.model_dir import RunDirectory
 
 
 class Session:

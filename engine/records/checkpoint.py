@@ -34,10 +34,10 @@ import tensorflow as tf
 
 from engine.compute import optimizers
 from engine.compute import precision
-from engine.errors import UserError
-from engine.errors import WriteFailed
-from engine.errors import first_line
-from engine.records import run_files
+from engine.core import run_files
+from engine.core.errors import first_line
+from engine.core.errors import UserError
+from engine.core.errors import WriteFailed
 from engine.records import storage
 
 RESUME_MODES = ("auto", "never")

@@ -18,7 +18,7 @@ from absl import logging
 import tensorflow as tf
 
 from engine.compute import ema
-from engine.errors import first_line
+from engine.core.errors import first_line
 from engine.records import storage
 from engine.tasks import Task
 

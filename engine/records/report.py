@@ -12,13 +12,11 @@ import os
 from typing import Optional
 
 from absl import logging
-import numpy as np
 from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins.hparams import api as hparams_api
 import tensorflow as tf
 
-from engine import runs
-from engine.records import run_files
+from engine.core import run_files
 from engine.records import storage
 
 # The Keras TensorBoard callback's layout, which users know: a run for
@@ -30,7 +28,7 @@ from engine.records import storage
 _TRAIN_SCALARS = ("learning_rate", "images_per_sec")
 # Within an epoch, every --summary_every_steps steps, in the train run.
 STEP_TAG_PREFIX = "batch_"
-# The run's figures for the HParams dashboard (runs.summary), written each
+# The run's figures for the HParams dashboard (run_files.summary), written each
 # epoch into model_dir/tensorboard itself, beside the run's hparams: the
 # best and final deciding figure (best_val_accuracy, ...) and these.
 HPARAMS_METRICS = ("seconds_to_target", "images_per_sec")
@@ -205,7 +203,7 @@ class Reporter:
       with self._tensorboard(run_files.VALIDATION_RUN) as writer:
         with writer.as_default(step=step):
           tf.summary.image(tag, image, description=description)
-    summary = runs.summary(self._records)
+    summary = run_files.summary(self._records)
     decided_by = summary["metric"]
     with self._tensorboard("") as writer:
       with writer.as_default(step=step):
@@ -305,19 +303,3 @@ def _event_records(path: str) -> list[bytes]:
     logging.warning("%s: dropped its damaged end (after %d events)", path,
                     len(records))
   return records
-
-
-def confusion_image(counts: np.ndarray, size: int = 320) -> np.ndarray:
-  """The row-normalized confusion matrix as a [1, H, W, 3] uint8 image:
-  each cell a square of pixels, white for 0 to dark blue for 1, with grey
-  lines between cells when they are large enough to show them."""
-  classes = len(counts)
-  with np.errstate(invalid="ignore", divide="ignore"):
-    shares = np.nan_to_num(counts / counts.sum(axis=1, keepdims=True))
-  cell = max(1, size // classes)
-  pixels = np.kron(shares, np.ones((cell, cell)))
-  white, blue = np.array([255.0, 255.0, 255.0]), np.array([8.0, 48.0, 107.0])
-  image = white + pixels[..., None] * (blue - white)
-  if cell >= 4:
-    image[::cell, :] = image[:, ::cell] = 160
-  return image.astype(np.uint8)[None]

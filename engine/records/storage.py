@@ -17,7 +17,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from engine.errors import WriteFailed
+from engine.core.errors import WriteFailed
 
 # Failures a user can act on, by what their messages say (TensorFlow's file
 # errors carry the system's text, not its errno).

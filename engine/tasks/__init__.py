@@ -12,10 +12,10 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from engine.core.errors import first_line
+from engine.core.errors import UserError
+from engine.core.registry import Registry
 from engine.datasets import DatasetInfo
-from engine.errors import UserError
-from engine.errors import first_line
-from engine.registry import Registry
 from engine.tasks.classification import Classification
 from engine.tasks.reconstruction import Reconstruction
 from engine.tasks.regression import Regression

@@ -7,7 +7,6 @@ same images (--eval_flip, --eval_shift) are averaged as probabilities.
 import numpy as np
 import tensorflow as tf
 
-from engine.records import report
 from engine.tasks.task import Task
 
 
@@ -67,7 +66,7 @@ class Classification(Task):
 
   def summary_images(self, sums):
     return {"confusion_matrix": (
-        report.confusion_image(sums["confusion"]),
+        confusion_image(sums["confusion"]),
         "Rows: true class, columns: predicted class, in label order "
         "(classes.txt); each row normalized, white 0 to dark blue 1.")}
 
@@ -93,3 +92,19 @@ def smoothed_cross_entropy(labels: tf.Tensor, logits: tf.Tensor,
   uniform = -tf.reduce_mean(tf.nn.log_softmax(logits), axis=-1)
   return ((1.0 - smoothing) * cross_entropy(labels, logits)
           + smoothing * uniform)
+
+
+def confusion_image(counts: np.ndarray, size: int = 320) -> np.ndarray:
+  """The row-normalized confusion matrix as a [1, H, W, 3] uint8 image:
+  each cell a square of pixels, white for 0 to dark blue for 1, with grey
+  lines between cells when they are large enough to show them."""
+  classes = len(counts)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    shares = np.nan_to_num(counts / counts.sum(axis=1, keepdims=True))
+  cell = max(1, size // classes)
+  pixels = np.kron(shares, np.ones((cell, cell)))
+  white, blue = np.array([255.0, 255.0, 255.0]), np.array([8.0, 48.0, 107.0])
+  image = white + pixels[..., None] * (blue - white)
+  if cell >= 4:
+    image[::cell, :] = image[:, ::cell] = 160
+  return image.astype(np.uint8)[None]

@@ -16,7 +16,7 @@ MSE) of the split's MSE: a ratio of sums, not a mean of per-image PSNRs.
 import numpy as np
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.tasks.task import Task
 
 LOSSES = ("mse", "mae")

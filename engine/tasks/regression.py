@@ -14,7 +14,7 @@ squared targets.
 import numpy as np
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.tasks.task import Task
 
 LOSSES = ("mse", "mae", "huber")

@@ -11,7 +11,7 @@ mean IoU, as Keras' MeanIoU and the Cityscapes benchmark compute it.
 import numpy as np
 import tensorflow as tf
 
-from engine.records import report
+from engine.tasks.classification import confusion_image
 from engine.tasks.task import Task
 
 # Tableau's 10 colours; the background (class 0) is black.
@@ -96,7 +96,7 @@ class Segmentation(Task):
 
   def summary_images(self, sums):
     return {"confusion_matrix": (
-        report.confusion_image(sums["confusion"]),
+        confusion_image(sums["confusion"]),
         "Pixels. Rows: true class, columns: predicted class, in label "
         "order (classes.txt); each row normalized, white 0 to dark blue 1.")}
 

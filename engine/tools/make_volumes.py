@@ -51,7 +51,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 FLAGS = flags.FLAGS
 

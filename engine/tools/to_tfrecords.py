@@ -30,8 +30,8 @@ import numpy as np
 import tensorflow as tf
 
 from engine import datasets
+from engine.core.errors import UserError
 from engine.datasets import ArrayRows, Examples, image_folder
-from engine.errors import UserError
 # --validation_split and --array_keys, as engine.train reads them.
 from flags import data as engine_data_flags  # noqa: F401 pylint: disable=unused-import
 

@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from engine import distributed
 from engine import train as engine_train
-from engine.errors import UserError
+from engine.core.errors import UserError
 from tests import fixtures
 
 # One epoch's checkpoint, best/ and exports fit (3.2 + 3.2 + 1.6 + 1.6

@@ -95,8 +95,8 @@ def full_split_figures(model, config) -> tuple[float, float]:
                          normalization=config.data.normalization,
                          **config.data.params)
   losses, correct = [], 0
-  for images, labels in data.eval_batches(splits.test, splits.info, rank=0,
-                                          world_size=1, batch_size=64):
+  for images, labels in data.eval_batches(
+      splits.test, splits.info, shard=datasets.Shard(0, 1), batch_size=64):
     logits = model(images, training=False)
     losses += classification.cross_entropy(labels, logits).numpy().tolist()
     correct += int(tf.reduce_sum(tf.cast(

@@ -26,11 +26,11 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from engine import errors
 from engine import train as engine_train
 from engine.compute import step as steps
+from engine.core import errors
 from engine.loop import preemption
-from engine.records import model_dir
+from engine.loop import run_directory
 from engine.records import report
 from tests import fixtures
 
@@ -78,7 +78,7 @@ def note_one_step(result, *args):
 
 watched(steps.TrainStep, "steps", note_call)
 watched(steps.TrainStep, "__call__", note_one_step)
-watched(model_dir.RunDirectory, "save", note_step(seen["saves"], 1))
+watched(run_directory.RunDirectory, "save", note_step(seen["saves"], 1))
 watched(report.Reporter, "steps", note_step(seen["summaries"], 0))
 # A stop asked for on rank 1 alone, once `stop_after` steps have run (in
 # calls of several steps or one).

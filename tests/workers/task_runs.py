@@ -26,7 +26,7 @@ import tensorflow as tf
 from engine import datasets
 from engine import train as engine_train
 from engine.compute import metrics
-from engine.errors import Diverged, UserError
+from engine.core.errors import Diverged, UserError
 from engine.input import data
 from tests import fixtures
 
@@ -42,8 +42,8 @@ def whole_split_figures(result, config) -> dict:
                          model_dir=config.training.model_dir,
                          labels=task.labels, **config.data.params)
   totals = metrics.Totals("whole_split", task)
-  for images, labels in data.eval_batches(splits.test, splits.info, rank=0,
-                                          world_size=1, batch_size=7):
+  for images, labels in data.eval_batches(
+      splits.test, splits.info, shard=datasets.Shard(0, 1), batch_size=7):
     inputs, targets = task.inputs_and_targets(images, labels)
     outputs = result.model(inputs, training=False)
     totals.update(targets, outputs, task.loss(targets, outputs))

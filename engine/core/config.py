@@ -24,7 +24,7 @@ from typing import Optional
 
 from absl import flags
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 FLAGS = flags.FLAGS
 # The config and each of its sections: frozen, since what a run was asked

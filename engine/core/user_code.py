@@ -13,8 +13,8 @@ import os
 import sys
 from typing import Callable
 
-from engine.errors import UserError
-from engine.errors import first_line
+from engine.core.errors import first_line
+from engine.core.errors import UserError
 
 
 def is_spec(name: str) -> bool:

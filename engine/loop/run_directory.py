@@ -21,16 +21,16 @@ from engine import distributed
 from engine import tasks
 from engine.compute import ema
 from engine.compute import precision
-from engine.config import TrainConfig
-from engine.errors import Diverged
-from engine.errors import UserError
-from engine.errors import WriteFailed
+from engine.core import run_files
+from engine.core.config import TrainConfig
+from engine.core.errors import Diverged
+from engine.core.errors import UserError
+from engine.core.errors import WriteFailed
 from engine.loop import preemption
 from engine.loop import stopping
 from engine.records import checkpoint
 from engine.records import export
 from engine.records import report
-from engine.records import run_files
 from engine.records import storage
 
 

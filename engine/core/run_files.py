@@ -1,10 +1,10 @@
 """What a model_dir holds: the name of every file and folder a run keeps
 there, and the small readers and writers of them that several modules share.
 
-Rank 0 writes a run's model_dir (engine.records.model_dir, engine.records.report,
-engine.records.checkpoint, ...), and a resumed start, engine.evaluate and
-engine.runs read it back. Each takes its names from here, so the layout is
-written down once:
+Rank 0 writes a run's model_dir (engine.loop.run_directory,
+engine.records.report, engine.records.checkpoint, ...), and a resumed
+start, engine.evaluate and engine.runs read it back. Each takes its names
+from here, so the layout is written down once:
 
   flags.txt              the flags of the run's first start, a flagfile
   flags.latest.txt       those of its latest start, once it has resumed
@@ -23,10 +23,12 @@ of a second.
 """
 import glob
 import json
+import math
 import os
+import statistics
 from typing import Callable, Optional
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 FLAGS_FILE = "flags.txt"
 LATEST_FLAGS_FILE = "flags.latest.txt"
@@ -209,3 +211,55 @@ def checkpoint_dir_of(prefix: str) -> str:
   if os.path.basename(directory) == BEST_DIR:
     return os.path.dirname(directory)
   return directory
+
+
+# A run's figures, from its metrics.jsonl records (engine.runs, and
+# engine.records.report for TensorBoard's HParams).
+
+
+def decided_by(records: list[dict]) -> tuple[str, bool]:
+  """The key of the figure that decided the run's best epoch, and whether
+  lower is better: the records' best_metric (val_accuracy:max for a run
+  with no records yet)."""
+  spec = records[-1].get("best_metric") if records else None
+  key, _, direction = (spec or "val_accuracy:max").partition(":")
+  return key, direction == "min"
+
+
+def summary(records: list[dict]) -> dict:
+  """A run's figures from its epoch records (in order), for the table here
+  and for TensorBoard's HParams dashboard (engine.records.report): one
+  place, so the two never disagree.
+
+  `metric` is the key of the deciding figure (val_accuracy, val_mae), and
+  `best_<metric>` and `final_<metric>` its best and last values.
+  `images_per_sec` is the median over the epochs, leaving out epoch 1 when
+  there are others: its time includes tracing the step functions. A figure
+  no record gives (no epochs yet, no --target, or not reached) is None.
+  """
+  metric, minimize = decided_by(records)
+  values = [r[metric] for r in records if is_finite(r.get(metric))]
+  timed = ([r for r in records if r.get("epoch") != 1]
+           if len(records) >= 2 else records)
+  rates = [r["images_per_sec"] for r in timed
+           if is_finite(r.get("images_per_sec"))]
+  last = records[-1] if records else {}
+  # The last evaluated epoch's (--eval_every_epochs skips some).
+  final = values[-1] if values else None
+  seconds_to_target = last.get("target_accuracy_first_seconds")
+  best = min if minimize else max
+  return {
+      "metric": metric,
+      f"best_{metric}": best(values) if values else None,
+      f"final_{metric}": final,
+      "seconds_to_target": (seconds_to_target
+                            if is_finite(seconds_to_target) else None),
+      "images_per_sec": statistics.median(rates) if rates else None,
+      "epochs": last.get("epoch", 0),
+      "world_size": last.get("world_size"),
+  }
+
+
+def is_finite(value) -> bool:
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value))

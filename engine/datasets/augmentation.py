@@ -14,7 +14,7 @@ import itertools
 
 import tensorflow as tf
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 # A volume's three axes, in each of their orders.
 _AXIS_ORDERS = tuple(itertools.permutations(range(3)))

@@ -2,9 +2,9 @@
 import inspect
 from typing import Callable
 
-from engine import user_code
-from engine.errors import UserError
-from engine.errors import first_line
+from engine.core import user_code
+from engine.core.errors import first_line
+from engine.core.errors import UserError
 
 
 class Registry:
@@ -13,7 +13,7 @@ class Registry:
   The flags of several builders share one namespace: --dropout means
   something to every model, --depth only to wrn. A builder's signature says
   which flags it takes, and the others are not its concern. A name of the
-  form `module:function` is a user's own builder (engine/user_code.py),
+  form `module:function` is a user's own builder (engine/core/user_code.py),
   passed its parameters the same way.
   """
 
