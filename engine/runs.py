@@ -1,6 +1,8 @@
 r"""A table of training runs, to compare them and see how each one ended.
 
   .venv/bin/python -m engine.runs DIR [DIR...] [--plot=FILE.png] [--scaling]
+  .venv/bin/python -m engine.runs DIR --scaling --link_gbit=10 \
+      --link_latency_us=20
 
 One line per run under the DIRs (a run is a directory, at any depth, holding
 a metrics.jsonl or, before its first epoch, a flags.txt; a DIR may be a run
@@ -10,7 +12,9 @@ by), seconds to --target,
 median images/s, processes, and the run's state (finished, stopped by a
 signal, diverged, an error, running, or ended without a word: killed).
 --scaling orders them by processes and adds each one's speedup and
-efficiency against the run with the fewest (scripts/slurm/scaling.sh).
+efficiency against the run with the fewest (scripts/slurm/scaling.sh);
+with a link between nodes (--link_gbit, --link_latency_us) it also
+predicts each run's efficiency on 8 to 512 nodes (engine/scaling.py).
 Runs whose checkpoints are of another format than this engine's, which it
 neither resumes nor evaluates, are listed like the others, with a column
 of each run's checkpoint format.
@@ -33,6 +37,7 @@ from typing import Optional
 from absl import app
 from absl import flags
 
+from engine import scaling
 from engine.core import run_files
 from engine.core.errors import UserError
 from engine.core.errors import WriteFailed
@@ -369,6 +374,20 @@ def _is_int(value) -> bool:
 # The command line.
 
 
+def _link() -> Optional[scaling.Link]:
+  """The link --link_gbit and --link_latency_us give, for --scaling's
+  predictions; None without them."""
+  given = (FLAGS.link_gbit, FLAGS.link_latency_us)
+  if given == (None, None):
+    return None
+  if None in given or not FLAGS.scaling:
+    raise UserError("--link_gbit and --link_latency_us go together, with "
+                    "--scaling: the link between nodes that the scaling "
+                    "model predicts over (e.g. --scaling --link_gbit=10 "
+                    "--link_latency_us=20)")
+  return scaling.Link.of(FLAGS.link_gbit, FLAGS.link_latency_us)
+
+
 def main(argv):
   directories = argv[1:]
   try:
@@ -378,9 +397,16 @@ def main(argv):
     if FLAGS.plot and not FLAGS.plot.lower().endswith(".png"):
       raise UserError(f"--plot={FLAGS.plot}: the plot is a PNG file; give "
                       "a path ending in .png")
+    link = _link()
     runs = {label: read_run(path)
             for label, path in find_runs(directories).items()}
     print(table(runs, scaling=FLAGS.scaling))
+    if link:
+      print(f"\nPredicted on more nodes, one process each, over "
+            f"{FLAGS.link_gbit:g} Gbit/s and {FLAGS.link_latency_us:g} us "
+            "(weak scaling, ring allreduce; engine/scaling.py):")
+      for label, run in runs.items():
+        print(scaling.described(label, scaling.measured(run.records), link))
     if FLAGS.plot:
       plot(runs, FLAGS.plot)
       print(f"wrote {FLAGS.plot}")
@@ -390,12 +416,18 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  # Defined here, not at import: engine.records.report imports this module for
-  # `summary`, and engine.train would otherwise take a --plot flag too.
+  # Defined here, not at import: a script or bench that imports this module
+  # for its table takes no flags of it.
   flags.DEFINE_string("plot", None, "A PNG file to draw the runs' validation "
                       "accuracy against training time into.")
   flags.DEFINE_bool("scaling", False, "A scaling study: the runs in order "
                     "of processes, with each one's speedup and efficiency "
                     "against the run with the fewest "
                     "(scripts/slurm/scaling.sh).")
+  flags.DEFINE_float("link_gbit", None, "With --scaling: the bandwidth in "
+                     "Gbit/s of the link between nodes, to predict each "
+                     "run's efficiency on 8 to 512 nodes over it "
+                     "(engine/scaling.py).")
+  flags.DEFINE_float("link_latency_us", None, "With --link_gbit: the "
+                     "link's latency in microseconds.")
   app.run(main)

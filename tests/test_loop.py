@@ -50,6 +50,7 @@ class FakeStep:
     self._optimizer = parts.optimizer
     self.totals = metrics.Totals("train_totals", parts.task)
     self.skipped_steps = 0
+    self.gradient_bytes = parts.train_step.gradient_bytes
     self.calls = []  # (first global step, steps taken)
     self.first_batches = []  # the labels of each call's first batch
     self._nonfinite_at = set(nonfinite_at)

@@ -50,7 +50,7 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
   state = LoopState(optimizer=tf.keras.optimizers.SGD(0.1),
                     learning_rate=lambda step: 0.1, start=committed,
                     steps_per_epoch=10, global_batch=8, world_size=1,
-                    epochs=3, best_metric="val_accuracy:max")
+                    gradient_bytes=40, epochs=3, best_metric="val_accuracy:max")
   session = Session(config=fixtures.train_config(training=dict(
                         model_dir=str(tmp_path), progress="none")),
                     precision_choice=precision.Choice(mode="none"),

@@ -105,6 +105,7 @@ class TrainStep:
     self._allreduce = dict(op=_HOROVOD_OPS[allreduce_op],
                            compression=_HOROVOD_COMPRESSIONS[compression])
     self._accumulation_steps = accumulation_steps
+    self._compression = compression
     if overlap_allreduce is None:
       overlap_allreduce = bool(tf.config.list_logical_devices("GPU"))
     # The flags and statistics must be averaged, and neither Adasum nor a
@@ -131,6 +132,16 @@ class TrainStep:
     loss scaler skipped."""
     self.totals.reset()
     self.skipped_steps = 0
+
+  @property
+  def gradient_bytes(self) -> int:
+    """The bytes of one update's gradients as the allreduce carries them
+    (float16 under --gradient_compression=fp16): what the scaling model
+    (engine/scaling.py) sends around the ring at more nodes."""
+    values = sum(variable.shape.num_elements()
+                 for variable in self.model.trainable_variables)
+    bytes_per_value = {"none": tf.float32.size, "fp16": tf.float16.size}
+    return values * bytes_per_value[self._compression]
 
   def _build_optimizer_state(self) -> None:
     optimizers.build_state(self.optimizer, self.model.trainable_variables)

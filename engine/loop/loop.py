@@ -154,6 +154,7 @@ class TrainLoop:
                       learning_rate=self._learning_rate, start=run_state,
                       steps_per_epoch=steps_per_epoch,
                       global_batch=global_batch, world_size=world.size,
+                      gradient_bytes=self._train_step.gradient_bytes,
                       epochs=training.epochs, best_metric=str(self._decider))
     if committed is None:
       # What a worker lost before the first commit would go back to.

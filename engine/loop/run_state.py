@@ -100,15 +100,17 @@ class LoopState:
 
   def __init__(self, *, optimizer, learning_rate, start: RunState,
                steps_per_epoch: int, global_batch: int, world_size: int,
-               epochs: int, best_metric: str):
+               gradient_bytes: int, epochs: int, best_metric: str):
     """`learning_rate`: the schedule of the step; `best_metric`: the
     deciding figure, as "val_accuracy:max", which each epoch's record
-    names for engine.runs."""
+    names for engine.runs; `gradient_bytes`: an update's allreduce, which
+    the records give engine.runs' scaling model."""
     self._optimizer = optimizer
     self._learning_rate = learning_rate
     self.steps_per_epoch = steps_per_epoch
     self.global_batch = global_batch
     self.world_size = world_size
+    self._gradient_bytes = gradient_bytes
     self._epochs = epochs
     self._best_metric = best_metric
     self._history = list(start.history)
@@ -206,6 +208,7 @@ class LoopState:
         # The rate of the epoch's last update.
         "learning_rate": self.learning_rate(),
         "images_per_sec": steps_run * self.global_batch / train_seconds,
+        "train_steps": steps_run,
         # Rank 0's split of the train time: a large input share means the
         # input pipeline, not the step, bounds the run.
         "input_seconds": input_seconds,
@@ -213,6 +216,8 @@ class LoopState:
         "epoch_seconds": epoch_seconds,
         "cumulative_seconds": cumulative_seconds,
         "world_size": self.world_size,
+        "global_batch": self.global_batch,
+        "gradient_bytes": self._gradient_bytes,
         "skipped_steps": skipped_steps,
         "epochs": self._epochs,
         "best_metric": self._best_metric,
