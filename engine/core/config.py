@@ -228,6 +228,7 @@ def config_from_flags() -> TrainConfig:
           name=FLAGS.model,
           params=dict(depth=FLAGS.depth, width=FLAGS.width,
                       filters=FLAGS.filters, conv_layers=FLAGS.conv_layers,
+                      kernel_size=FLAGS.kernel_size,
                       stem=FLAGS.stem, pool_first=FLAGS.pool_first,
                       dropout=FLAGS.dropout,
                       weight_decay=FLAGS.weight_decay)),
