@@ -309,7 +309,8 @@ def learning_rate_schedule(config: TrainConfig) -> schedules.WarmupThenDecay:
       warmup_epochs=optimization.warmup_epochs,
       decay=optimization.lr_schedule, epochs=config.training.epochs,
       decay_epochs=optimization.lr_decay_epochs,
-      decay_factor=optimization.lr_decay_factor)
+      decay_factor=optimization.lr_decay_factor,
+      decay_table=optimization.lr_decay_table)
 
 
 def optimizer_and_step(config: TrainConfig, mode: str, task: tasks.Task,

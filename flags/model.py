@@ -2,7 +2,7 @@
 from absl import flags
 
 import models
-from models import resnet9
+from models import cosmoflow, resnet9
 
 flags.DEFINE_string(
     "model", "cnn",
@@ -42,6 +42,10 @@ flags.DEFINE_integer("conv_layers", 0,
                      "cosmoflow: convolution blocks (Conv3D, LeakyReLU, "
                      "MaxPool3D); 0: as many as the volume's size allows, "
                      "at most 5 (the reference's).", lower_bound=0)
+flags.DEFINE_integer("kernel_size", cosmoflow.KERNEL_SIZE,
+                     "cosmoflow: the side of each Conv3D's cubic kernel (3, "
+                     "the MLPerf HPC reference's today; its v0.7 built 2).",
+                     lower_bound=1)
 flags.DEFINE_float("dropout", 0.0, "Dropout rate inside the model.",
                    lower_bound=0.0, upper_bound=0.95)
 flags.DEFINE_float("weight_decay", 0.0,

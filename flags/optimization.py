@@ -23,13 +23,23 @@ flags.DEFINE_float("warmup_epochs", 0.0,
                    lower_bound=0.0)
 flags.DEFINE_enum("lr_schedule", "constant", schedules.DECAYS,
                   "After warmup: constant; step (x --lr_decay_factor at each "
-                  "of --lr_decay_epochs); cosine or linear (to 0 at the "
+                  "of --lr_decay_epochs); table (x the factor of "
+                  "--lr_decay_table's last epoch before this one, "
+                  "MLPerf HPC CosmoFlow's); cosine or linear (to 0 at the "
                   "last step; after warmup, linear is one-cycle's shape).")
 flags.DEFINE_list("lr_decay_epochs", ["15", "25", "35"],
                   "step schedule: epochs (counted from the start) at which "
                   "the rate is multiplied by --lr_decay_factor.")
 flags.DEFINE_float("lr_decay_factor", 0.1, "step schedule: the multiplier.",
                    lower_bound=0.0)
+flags.DEFINE_string(
+    "lr_decay_table", "",
+    "table schedule: EPOCH:FACTOR,... with epochs counted from 0 and "
+    "increasing, e.g. CosmoFlow's 32:0.25,64:0.125: the rate is the peak x "
+    "FACTOR from the epoch after EPOCH on (from epoch 33, the 34th, for "
+    "32), as the reference's Keras LearningRateScheduler applies its "
+    "decay_schedule; the factors replace each other, they do not "
+    "compound.")
 flags.DEFINE_float("label_smoothing", 0.0,
                    "Train against targets with this share of the "
                    "probability spread over all classes (0.1 is common); "
@@ -51,3 +61,9 @@ def _decay_epochs_are_integers(values):
 flags.register_validator("lr_decay_epochs", _decay_epochs_are_integers,
                          "must be a comma-separated list of epoch numbers, "
                          "e.g. 15,25,35")
+
+
+def decay_table(text: str) -> tuple:
+  """--lr_decay_table as ((epoch, factor), ...), or a UserError naming it
+  (engine.compute.schedules.decay_table)."""
+  return schedules.decay_table(text)

@@ -124,6 +124,10 @@ def test_corrupt_gzip(data_dir, tmp_path, fails_with):
      "--min-np M"),
     ("--progressive_resizing=20:3,16:2", "flag --progressive_resizing=['20:3',"
      " '16:2']: must be SIDE:EPOCHS stages"),
+    ("--kernel_size=0", "flag --kernel_size=0: 0 is not"),
+    ("--lr_schedule=table --lr_decay_table=64:0.1,32:0.2",
+     "--lr_decay_table=64:0.1,32:0.2: its epochs must increase"),
+    ("--lr_schedule=table", "--lr_schedule=table needs --lr_decay_table="),
     ("--image_mean=1,2", "--image_mean and --image_std go together"),
     ("--image_mean=x --image_std=1", "--image_mean=x --image_std=1: give "
      "numbers, one per channel"),

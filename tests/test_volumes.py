@@ -451,6 +451,19 @@ def test_cosmoflow_takes_its_depth_and_refuses_images():
     models.build("cosmoflow", input_shape=(28, 28, 1), num_classes=10)
 
 
+def test_cosmoflow_builds_the_references_kernel_unless_told():
+  def kernels(**params):
+    model = models.build("cosmoflow", input_shape=(16, 16, 16, 1),
+                         num_classes=4, filters=2, **params)
+    return {l.kernel_size for l in model.layers
+            if isinstance(l, tf.keras.layers.Conv3D)}
+  assert kernels() == {(3, 3, 3)}  # mlcommons/hpc's configs/cosmo.yaml
+  assert kernels(kernel_size=2) == {(2, 2, 2)}  # its v0.7's
+  with pytest.raises(UserError, match=r"^--kernel_size=0: the Conv3D "
+                     "kernel's side is at least 1"):
+    kernels(kernel_size=0)
+
+
 # From the command line.
 
 

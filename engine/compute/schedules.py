@@ -12,7 +12,8 @@ import tensorflow as tf
 from engine.core.errors import UserError
 
 SCALINGS = ("linear", "sqrt", "none")
-DECAYS = ("constant", "step", "cosine", "linear")
+DECAYS = ("constant", "step", "table", "cosine", "linear")
+TABLE_EXAMPLE = "32:0.25,64:0.125"  # MLPerf HPC CosmoFlow's decay_schedule
 
 
 def scaled_rate(base_lr: float, world_size: int, scaling: str) -> float:
@@ -33,16 +34,58 @@ def scaled_rate(base_lr: float, world_size: int, scaling: str) -> float:
                   f"{', '.join(SCALINGS)}")
 
 
+def decay_table(text: str) -> tuple:
+  """--lr_decay_table's EPOCH:FACTOR,... as ((epoch, factor), ...), or a
+  UserError naming the flag: epochs whole and increasing, factors
+  positive."""
+  table = []
+  for entry in filter(None, (e.strip() for e in text.split(","))):
+    epoch, _, factor = entry.partition(":")
+    try:
+      if not epoch.strip().isdigit():
+        raise ValueError(epoch)
+      table.append((int(epoch), float(factor)))
+    except ValueError:
+      raise UserError(f"--lr_decay_table={text}: {entry!r} is not "
+                      "EPOCH:FACTOR; give whole epochs and factors, e.g. "
+                      f"{TABLE_EXAMPLE}") from None
+  check_table(tuple(table), text)
+  return tuple(table)
+
+
+def check_table(table: tuple, text: str = "") -> None:
+  """A UserError unless `table`'s epochs increase and its factors are
+  positive (finite: a rate of infinity is no rate)."""
+  text = text or ",".join(f"{e}:{f:g}" for e, f in table)
+  epochs = [epoch for epoch, _ in table]
+  if epochs != sorted(set(epochs)) or (epochs and epochs[0] < 0):
+    raise UserError(f"--lr_decay_table={text}: its epochs must increase, "
+                    f"each once, from 0 on, e.g. {TABLE_EXAMPLE}")
+  bad = [factor for _, factor in table if not 0 < factor < math.inf]
+  if bad:
+    raise UserError(f"--lr_decay_table={text}: factor {bad[0]:g}: each "
+                    "factor must be a positive number (it multiplies the "
+                    "peak rate)")
+
+
 class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
-  """Gradual warmup from base_lr to the scaled rate, then constant, step or
-  cosine decay.
+  """Gradual warmup from base_lr to the scaled rate, then constant, step,
+  table, cosine or linear decay.
 
   Warmup (Goyal et al. 2017; Horovod's LearningRateWarmupCallback) raises the
   rate linearly per step, from the one-process rate at step 0 to the scaled
   rate after `warmup_epochs`, so a large global batch does not start with a
   large step from random weights. Step decay multiplies the rate by
   `decay_factor` at each epoch listed in `decay_epochs` (counted from the
-  start of training, as the lab's 15, 25, 35); cosine and linear decay fall
+  start of training, as the lab's 15, 25, 35), so factors compound. A
+  table, `decay_table` ((epoch, factor), ...), is MLPerf HPC CosmoFlow's
+  `decay_schedule` as its reference applies it (mlcommons/hpc,
+  cosmoflow/utils/optimizers.py, through Keras' LearningRateScheduler,
+  which counts epochs from 0): the rate is the peak x the factor of the
+  last key before the current epoch, so `32: 0.25` makes the peak rule
+  epochs 0-32 and a quarter of it epoch 33 on (the 34th), a step later than
+  `decay_epochs=32` would; the factors replace each other, they do not
+  compound (`64: 0.125` is an eighth of the peak). Cosine and linear decay fall
   from the peak after warmup to 0 at the end of `epochs`, per step
   (warmup then linear decay is the one-cycle schedule's shape).
 
@@ -57,12 +100,17 @@ class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
 
   def __init__(self, *, base_lr: float, scaling: str, warmup_epochs: float,
                decay: str, epochs: int, decay_epochs=(),
-               decay_factor: float = 0.1):
+               decay_factor: float = 0.1, decay_table=()):
     super().__init__()
     scaled_rate(base_lr, 1, scaling)  # an unknown scaling fails here, early
     if decay not in DECAYS:
       raise UserError(f"--lr_schedule={decay} is unknown; choose one of "
                       f"{', '.join(DECAYS)}")
+    if decay == "table" and not decay_table:
+      raise UserError("--lr_schedule=table needs --lr_decay_table=EPOCH:"
+                      f"FACTOR,..., e.g. the CosmoFlow reference's "
+                      f"{TABLE_EXAMPLE}")
+    check_table(tuple(decay_table))
     if decay in ("cosine", "linear") and epochs <= warmup_epochs:
       raise UserError(f"--lr_schedule={decay} needs more epochs than "
                       "--warmup_epochs")
@@ -73,6 +121,7 @@ class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
     self.epochs = epochs
     self.decay_epochs = tuple(decay_epochs)
     self.decay_factor = decay_factor
+    self.decay_table = tuple((int(e), float(f)) for e, f in decay_table)
     self.world_size = 0  # set_world() must come first
     variable = lambda name: tf.Variable(0.0, trainable=False, name=name)
     self._peak_lr = variable("peak_lr")
@@ -111,6 +160,14 @@ class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
       passed = tf.add_n([tf.cast(epoch >= e, tf.float32)
                          for e in self.decay_epochs] or [tf.zeros([])])
       return self._peak_lr * tf.pow(self.decay_factor, passed)
+    if self.decay == "table":
+      # Boundaries in steps, compared with the step itself: exact wherever
+      # float32 counts steps exactly (below 2^24).
+      factor = tf.ones([])
+      for epoch, value in self.decay_table:
+        after = step >= (epoch + 1) * self._steps_per_epoch
+        factor = tf.where(after, tf.constant(value, tf.float32), factor)
+      return self._peak_lr * factor
     if self.decay in ("cosine", "linear"):
       fraction = ((step - self._warmup_steps)
                   / (self._total_steps - self._warmup_steps))
@@ -124,4 +181,4 @@ class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
     return dict(base_lr=self.base_lr, scaling=self.scaling,
                 warmup_epochs=self.warmup_epochs, decay=self.decay,
                 epochs=self.epochs, decay_epochs=self.decay_epochs,
-                decay_factor=self.decay_factor)
+                decay_factor=self.decay_factor, decay_table=self.decay_table)

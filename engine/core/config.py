@@ -80,6 +80,7 @@ class OptimizationConfig:
   lr_schedule: str
   lr_decay_epochs: tuple
   lr_decay_factor: float
+  lr_decay_table: tuple  # ((epoch, factor), ...): the table schedule's
   momentum: float
   nesterov: bool
   label_smoothing: float
@@ -228,6 +229,7 @@ def config_from_flags() -> TrainConfig:
           name=FLAGS.model,
           params=dict(depth=FLAGS.depth, width=FLAGS.width,
                       filters=FLAGS.filters, conv_layers=FLAGS.conv_layers,
+                      kernel_size=FLAGS.kernel_size,
                       stem=FLAGS.stem, pool_first=FLAGS.pool_first,
                       dropout=FLAGS.dropout,
                       weight_decay=FLAGS.weight_decay)),
@@ -243,7 +245,10 @@ def config_from_flags() -> TrainConfig:
           lr_scaling=FLAGS.lr_scaling, warmup_epochs=FLAGS.warmup_epochs,
           lr_schedule=FLAGS.lr_schedule,
           lr_decay_epochs=tuple(int(e) for e in FLAGS.lr_decay_epochs),
-          lr_decay_factor=FLAGS.lr_decay_factor, momentum=FLAGS.momentum,
+          lr_decay_factor=FLAGS.lr_decay_factor,
+          lr_decay_table=engine_flags.optimization.decay_table(
+              FLAGS.lr_decay_table),
+          momentum=FLAGS.momentum,
           nesterov=FLAGS.nesterov, label_smoothing=FLAGS.label_smoothing,
           ema_decay=FLAGS.ema_decay),
       training=TrainingConfig(
