@@ -18,7 +18,8 @@ flagfile from flags/), this trains with `model.fit` and
   and Keras' `MeanAbsoluteError` as its metric: CosmoFlow's reference
   (mlcommons/hpc) trains this way;
 - a moving average of the weights through the optimizer's own `use_ema`;
-- Horovod's callbacks: rank 0's weights broadcast, metrics averaged.
+- Horovod's callbacks: rank 0's weights broadcast, metrics averaged;
+- --steps_per_call as Keras' `steps_per_execution`.
 
 After each epoch a callback evaluates the test split as the engine does
 (BatchNorm statistics averaged across ranks, the averaged weights swapped
@@ -103,9 +104,12 @@ def main(argv):
     optimizer.ema_momentum = optimization.ema_decay
   optimizer = hvd.DistributedOptimizer(optimizer)
   optimizer.learning_rate = learning_rate
+  # --steps_per_call as Keras' own: that many steps in one call of its
+  # train function.
   model.compile(
       optimizer=optimizer,
-      loss=loss, metrics=[metric])
+      loss=loss, metrics=[metric],
+      steps_per_execution=config.performance.steps_per_call)
   model.fit(batches, epochs=training.epochs, steps_per_epoch=steps_per_epoch,
             verbose=0, callbacks=[
                 hvd.callbacks.BroadcastGlobalVariablesCallback(0),

@@ -309,7 +309,8 @@ def _data_params_from_flags() -> dict:
               array_keys=tuple(FLAGS.array_keys),
               tfrecord_features=FLAGS.tfrecord_features,
               tfrecord_compression=FLAGS.tfrecord_compression,
-              log_transform=FLAGS.log_transform)
+              log_transform=FLAGS.log_transform,
+              cache_records=FLAGS.cache_records)
 
 
 def _normalization_from_flags() -> Optional[tuple]:

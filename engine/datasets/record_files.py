@@ -10,6 +10,7 @@ CosmoFlow's volumes, decoded as stored and augmented by the batch.
 import dataclasses
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from engine.core.errors import UserError
@@ -39,6 +40,9 @@ class RecordFiles(Source):
   label_offset: int = 0  # subtracted from stored labels (1 for 1-based)
   features: Any = None   # a record_features.FeatureSpec
   compression: str = ""  # TensorFlow's compression_type: "", GZIP, ZLIB
+  # Declared features: this rank's records decoded once, at the start of
+  # training, and held in memory (--cache_records).
+  cache: bool = False
 
   stageable = True  # each rank reads whole files of its own
 
@@ -61,6 +65,11 @@ class RecordFiles(Source):
     steps."""
     files = tf.constant(self.rank_files(shard))
     layout = self._layout(info)
+    records = self._records
+    if self.cache and self.features:
+      records = _Decoded(self.rank_files(shard), self.features,
+                         self.compression).records
+      layout.decoded = True
 
     def epoch_batches(key):
       def one_pass(index):
@@ -68,7 +77,7 @@ class RecordFiles(Source):
         pass_key = tf.random.experimental.stateless_fold_in(key, index)
         order = tf.random.experimental.stateless_shuffle(files, pass_key)
         return layout.shuffled(
-            self._records(tf.data.Dataset.from_tensor_slices(order)),
+            records(tf.data.Dataset.from_tensor_slices(order)),
             pass_key, epochs.seed)
 
       examples = layout.training_examples(
@@ -92,10 +101,8 @@ class RecordFiles(Source):
 
   def _records(self, files: tf.data.Dataset) -> tf.data.Dataset:
     """(file, index, record) of the files' records, several files at once."""
-    return files.interleave(
-        lambda file: record_features.records(file, self.compression),
-        cycle_length=PARALLEL_FILES, num_parallel_calls=PARALLEL_FILES,
-        deterministic=True)
+    return _interleaved(files, lambda file: record_features.records(
+        file, self.compression))
 
   def _layout(self, info: DatasetInfo):
     """How the records are decoded, shuffled and augmented: as their
@@ -105,6 +112,55 @@ class RecordFiles(Source):
           self.features, info,
           records_per_file=info.num_train / len(self.files))
     return _EncodedImages(self.label_offset, info)
+
+
+def _interleaved(files: tf.data.Dataset, records) -> tf.data.Dataset:
+  """`records(file)` of each file, several files at once, in an order that
+  depends on the files' alone."""
+  return files.interleave(records, cycle_length=PARALLEL_FILES,
+                          num_parallel_calls=PARALLEL_FILES,
+                          deterministic=True)
+
+
+class _Decoded:
+  """One rank's records of declared features, decoded (and checked) once
+  and held in memory as stored (CosmoFlow's int16 volumes: 256 KB each at
+  32^3 x 4): `records` gives (file, index, input, label) in the order the
+  files' own records would come in, so a run reads the very batches it
+  would have streamed, without decompressing and parsing each epoch."""
+
+  def __init__(self, files, spec, compression: str):
+    decoded = tf.data.Dataset.from_tensor_slices(list(files)).flat_map(
+        lambda file: record_features.records(file, compression)).map(
+            lambda file, index, record: (file, *spec.decode(file, index,
+                                                            record)),
+            num_parallel_calls=sources.decode_parallelism(),
+            deterministic=True)
+    inputs, labels, counts = [], [], dict.fromkeys(files, 0)
+    for file, values, label in decoded.as_numpy_iterator():
+      inputs.append(values)
+      labels.append(label)
+      counts[file.decode()] += 1
+    counts = [counts[file] for file in files]
+    starts = np.cumsum([0] + counts[:-1])
+    self._files = tf.constant(files)
+    self._starts = tf.constant(starts, tf.int64)
+    self._counts = tf.constant(counts, tf.int64)
+    # Variables, not constants: the data sets that read them hold a handle
+    # instead of a copy in their graphs.
+    self._inputs = tf.Variable(np.stack(inputs), trainable=False)
+    self._labels = tf.Variable(np.stack(labels), trainable=False)
+
+  def records(self, files: tf.data.Dataset) -> tf.data.Dataset:
+    def of_file(file):
+      at = tf.argmax(tf.cast(tf.equal(self._files, file), tf.int32))
+      start = self._starts[at]
+      return tf.data.Dataset.range(self._counts[at]).map(
+          lambda index: (file, index,
+                         self._inputs.sparse_read(start + index),
+                         self._labels.sparse_read(start + index)))
+
+    return _interleaved(files, of_file)
 
 
 class _EncodedImages:
@@ -182,6 +238,7 @@ class _DeclaredFeatures:
   augmented as those read by index are."""
 
   def __init__(self, spec, info: DatasetInfo, *, records_per_file: float):
+    self.decoded = False  # records come decoded (_Decoded), or serialized
     self._spec = spec
     self._info = info
     self._records_per_file = records_per_file
@@ -203,6 +260,8 @@ class _DeclaredFeatures:
   def training_examples(self, records: tf.data.Dataset, key,
                         augmentation: Augmentation) -> tf.data.Dataset:
     del key, augmentation  # the batches are augmented
+    if self.decoded:
+      return records.map(lambda file, index, inputs, label: (inputs, label))
     return records.map(self._spec.decode,
                        num_parallel_calls=sources.decode_parallelism())
 

@@ -39,11 +39,14 @@ TEST_PREFIXES = ("validation", "test")
 def load(*, data_dir: str, image_size: int, num_classes: int,
          label_offset: int, train_examples: int, test_examples: int,
          tfrecord_features: str = "", tfrecord_compression: str = "auto",
-         log_transform: bool = False, normalization=None) -> Splits:
+         log_transform: bool = False, cache_records: bool = False,
+         normalization=None) -> Splits:
   """Example counts of 0 are counted by reading the files once (records
   of declared features are checked against the spec then).
   `normalization` is (mean, std) to use rather than ImageNet's, or than
-  those measured on a sample of declared features' inputs."""
+  those measured on a sample of declared features' inputs.
+  `cache_records`: each rank's training records of declared features
+  decoded once and held in memory (engine/datasets/record_files.py)."""
   if not data_dir:
     raise UserError("--dataset=tfrecord needs --data_dir=DIR holding train-* "
                     "and validation-* TFRecord files")
@@ -60,7 +63,11 @@ def load(*, data_dir: str, image_size: int, num_classes: int,
                      compression=record_features.compression_of(
                          train, tfrecord_compression),
                      transform="log1p" if log_transform else "",
-                     normalization=normalization)
+                     normalization=normalization, cache=cache_records)
+  if cache_records:
+    raise UserError("--cache_records: for TFRecords of declared features "
+                    "(--tfrecord_features, features.txt), not ImageNet's "
+                    "layout of encoded images")
   if log_transform:
     raise UserError("--log_transform: for TFRecords of declared features "
                     "(--tfrecord_features, features.txt), not ImageNet's "
@@ -80,7 +87,7 @@ def load(*, data_dir: str, image_size: int, num_classes: int,
 def _declared(spec: record_features.FeatureSpec, train, test, *,
               class_names, num_classes: int, train_examples: int,
               test_examples: int, compression: str, transform: str,
-              normalization) -> Splits:
+              normalization, cache: bool) -> Splits:
   """The splits of records of declared features; the inputs' statistics
   (and float targets') measured on a sample of the training records."""
   label = spec.label
@@ -100,7 +107,8 @@ def _declared(spec: record_features.FeatureSpec, train, test, *,
     statistics = record_features.statistics(train, spec, compression,
                                             info.transformed)
   return Splits(
-      train=RecordFiles(train, features=spec, compression=compression),
+      train=RecordFiles(train, features=spec, compression=compression,
+                        cache=cache),
       test=RecordFiles(test, features=spec, compression=compression),
       info=dataclasses.replace(info, **statistics))
 
