@@ -56,8 +56,10 @@ _REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(
 
 
 class MLPerfLog:
-  """Rank 0's MLPerf HPC log; `MLPerfLog.requested` gives one that does
-  nothing when --mlperf_log is not given (or on the other ranks)."""
+  """The run's MLPerf HPC log. Built on every rank alike (what it logs is
+  every rank's); only rank 0's RunDirectory starts it, so rank 0 alone
+  writes. `MLPerfLog.requested` gives one that writes nothing without
+  --mlperf_log."""
 
   def __init__(self, config: TrainConfig, *, began: float,
                world: distributed.World, info: datasets.DatasetInfo,
