@@ -120,7 +120,7 @@ class MLPerfLog:
     optimization = self._config.optimization
     model, training = self._config.model.params, self._config.training
     micro_batches = self._config.performance.grad_accum_steps
-    step = optimization.lr_schedule == "step"
+    boundaries, factor = _decay(optimization)
     hosts, per_host = distributed.hosts()
     peak_lr = schedules.scaled_rate(optimization.base_lr, self._world.size,
                                     optimization.lr_scaling)
@@ -137,17 +137,14 @@ class MLPerfLog:
         ACCELERATORS_PER_NODE: per_host if self._world.device == "GPU" else 0,
         constants.OPT_NAME: optimization.optimizer,
         # Warmup rises from --base_lr to it times the factor (the rate
-        # --lr_scaling gives these processes), then step decay multiplies
-        # it by the decay factor at each boundary.
+        # --lr_scaling gives these processes); then the decay (_decay).
         constants.OPT_BASE_LR: optimization.base_lr,
         constants.OPT_LR_WARMUP_EPOCHS: optimization.warmup_epochs,
         constants.OPT_LR_WARMUP_FACTOR: (peak_lr / optimization.base_lr
                                          if optimization.base_lr else 1.0),
         constants.OPT_LR_DECAY_SCHEDULE: optimization.lr_schedule,
-        constants.OPT_LR_DECAY_BOUNDARY_EPOCHS:
-            list(optimization.lr_decay_epochs) if step else [],
-        constants.OPT_LR_DECAY_FACTOR:
-            optimization.lr_decay_factor if step else 1.0,
+        constants.OPT_LR_DECAY_BOUNDARY_EPOCHS: boundaries,
+        constants.OPT_LR_DECAY_FACTOR: factor,
         DROPOUT: model.get("dropout", 0.0),
         constants.OPT_WEIGHT_DECAY: model.get("weight_decay", 0.0),
     }
@@ -255,6 +252,20 @@ class _FileHandler(python_logging.FileHandler):
 
   def handleError(self, record):
     raise  # pylint: disable=misplaced-bare-raise  (emit's, being handled)
+
+
+def _decay(optimization) -> tuple[list, object]:
+  """The decay's boundaries and factor as MLPerf names them: --lr_schedule=
+  step's epochs and factor (which compounds at each); table's epochs and
+  their factors of the peak, as the CosmoFlow reference's decay_schedule
+  gives them (epochs from 0, each applying from the next); none and 1 for
+  a schedule without boundaries."""
+  if optimization.lr_schedule == "step":
+    return list(optimization.lr_decay_epochs), optimization.lr_decay_factor
+  if optimization.lr_schedule == "table":
+    return ([epoch for epoch, _ in optimization.lr_decay_table],
+            [factor for _, factor in optimization.lr_decay_table])
+  return [], 1.0
 
 
 def _ms(seconds: float) -> int:
