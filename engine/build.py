@@ -33,6 +33,7 @@ from engine.datasets.augmentation import Augmentation
 from engine.input import data
 from engine.input import staging
 from engine.loop.loop import TrainingParts
+from engine.records import mlperf
 from engine.records import report
 from models import whitening
 import models
@@ -411,6 +412,7 @@ def _describe(world: distributed.World, kernels: str) -> str:
 
 def training_parts(config: TrainConfig) -> TrainingParts:
   """The parts of a training run, built on every rank alike."""
+  began = time.time()  # MLPerf's init_start (--mlperf_log)
   # Distributed setup (Horovod, this process's device and cores), the data
   # set every rank reads its own shard of, and the model.
   world, choice, splits, task, model = prepare(config)
@@ -432,14 +434,18 @@ def training_parts(config: TrainConfig) -> TrainingParts:
   optimizer, train_step = optimizer_and_step(config, choice.mode, task,
                                              model, learning_rate,
                                              weight_average)
+  # The validation figure that decides best/, early stopping and --target.
+  decides = decider(config, task)
   parts = TrainingParts(
       config=config, world=world, precision=choice, splits=splits,
       staged=staged, task=task,
       model=model, learning_rate=learning_rate,
       weight_average=weight_average, optimizer=optimizer,
       train_step=train_step, eval_step=eval_step(config, task, model),
-      # The validation figure that decides best/, early stopping and
-      # --target.
-      decider=decider(config, task))
+      decider=decides,
+      # Rank 0 writes it (from RunDirectory.open); a no-op without the flag.
+      mlperf=mlperf.MLPerfLog.requested(config, began=began, world=world,
+                                        info=info, staged=staged,
+                                        decider=decides))
   describe_numerics(config, choice, world)
   return parts

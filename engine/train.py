@@ -60,8 +60,9 @@ def train(config: TrainConfig,
   try:
     history = (elastic.restarting(loop)(state)
                if parts.config.faults.elastic else loop(state))
-    # Whoever is rank 0 at the end exports; every rank learns if it failed.
-    distributed.on_chief(loop.directory.export if distributed.is_chief()
+    # Whoever is rank 0 at the end ends the MLPerf log and exports; every
+    # rank learns if it failed.
+    distributed.on_chief(loop.directory.finish if distributed.is_chief()
                          else None, name="export")
   except BaseException as e:
     if loop.directory:  # rank 0's (Horovod may be shut down: no hvd.rank())

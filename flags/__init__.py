@@ -3,17 +3,18 @@
 Importing this package defines them all. `--helpfull` lists them grouped by
 these modules: flags.data, flags.model, flags.task, flags.optimization, flags.training,
 flags.checkpoints, flags.faults, flags.elastic, flags.devices,
-flags.performance, flags.profiling. Their defaults are the CPU preset
+flags.performance, flags.profiling, flags.mlperf. Their defaults are the CPU preset
 (flags/fashion_mnist_cpu.cfg): with no flags at all, the engine trains a
 small CNN on Fashion-MNIST to over 90% test accuracy in minutes.
 """
 from absl import flags as absl_flags
 
-from flags import (checkpoints, data, devices, elastic, faults, model,
-                   optimization, performance, profiling, task, training)
+from flags import (checkpoints, data, devices, elastic, faults, mlperf,
+                   model, optimization, performance, profiling, task,
+                   training)
 
 _MODULES = (data, model, task, optimization, training, checkpoints, faults,
-            elastic, devices, performance, profiling)
+            elastic, devices, performance, profiling, mlperf)
 
 
 def as_flagfile() -> str:

@@ -65,7 +65,7 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
     record = state.end_epoch(
         metrics.Result(figures=dict(loss=0.6, accuracy=0.8), examples=5),
         None, train_seconds=1.0, input_seconds=0.0, step_seconds=1.0,
-        skipped_steps=0)
+        eval_seconds=None, skipped_steps=0)
     assert record["cumulative_seconds"] >= 100.0
     assert record["epoch_seconds"] == pytest.approx(
         record["cumulative_seconds"] - 60.0)

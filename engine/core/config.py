@@ -154,6 +154,18 @@ class ProfilingConfig:
 
 
 @dataclasses.dataclass(**_SECTION)
+class MLPerfConfig:
+  """The MLPerf HPC log rank 0 writes, and the submission it names."""
+  log: str  # the file; "": none
+  benchmark: str
+  division: str
+  status: str
+  org: str
+  platform: str  # "": this host's name
+  cache_clear: bool  # as the job says: the engine clears no cache
+
+
+@dataclasses.dataclass(**_SECTION)
 class TrainConfig:
   """Everything a run was asked to do, by concern (see flags/ for the
   meanings)."""
@@ -167,6 +179,7 @@ class TrainConfig:
   devices: DeviceConfig
   performance: PerformanceConfig
   profiling: ProfilingConfig
+  mlperf: MLPerfConfig
   command_line: str  # the flags as a flagfile, recorded in model_dir
 
   def replace(self, **changes) -> "TrainConfig":
@@ -214,6 +227,10 @@ def config_from_flags() -> TrainConfig:
   if FLAGS.target and FLAGS.target_accuracy:
     raise UserError("--target and --target_accuracy: give one (--target is "
                     "for any figure, --target_accuracy for val_accuracy)")
+  if FLAGS.mlperf_log and FLAGS.elastic:
+    raise UserError("--mlperf_log with --elastic: an MLPerf run keeps its "
+                    "processes, and rank 0 writes its log; log without "
+                    "--elastic")
   return TrainConfig(
       data=DataConfig(
           name=FLAGS.dataset, dir=FLAGS.data_dir,
@@ -287,6 +304,11 @@ def config_from_flags() -> TrainConfig:
                               if FLAGS.profile_steps),
           profile_all_ranks=FLAGS.profile_all_ranks,
           horovod_timeline=FLAGS.horovod_timeline),
+      mlperf=MLPerfConfig(
+          log=FLAGS.mlperf_log, benchmark=FLAGS.mlperf_benchmark,
+          division=FLAGS.mlperf_division, status=FLAGS.mlperf_status,
+          org=FLAGS.mlperf_org, platform=FLAGS.mlperf_platform,
+          cache_clear=FLAGS.mlperf_cache_clear),
       command_line=engine_flags.as_flagfile())
 
 

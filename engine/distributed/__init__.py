@@ -227,6 +227,12 @@ def _started_by_mpi() -> bool:
              ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"))
 
 
+def hosts() -> tuple[int, int]:
+  """(hosts, processes on this one): Horovod's cross and local sizes, as
+  seen from this process (the same everywhere on hosts of equal slots)."""
+  return hvd.cross_size(), hvd.local_size()
+
+
 def is_chief() -> bool:
   """The one process that logs, writes files and owns checkpoints."""
   return hvd.rank() == 0

@@ -35,6 +35,7 @@ from engine.loop.run_directory import RunDirectory
 from engine.loop.run_state import LoopState
 from engine.loop.run_state import RunState
 from engine.loop.session import Session
+from engine.records import mlperf
 from engine.records import report
 
 # Test examples the task draws in TensorBoard each evaluated epoch.
@@ -58,6 +59,7 @@ class TrainingParts:
   train_step: steps.TrainStep
   eval_step: steps.EvalStep
   decider: tasks.Decider
+  mlperf: mlperf.MLPerfLog  # --mlperf_log's, which rank 0 writes
 
 
 class TrainLoop:
@@ -83,6 +85,7 @@ class TrainLoop:
     self._weight_average = parts.weight_average
     self._decider = parts.decider
     self._staged = parts.staged  # the staging's record, for metrics.jsonl
+    self._mlperf = parts.mlperf
     # The early stopping count, with --target and --patience.
     training = self._config.training
     self._stop = stopping.Target(training.target, training.patience,
@@ -195,7 +198,8 @@ class TrainLoop:
           optimizer=self._optimizer, info=self._splits.info,
           task=self._train_step.task, decider=self._decider,
           lr_factor=self._learning_rate.factor,
-          weight_average=self._weight_average, stop=self._stop)
+          weight_average=self._weight_average, stop=self._stop,
+          mlperf=self._mlperf)
     directory = self.directory if chief else None
     if committed is not None:
       position = committed.position
@@ -346,7 +350,7 @@ class TrainLoop:
     """The whole test split, each rank its shard, reduced exactly; and on
     rank 0 the task's pictures of the first few test examples."""
     pictures = {}
-    with ema.averaged(self._weight_average):
+    with session.times.evaluation(), ema.averaged(self._weight_average):
       val = steps.evaluate(self._eval_step, data.eval_batches(
           self._splits.test, self._splits.info,
           shard=datasets.Shard(session.world.rank, session.world.size),
@@ -378,6 +382,7 @@ class TrainLoop:
         train, val, train_seconds=train_seconds,
         input_seconds=session.times.input_seconds,
         step_seconds=session.times.step_seconds,
+        eval_seconds=session.times.eval_seconds if val else None,
         skipped_steps=self._train_step.skipped_steps)
     stop_now = bool(val) and self._stop.update(
         epoch=record["epoch"], value=val.figures[self._decider.figure],

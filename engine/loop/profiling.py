@@ -24,7 +24,8 @@ from engine.records import storage
 
 
 class EpochTimes:
-  """Seconds this rank spent waiting for input and in the step, per epoch.
+  """Seconds this rank spent waiting for input and in the step, per epoch,
+  and evaluating after it.
 
   The step's time includes waiting in the allreduce for slower ranks, and
   it is complete: the step returns a value read on the host, so its work
@@ -37,6 +38,7 @@ class EpochTimes:
   def reset(self) -> None:
     self.input_seconds = 0.0
     self.step_seconds = 0.0
+    self.eval_seconds = 0.0
 
   @contextlib.contextmanager
   def input(self):
@@ -49,6 +51,12 @@ class EpochTimes:
     start = time.perf_counter()
     yield
     self.step_seconds += time.perf_counter() - start
+
+  @contextlib.contextmanager
+  def evaluation(self):
+    start = time.perf_counter()
+    yield
+    self.eval_seconds += time.perf_counter() - start
 
 
 class StepProfiler(actions.Action):

@@ -30,6 +30,7 @@ from engine.loop import preemption
 from engine.loop import stopping
 from engine.records import checkpoint
 from engine.records import export
+from engine.records.mlperf import MLPerfLog
 from engine.records import report
 from engine.records import storage
 
@@ -46,9 +47,10 @@ class RunDirectory:
                info: datasets.DatasetInfo, task: tasks.Task,
                decider: tasks.Decider, lr_factor: tf.Variable,
                weight_average: Optional[ema.WeightAverage],
-               stop: stopping.Target):
+               stop: stopping.Target, mlperf: MLPerfLog):
     """`precision_choice`: the start-up's, whose figures a first start
-    records; `decider`: the validation figure that decides best/."""
+    records; `decider`: the validation figure that decides best/;
+    `mlperf`: --mlperf_log's, which this writes."""
     self.model_dir = model_dir
     self._config = config
     self._precision = precision_choice
@@ -60,6 +62,7 @@ class RunDirectory:
     self._lr_factor = lr_factor
     self._weight_average = weight_average
     self._stop = stop
+    self.mlperf = mlperf
     self._identity = checkpoint.identity(model, info)
     self.checkpoints = None
     # The run's metrics.jsonl and TensorBoard events, which rank 0 writes.
@@ -95,6 +98,9 @@ class RunDirectory:
       logging.info("starting %s from %s (epoch %d, step %d)", self.model_dir,
                    source, position.epoch + 1, position.step)
     _make_model_dir(self.model_dir)  # the checks passed: now it is written
+    # MLPerf's init and run_start (the log may be in model_dir).
+    self.mlperf.start(resumed_at=None if position is None else
+                      f"epoch {position.epoch + 1}, step {position.step}")
     storage.warn_if_short_of_space(
         self.model_dir, checkpoint_size=self.checkpoints.size,
         keep=self._config.checkpoints.keep_checkpoints)
@@ -135,6 +141,7 @@ class RunDirectory:
     value = record[self._decider.key]
     with self._writes():
       self.reporter.epoch(record, images)
+      self.mlperf.epoch(record)
       if value is None:
         self.checkpoints.save(position, global_step)
       elif self.checkpoints.save_at_epoch_end(position, global_step,
@@ -148,15 +155,33 @@ class RunDirectory:
     with self._writes():
       self.reporter.event(record)
 
+  def finish(self) -> None:
+    """The run trained to its end: MLPerf's run_stop (success if it
+    reached --target), then the exports."""
+    with self._writes():
+      self._stop_mlperf()
+    self.export()
+
   def record_end(self, error: BaseException) -> None:
     """How the run stopped, when it stopped before finishing: the end
-    record engine.runs reads. Best effort: a full disk may refuse it."""
+    record engine.runs reads, and MLPerf's run_stop (aborted, unless the
+    target was reached before). Best effort: a full disk may refuse them."""
     if not self.opened:
       return
-    try:
-      self.reporter.event(_end_record(error))
-    except WriteFailed as e:
-      logging.warning("not recorded in metrics.jsonl: %s", e)
+    record = _end_record(error)
+    for what, write in (
+        ("metrics.jsonl", lambda: self.reporter.event(record)),
+        ("the MLPerf log", lambda: self._stop_mlperf(record["reason"]))):
+      try:
+        write()
+      except WriteFailed as e:
+        logging.warning("not recorded in %s: %s", what, e)
+
+  def _stop_mlperf(self, reason: str = "") -> None:
+    self.mlperf.stop(target=self._stop.target,
+                     first_reached_epoch=self._stop.first_reached_epoch,
+                     reason=reason)
+    self.mlperf.close()
 
   def roll_back(self) -> tuple[checkpoint.Position, str]:
     """Restores the latest readable checkpoint: its position and path."""

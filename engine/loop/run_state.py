@@ -190,7 +190,8 @@ class LoopState:
 
   def end_epoch(self, train: metrics.Result, val: Optional[metrics.Result],
                 *, train_seconds: float, input_seconds: float,
-                step_seconds: float, skipped_steps: int) -> dict:
+                step_seconds: float, eval_seconds: Optional[float],
+                skipped_steps: int) -> dict:
     """Records the epoch that is done (`val` None: not evaluated) and moves
     on to the next; returns its line in metrics.jsonl, with its time since
     it began or since this start (its saves count too)."""
@@ -213,6 +214,8 @@ class LoopState:
         # input pipeline, not the step, bounds the run.
         "input_seconds": input_seconds,
         "step_seconds": step_seconds,
+        # The evaluation's, at the epoch's end (None: not evaluated).
+        "eval_seconds": eval_seconds,
         "epoch_seconds": epoch_seconds,
         "cumulative_seconds": cumulative_seconds,
         "world_size": self.world_size,
