@@ -9,8 +9,10 @@ core (bench/allreduce_worker.py), timing allreduces of float32 messages of
 --sizes bytes (4 KB to 64 MB, powers of 4) under each --controllers
 (`horovodrun --gloo`, and `horovodrun --mpi`: Open MPI's mpirun over the
 hosts' ssh), on each --links: `unshaped`, or a rate such as `1gbit` set
-with tc's token bucket (`tbf`) on the egress of every host's interface,
-inside its namespace, so that each direction of every path is shaped once.
+with tc's token bucket (`tbf`, a bucket of --burst_ms at the rate) on the
+egress of every host's interface, inside its namespace, so that each
+direction of every path is shaped once. Horovod's background thread cycles
+every --cycle_time_ms (0.1), so that its cycle adds little to the latency.
 A delay cannot be added here: this kernel has no sch_netem (tc: "Specified
 qdisc kind is unknown"), so the links keep the veth's own latency.
 
@@ -38,6 +40,7 @@ from absl import flags
 
 from bench import interleaved
 from bench import ring_allreduce
+from bench import shaped_links
 from tests import simulated_hosts
 
 FLAGS = flags.FLAGS
@@ -53,50 +56,21 @@ flags.DEFINE_integer("repeats", 3, "Rounds over every link and controller.",
                      lower_bound=1)
 flags.DEFINE_integer("iterations", 20, "Timed allreduces per size, at most "
                      "(fewer for large messages: bench/allreduce_worker.py).")
-flags.DEFINE_float("cycle_time_ms", 1.0, "HOROVOD_CYCLE_TIME of the workers "
-                   "(Horovod's default; the engine's is 3 on CPU).")
-flags.DEFINE_integer("burst_bytes", 64 * 1024, "tbf's bucket: the most sent "
-                     "above the rate at once (one 64 KB GSO packet).")
+flags.DEFINE_float("cycle_time_ms", 0.1, "HOROVOD_CYCLE_TIME of the workers: "
+                   "an allreduce waits for the background thread's next "
+                   "cycle, so this bounds the latency measured (Horovod's "
+                   "default is 1, the engine's 3 on CPU).")
+flags.DEFINE_float("burst_ms", 2.0, "tbf's bucket, in milliseconds at the "
+                   "rate: what may leave at once above the rate. Less loses "
+                   "rate to the timer's lateness (a 64 KB bucket gave 0.67 "
+                   "Gbit/s of TCP at 1 Gbit/s here).")
 flags.DEFINE_string("out", None, "Where to write every time and the fits, "
                     "as JSON.")
-
-_RATE = re.compile(r"(\d+(?:\.\d+)?)(mbit|gbit)")
-
-
-def link_rate(link: str) -> Optional[float]:
-  """A --links entry's rate in bits/s; None for `unshaped`."""
-  if link == "unshaped":
-    return None
-  match = _RATE.fullmatch(link)
-  if not match:
-    raise ValueError(f"--links: {link!r} is neither `unshaped` nor a rate "
-                     "such as 1gbit or 500mbit")
-  return float(match.group(1)) * {"mbit": 1e6, "gbit": 1e9}[match.group(2)]
-
-
-def shape(hosts: simulated_hosts.SimulatedHosts, link: str) -> None:
-  """Every host's egress shaped to `link`, inside its namespace."""
-  rate = link_rate(link)
-  for i, _ in enumerate(hosts.names):
-    qdisc = ["tc", "qdisc"]
-    if rate is None:
-      qdisc += ["del", "dev", hosts.interface, "root"]
-    else:
-      qdisc += ["replace", "dev", hosts.interface, "root", "tbf", "rate",
-                f"{rate:.0f}bit", "burst", str(FLAGS.burst_bytes),
-                "latency", "100ms"]
-    done = subprocess.run(hosts.on_host(i, qdisc), capture_output=True,
-                          text=True)
-    # Deleting the root qdisc of an unshaped interface fails: nothing to do.
-    if done.returncode and rate is not None:
-      sys.exit(f"{' '.join(qdisc)} on {hosts.names[i]} failed: "
-               f"{done.stderr.strip()}")
-
 
 def run(hosts: simulated_hosts.SimulatedHosts, link: str,
         controller: str) -> dict:
   """One launch: rank 0's times per size, and its controller and cores."""
-  shape(hosts, link)
+  shaped_links.shape(hosts, link, FLAGS.burst_ms)
   command = [
       interleaved.HOROVODRUN, f"--{controller}", "-np", str(len(hosts.names)),
       "-H", ",".join(f"{name}:1" for name in hosts.names),
@@ -127,7 +101,7 @@ def summarize(link: str, controller: str, runs: list[dict]) -> dict:
   """Per size, the median over the runs of each run's median time, and the
   figures of it; the ring model fitted over the sizes."""
   processes = runs[0]["processes"]
-  rate = link_rate(link)
+  rate = shaped_links.link_rate(link)
   sizes = []
   for nbytes in map(int, FLAGS.sizes):
     medians = [statistics.median(r["times"][str(nbytes)]) for r in runs]
@@ -146,6 +120,9 @@ def summarize(link: str, controller: str, runs: list[dict]) -> dict:
     print(f"{link}, {controller}: no fit: {e}")
     fitted = ring_allreduce.Link(alpha=float("nan"), beta=float("nan"))
   return {"link": link, "controller": controller, "rate_bits": rate,
+          "burst_bytes": (None if rate is None else
+                          shaped_links.burst_bytes(rate, FLAGS.burst_ms)),
+          "cycle_time_ms": runs[0]["cycle_time_ms"],
           "processes": processes, "cores": [r["cores"] for r in runs],
           "sizes": sizes, "alpha": fitted.alpha, "beta": fitted.beta,
           "latency": sizes[0]["seconds"], "bandwidth": sizes[-1]["busbw"]}
@@ -182,7 +159,7 @@ def main(argv):
   if reason:
     sys.exit(f"allreduce_link: {reason}")
   for link in FLAGS.links:
-    link_rate(link)  # a bad entry is one line before anything starts
+    shaped_links.link_rate(link)  # a bad entry: one line, before any run
   configs = [(link, c) for link in FLAGS.links for c in FLAGS.controllers]
   runs = {config: [] for config in configs}
   about = {"machine": machine(), "command": sys.argv,
@@ -194,10 +171,11 @@ def main(argv):
       for link, controller in configs[::-1] if round_ % 2 else configs:
         found = run(hosts, link, controller)
         runs[(link, controller)].append(found)
+        gbits = [ring_allreduce.busbw(int(b), statistics.median(t),
+                                      found["processes"]) * 8 / 1e9
+                 for b, t in found["times"].items()]
         print(f"  round {round_ + 1} {link} {controller}: busbw Gbit/s "
-              + " ".join(
-                  f"{ring_allreduce.busbw(int(b), statistics.median(t), found['processes']) * 8 / 1e9:.2f}"
-                  for b, t in found["times"].items())
+              + " ".join(f"{g:.2f}" for g in gbits)
               + f" (load {os.getloadavg()[0]:.2f})", flush=True)
   about["load_after"] = os.getloadavg()
   summaries = [summarize(link, c, runs[(link, c)]) for link, c in configs]
