@@ -55,8 +55,10 @@ WORKLOADS = {
     "resnet50": ["--dataset=synthetic", "--image_size=32", "--num_classes=10",
                  "--train_examples=1024", "--test_examples=16",
                  "--model=resnet50", "--batch_size=8"],
+    # One epoch: no warmup, a constant rate (the schedule's check).
     "cosmoflow": ["--flagfile=flags/cosmoflow_mini.cfg", "--stage_dir=",
-                  "--batch_size=16"],
+                  "--batch_size=16", "--warmup_epochs=0",
+                  "--lr_schedule=constant"],
 }
 
 

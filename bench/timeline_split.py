@@ -21,7 +21,10 @@ end of its last ALLREDUCE and ready(k) the start of its last negotiation
   transfer    the collectives' spans of step k (inside ALLREDUCE)
   bytes       what step k reduced: the tensors' bytes
 
-so that step = compute + exposed. On CPU the engine reduces every gradient
+so that step = compute + exposed. A negotiation starts when Horovod's
+background thread takes the tensor from its queue, at its first cycle
+after the step handed it over: up to one cycle (3 ms, the engine's on
+CPU) of waiting counts as compute. On CPU the engine reduces every gradient
 in one group after the backward pass (engine/compute/step.py), and
 overlapped is zero by construction.
 """
