@@ -33,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Optional
 
 from absl import app
 from absl import flags
@@ -66,6 +65,7 @@ flags.DEFINE_float("burst_ms", 2.0, "tbf's bucket, in milliseconds at the "
                    "Gbit/s of TCP at 1 Gbit/s here).")
 flags.DEFINE_string("out", None, "Where to write every time and the fits, "
                     "as JSON.")
+
 
 def run(hosts: simulated_hosts.SimulatedHosts, link: str,
         controller: str) -> dict:
