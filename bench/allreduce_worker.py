@@ -1,0 +1,88 @@
+"""(worker) Times Horovod allreduces of float32 messages, one size at a time.
+
+Launched on every host by bench/allreduce_link.py, under horovodrun --gloo
+or MPI. Pins itself to its host's core first (bench/host_core.py), before
+TensorFlow or Horovod start a thread, so that every thread they start
+stays there; one intra-op and one inter-op thread. For each --sizes
+(bytes): --warmup allreduces, an allreduce of a scalar that starts every
+process together, then the timed allreduces one after the other, each
+timed on its own.
+Rank 0 prints one line per size, `ALLREDUCE {json}`: the bytes and every
+time, and a last line with the controller and each rank's cores.
+"""
+import json
+import os
+import sys
+import time
+
+from bench import host_core
+
+CORES = host_core.pin()
+
+# pylint: disable=wrong-import-position
+from absl import app
+from absl import flags
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+flags.DEFINE_list("sizes", [str(4096 * 4**i) for i in range(8)],
+                  "Message sizes in bytes (multiples of 4: float32).")
+flags.DEFINE_integer("warmup", 3, "Untimed allreduces per size.")
+flags.DEFINE_integer("iterations", 20, "Timed allreduces per size, at most.")
+flags.DEFINE_integer("min_iterations", 5, "Timed allreduces per size, at "
+                     "least.")
+flags.DEFINE_float("bytes_per_size", 512e6, "Timed bytes per size: fewer "
+                   "iterations for the large messages, down to "
+                   "--min_iterations.")
+FLAGS = flags.FLAGS
+
+
+def iterations(nbytes: int) -> int:
+  budget = int(FLAGS.bytes_per_size // nbytes)
+  return max(FLAGS.min_iterations, min(FLAGS.iterations, budget))
+
+
+def main(argv):
+  del argv
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(1)
+  hvd.init()
+  size = hvd.size()
+  for nbytes in map(int, FLAGS.sizes):
+    if nbytes % 4:
+      sys.exit(f"--sizes: {nbytes} bytes is not a whole number of float32")
+    message = tf.ones([nbytes // 4], tf.float32)
+    name = f"allreduce_{nbytes}"
+
+    def reduce():
+      reduced = hvd.allreduce(message, op=hvd.Sum, name=name)
+      # Eager ops return when done; reading one element checks the sum
+      # without copying the message.
+      return float(reduced[0])
+
+    for _ in range(FLAGS.warmup):
+      reduce()
+    hvd.allreduce(tf.constant(0.0), name="start_together")
+    seconds = []
+    for _ in range(iterations(nbytes)):
+      start = time.perf_counter()
+      total = reduce()
+      seconds.append(time.perf_counter() - start)
+      if total != size:
+        sys.exit(f"allreduce of {nbytes} bytes summed to {total}, not "
+                 f"{size}")
+    if hvd.rank() == 0:
+      print("ALLREDUCE " + json.dumps({"bytes": nbytes, "seconds": seconds}),
+            flush=True)
+  cores = hvd.allgather_object(CORES)
+  if hvd.rank() == 0:
+    print("ALLREDUCE " + json.dumps({
+        "processes": size,
+        "controller": "gloo" if hvd.gloo_enabled() else "mpi",
+        "cores": cores,
+        "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", 1)),
+    }), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
