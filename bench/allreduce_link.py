@@ -40,6 +40,7 @@ from absl import flags
 from bench import interleaved
 from bench import ring_allreduce
 from bench import shaped_links
+from engine import scaling
 from tests import simulated_hosts
 
 FLAGS = flags.FLAGS
@@ -124,13 +125,13 @@ def summarize(link: str, controller: str, runs: list[dict]) -> dict:
                                 [s["seconds"] for s in sizes], processes)
   except ValueError as e:
     print(f"{link}, {controller}: no fit: {e}")
-    fitted = ring_allreduce.Link(alpha=float("nan"), beta=float("nan"))
+    fitted = scaling.Link(latency=float("nan"), bandwidth=float("nan"))
   return {"link": link, "controller": controller, "rate_bits": rate,
           "burst_bytes": (None if rate is None else
                           shaped_links.burst_bytes(rate, FLAGS.burst_ms)),
           "cycle_time_ms": runs[0]["cycle_time_ms"],
           "processes": processes, "cores": [r["cores"] for r in runs],
-          "sizes": sizes, "alpha": fitted.alpha, "beta": fitted.beta,
+          "sizes": sizes, "alpha": fitted.latency, "beta": fitted.bandwidth,
           "latency": sizes[0]["seconds"], "bandwidth": sizes[-1]["busbw"]}
 
 

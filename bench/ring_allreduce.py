@@ -1,6 +1,7 @@
-"""(library) The ring allreduce's cost, as nccl-tests and the alpha-beta
-model count it: no TensorFlow, no Horovod, so that a scaling model can
-import it.
+"""(library) The ring allreduce's cost as nccl-tests counts it, and the
+alpha-beta model fitted to measured times: no TensorFlow, no Horovod. The
+model itself is engine/scaling.py's, which engine.runs --scaling predicts
+with (its Link: alpha is `latency`, beta `bandwidth`).
 
 A ring allreduce of `bytes` over n processes sends 2(n-1)/n x bytes out of
 each process, in 2(n-1) steps that each pay the link's latency alpha once:
@@ -13,10 +14,11 @@ bandwidth algbw = bytes / t and the bus bandwidth busbw = algbw x 2(n-1)/n,
 which is the bandwidth each link carried, and so comparable with the
 link's rate whatever n is.
 """
-import dataclasses
 from typing import Sequence
 
 import numpy as np
+
+from engine import scaling
 
 
 def bus_factor(processes: int) -> float:
@@ -37,22 +39,9 @@ def busbw(nbytes: float, seconds: float, processes: int) -> float:
   return algbw(nbytes, seconds) * bus_factor(processes)
 
 
-@dataclasses.dataclass(frozen=True)
-class Link:
-  """A link as the ring allreduce sees it: alpha, the latency of one of
-  the ring's 2(n-1) steps (s), and beta, the bandwidth (bytes/s)."""
-  alpha: float
-  beta: float
-
-  def seconds(self, nbytes: float, processes: int) -> float:
-    """The model's time of an allreduce of `nbytes` over `processes`."""
-    return (2 * (processes - 1) * self.alpha
-            + bus_factor(processes) * nbytes / self.beta)
-
-
 def fit(nbytes: Sequence[float], seconds: Sequence[float],
-        processes: int) -> Link:
-  """alpha and beta fitted by least squares to allreduce times, each
+        processes: int) -> scaling.Link:
+  """The link (alpha and beta) fitted by least squares to allreduce times, each
   residual relative to its time (weights 1/t): plain least squares would
   fit the largest messages alone, whose times are a thousand times the
   smallest's, and say nothing of alpha.
@@ -74,5 +63,5 @@ def fit(nbytes: Sequence[float], seconds: Sequence[float],
   if b <= 0:
     raise ValueError("the times do not grow with the size: no bandwidth "
                      f"to fit (slope {b:.3g} s/byte)")
-  return Link(alpha=float(a) / (2 * (processes - 1)),
-              beta=bus_factor(processes) / float(b))
+  return scaling.Link(latency=float(a) / (2 * (processes - 1)),
+                      bandwidth=bus_factor(processes) / float(b))

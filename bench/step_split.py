@@ -30,10 +30,10 @@ import sys
 from absl import app
 from absl import flags
 
-from bench import shaped_links
 from bench import interleaved
-from bench import ring_allreduce
+from bench import shaped_links
 from bench import timeline_split
+from engine import scaling
 from tests import simulated_hosts
 
 FLAGS = flags.FLAGS
@@ -106,8 +106,8 @@ def predicted(fits, link: str, controller: str, nbytes: int,
               processes: int):
   for found in fits or []:
     if found["link"] == link and found["controller"] == controller:
-      return ring_allreduce.Link(found["alpha"], found["beta"]).seconds(
-          nbytes, processes)
+      return scaling.ring_allreduce_seconds(nbytes, processes, scaling.Link(
+          latency=found["alpha"], bandwidth=found["beta"]))
   return None
 
 

@@ -127,13 +127,13 @@ def measured(records: list[dict]) -> Optional[Measured]:
   when its records do not give them (no epoch done yet)."""
   usable = [r for r in records
             if run_files.is_finite(r.get("step_seconds"))
-            and r.get("train_steps") and r.get("gradient_bytes")]
+            and r.get("steps_run") and r.get("gradient_bytes")]
   if not usable:
     return None
   timed = [r for r in usable if r["epoch"] != 1] or usable
   return Measured(
       compute_seconds=statistics.median(
-          r["step_seconds"] / r["train_steps"] for r in timed),
+          r["step_seconds"] / r["steps_run"] for r in timed),
       gradient_bytes=usable[-1]["gradient_bytes"],
       world_size=usable[-1]["world_size"])
 

@@ -3,6 +3,7 @@ bus bandwidth, and alpha and beta fitted back from times the model made."""
 import pytest
 
 from bench import ring_allreduce
+from engine import scaling
 
 SIZES = [4096 * 4**i for i in range(8)]  # 4 KB to 64 MB
 
@@ -23,34 +24,34 @@ def test_busbw_over_one_process_is_refused():
 @pytest.mark.parametrize("processes", [2, 3, 8])
 def test_the_model_counts_2_n_minus_1_latencies_and_the_bus_bytes(
     processes):
-  link = ring_allreduce.Link(alpha=1e-4, beta=1e9)
-  assert link.seconds(0, processes) == pytest.approx(
+  link = scaling.Link(latency=1e-4, bandwidth=1e9)
+  assert scaling.ring_allreduce_seconds(0, processes, link) == pytest.approx(
       2 * (processes - 1) * 1e-4)
   # A large message's busbw approaches beta.
   big = 1e12
-  assert ring_allreduce.busbw(big, link.seconds(big, processes),
+  assert ring_allreduce.busbw(big, scaling.ring_allreduce_seconds(big, processes, link),
                               processes) == pytest.approx(1e9, rel=1e-6)
 
 
 @pytest.mark.parametrize("processes", [2, 4])
 def test_the_fit_gives_back_the_link_that_made_the_times(processes):
-  link = ring_allreduce.Link(alpha=50e-6, beta=125e6)  # 1 Gbit/s
-  times = [link.seconds(b, processes) for b in SIZES]
+  link = scaling.Link(latency=50e-6, bandwidth=125e6)  # 1 Gbit/s
+  times = [scaling.ring_allreduce_seconds(b, processes, link) for b in SIZES]
   fitted = ring_allreduce.fit(SIZES, times, processes)
-  assert fitted.alpha == pytest.approx(50e-6, rel=1e-9)
-  assert fitted.beta == pytest.approx(125e6, rel=1e-9)
+  assert fitted.latency == pytest.approx(50e-6, rel=1e-9)
+  assert fitted.bandwidth == pytest.approx(125e6, rel=1e-9)
 
 
 def test_the_fit_weighs_each_time_by_itself_so_small_sizes_count():
   # Each time 10% off the model, alternately above and below: a fit of
   # absolute residuals would follow the 64 MB point alone and miss alpha
   # by far more than the relative fit does.
-  link = ring_allreduce.Link(alpha=100e-6, beta=1e9)
-  times = [link.seconds(b, 2) * (1.1 if i % 2 else 0.9)
+  link = scaling.Link(latency=100e-6, bandwidth=1e9)
+  times = [scaling.ring_allreduce_seconds(b, 2, link) * (1.1 if i % 2 else 0.9)
            for i, b in enumerate(SIZES)]
   fitted = ring_allreduce.fit(SIZES, times, 2)
-  assert fitted.alpha == pytest.approx(100e-6, rel=0.15)
-  assert fitted.beta == pytest.approx(1e9, rel=0.15)
+  assert fitted.latency == pytest.approx(100e-6, rel=0.15)
+  assert fitted.bandwidth == pytest.approx(1e9, rel=0.15)
 
 
 def test_times_that_do_not_grow_with_the_size_have_no_bandwidth():

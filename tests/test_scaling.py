@@ -66,7 +66,7 @@ def test_efficiency_lies_between_no_overlap_and_full_overlap():
 
 
 def record(epoch, step_seconds, steps=10, **more):
-  return dict(epoch=epoch, step_seconds=step_seconds, train_steps=steps,
+  return dict(epoch=epoch, step_seconds=step_seconds, steps_run=steps,
               gradient_bytes=4000, world_size=2, **more)
 
 

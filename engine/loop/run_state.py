@@ -209,7 +209,7 @@ class LoopState:
         # The rate of the epoch's last update.
         "learning_rate": self.learning_rate(),
         "images_per_sec": steps_run * self.global_batch / train_seconds,
-        "train_steps": steps_run,
+        "steps_run": steps_run,  # since the epoch began or this start
         # Rank 0's split of the train time: a large input share means the
         # input pipeline, not the step, bounds the run.
         "input_seconds": input_seconds,
