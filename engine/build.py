@@ -6,10 +6,9 @@ model evaluated or range-tested is the one trained, on the same data, and
 the order of the building (the seed before the model, the precision policy
 before its layers) is written once.
 """
-import dataclasses
 import functools
-import time
 import os
+import time
 from typing import Any, Optional
 
 from absl import logging
@@ -112,6 +111,7 @@ def prepare(config: TrainConfig, measure_auto: bool = True
   splits, task, model, model_of = distributed.agree(
       data_task_and_model, name="prepare",
       collective=not config.faults.elastic)
+
   def step_of(mode, compression):  # a step measured, on a model of its own
     return optimizer_and_step(config, mode, compression, task, model_of(mode),
                               learning_rate=0.0)[1]

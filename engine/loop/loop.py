@@ -17,10 +17,10 @@ import tensorflow as tf
 from engine import datasets
 from engine import distributed
 from engine import tasks
+from engine.compute import communication
 from engine.compute import ema
 from engine.compute import metrics
 from engine.compute import optimizers
-from engine.compute import communication
 from engine.compute import precision
 from engine.compute import schedules
 from engine.compute import step as steps

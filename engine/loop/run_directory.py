@@ -19,8 +19,8 @@ import tensorflow as tf
 from engine import datasets
 from engine import distributed
 from engine import tasks
-from engine.compute import ema
 from engine.compute import communication
+from engine.compute import ema
 from engine.compute import precision
 from engine.core import run_files
 from engine.core.config import TrainConfig
