@@ -70,7 +70,7 @@ def prepare(config: TrainConfig, measure_auto: bool = True
   if world.device == "CPU" and kernels_advice:
     logging.warning("%s", kernels_advice)
   # The mode asked for; under auto, the hardware's preferred one until
-  # _measured_precision chooses among its native `candidates`.
+  # measure.precision_choice chooses among its native `candidates`.
   asked = config.performance.mixed_precision
   choice = precision.Choice(*precision.resolve(asked))
   candidates = precision.native()[0] if asked == "auto" else ()
