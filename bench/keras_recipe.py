@@ -60,7 +60,7 @@ from engine.tasks import Regression, Segmentation
 def main(argv):
   del argv
   config = config_from_flags()
-  world, _, splits, task, model = build.prepare(config)
+  world, _, _, splits, task, model = build.prepare(config)
   info = splits.info
   training, optimization = config.training, config.optimization
   steps_per_epoch = data.steps_per_epoch(

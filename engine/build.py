@@ -6,11 +6,8 @@ model evaluated or range-tested is the one trained, on the same data, and
 the order of the building (the seed before the model, the precision policy
 before its layers) is written once.
 """
-import dataclasses
 import functools
-import itertools
 import os
-import statistics
 import time
 from typing import Any, Optional
 
@@ -19,7 +16,9 @@ import tensorflow as tf
 
 from engine import datasets
 from engine import distributed
+from engine import measure
 from engine import tasks
+from engine.compute import communication
 from engine.compute import ema
 from engine.compute import metrics
 from engine.compute import optimizers
@@ -28,8 +27,7 @@ from engine.compute import schedules
 from engine.compute import step as steps
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
-from engine.datasets import Epochs, Shard
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Shard
 from engine.input import data
 from engine.input import staging
 from engine.loop.loop import TrainingParts
@@ -38,11 +36,6 @@ from engine.records import report
 from models import whitening
 import models
 
-# --mixed_precision=auto's measurement: rounds, the seconds of timed steps
-# they share (all modes, all rounds), and the most steps a mode runs in one.
-MEASURED_ROUNDS = 3
-MEASURED_SECONDS = 4.0
-MEASURED_STEPS = 8
 # How many of the first training images models/whitening.py's layers are
 # fitted to: 1024 (800,000 patches) of Fashion-MNIST's 28 x 28, fewer of
 # larger images, down to 20 of 224 x 224 (a million patches).
@@ -50,15 +43,17 @@ ADAPTED_IMAGES = 1024
 ADAPTED_PIXELS = 1 << 20
 
 
-def prepare(config: TrainConfig, measure_precision: bool = True
-            ) -> tuple[distributed.World, precision.Choice, datasets.Splits,
-                       tasks.Task, tf.keras.Model]:
-  """Distributed setup, the data set, the task, the precision and the
-  model: what training and evaluation share. Returns (world, precision
-  choice, splits, task, model): the mode --mixed_precision asks for, or
-  auto's choice: the run's first start's (model_dir), or measured now
-  (unless `measure_precision` is false: engine.evaluate takes the
-  hardware's preferred mode for a run that recorded none)."""
+def prepare(config: TrainConfig, measure_auto: bool = True
+            ) -> tuple[distributed.World, precision.Choice,
+                       communication.Choice, datasets.Splits, tasks.Task,
+                       tf.keras.Model]:
+  """Distributed setup, the data set, the task, the precision, the
+  gradient compression and the model: what training and evaluation share.
+  Returns (world, precision choice, compression choice, splits, task,
+  model): the mode and compression the flags ask for, or auto's choices:
+  the run's first start's (model_dir), or measured now (engine/measure.py;
+  unless `measure_auto` is false: engine.evaluate takes the hardware's
+  preferred mode and no compression for a run that recorded none)."""
   devices = config.devices
   world = distributed.init(intra_op_threads=devices.intra_op_threads,
                            inter_op_threads=devices.inter_op_threads,
@@ -75,7 +70,7 @@ def prepare(config: TrainConfig, measure_precision: bool = True
   if world.device == "CPU" and kernels_advice:
     logging.warning("%s", kernels_advice)
   # The mode asked for; under auto, the hardware's preferred one until
-  # _measured_precision chooses among its native `candidates`.
+  # measure.precision_choice chooses among its native `candidates`.
   asked = config.performance.mixed_precision
   choice = precision.Choice(*precision.resolve(asked))
   candidates = precision.native()[0] if asked == "auto" else ()
@@ -116,16 +111,26 @@ def prepare(config: TrainConfig, measure_precision: bool = True
   splits, task, model, model_of = distributed.agree(
       data_task_and_model, name="prepare",
       collective=not config.faults.elastic)
+
+  def step_of(mode, compression):  # a step measured, on a model of its own
+    return optimizer_and_step(config, mode, compression, task, model_of(mode),
+                              learning_rate=0.0)[1]
+
+  measured = False
   if candidates and not config.faults.elastic:
-    chosen = _measured_precision(config, choice, candidates, world, splits,
-                                 task, model_of, measure=measure_precision)
-    if (chosen.mode != choice.mode
-        or chosen.figures.get("images_per_sec")):
-      # Built again as if it were the first: Keras' names start afresh.
-      tf.keras.backend.clear_session()
-      model = model_of(chosen.mode)
+    chosen = measure.precision_choice(config, choice, candidates, world,
+                                      splits, task, step_of,
+                                      measure=measure_auto)
+    measured = (chosen.mode != choice.mode
+                or bool(chosen.figures.get("images_per_sec")))
     choice = chosen
-  return world, choice, splits, task, model
+  sent = measure.compression_choice(config, choice.mode, world, splits,
+                                    step_of, measure=measure_auto)
+  if measured or sent.figures.get("images_per_sec"):
+    # Built again as if it were the first: Keras' names start afresh.
+    tf.keras.backend.clear_session()
+    model = model_of(choice.mode)
+  return world, choice, sent, splits, task, model
 
 
 def _first_images(splits: datasets.Splits):
@@ -172,82 +177,6 @@ def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
                       f"{side}x{side} images ({e}); a model for any size "
                       "builds tf.keras.Input((None, None, channels)) and "
                       "pools globally") from None
-
-
-def _measured_precision(config: TrainConfig, preferred: precision.Choice,
-                        candidates: tuple[str, ...],
-                        world: distributed.World, splits: datasets.Splits,
-                        task: tasks.Task, model_of,
-                        measure: bool) -> precision.Choice:
-  """--mixed_precision=auto: the mode of the run's first start (recorded
-  in model_dir), or measured now among the hardware's native `candidates`
-  (engine/compute/precision.py), else the hardware's `preferred`; on hardware of
-  float32 alone, float32 unmeasured, recorded all the same so that a
-  resume elsewhere keeps it.
-
-  Every rank times each native mode's steps on its own first training
-  batches, allreduce included, the modes alternating over MEASURED_ROUNDS
-  rounds after a step that traces them; rank 0's figures decide, for every
-  rank. A mode runs as many steps a round (1 to MEASURED_STEPS) as fit its
-  share of MEASURED_SECONDS at the speed of one step timed first, so a
-  slow model costs a few seconds more, not a minute. The models measured
-  are thrown away; the run's is built afterwards, from the seed, as if
-  nothing had been measured.
-  """
-  first_start = distributed.on_chief(
-      lambda: precision.of_first_start(config.training.model_dir),
-      name="precision")
-  if first_start:
-    mode, why = first_start
-    return precision.Choice(mode=mode, why=why)
-  if not measure:
-    return preferred
-  if len(candidates) == 1:
-    return dataclasses.replace(preferred, figures=dict(
-        images_per_sec={}, hardware=preferred.why))
-  began = time.perf_counter()
-  modes = [mode for mode in candidates
-           # A task's own step has no loss scaling.
-           if not (task.optimizers and mode == "float16")]
-  batches = list(itertools.islice(data.train_stream(
-      splits.train, splits.info, shard=Shard(world.rank, world.size),
-      epochs=Epochs(batch_size=config.training.batch_size
-                    * config.performance.grad_accum_steps,
-                    steps=MEASURED_STEPS, seed=config.training.seed),
-      augmentation=Augmentation.requested(config.data, resizing=False)),
-                                  MEASURED_STEPS))
-  train_steps, step_seconds = {}, {}
-  for mode in modes:
-    _, train_steps[mode] = optimizer_and_step(
-        config, mode, task, model_of(mode), learning_rate=0.0)
-    train_steps[mode](*batches[0])  # tracing, not timed
-    started = time.perf_counter()
-    train_steps[mode](*batches[1 % len(batches)])
-    step_seconds[mode] = time.perf_counter() - started
-  # Every rank runs as many steps as rank 0 (each holds an allreduce).
-  share = MEASURED_SECONDS / (len(modes) * MEASURED_ROUNDS)
-  steps = distributed.on_chief(lambda: {
-      mode: max(1, min(len(batches), int(share / seconds)))
-      for mode, seconds in step_seconds.items()}, name="precision_steps")
-  seconds = {mode: [] for mode in modes}
-  for round_ in range(MEASURED_ROUNDS):
-    for mode in modes[::-1] if round_ % 2 else modes:
-      started = time.perf_counter()
-      for images, labels in batches[:steps[mode]]:
-        train_steps[mode](images, labels)
-      seconds[mode].append(time.perf_counter() - started)
-  examples = len(batches[0][1]) * world.size  # a step's, over all ranks
-  images_per_sec = {mode: examples * steps[mode]
-                    / statistics.median(seconds[mode]) for mode in modes}
-  chosen = distributed.on_chief(lambda: precision.choose(images_per_sec),
-                                name="precision_choice")
-  why = precision.described(images_per_sec, chosen)
-  took = time.perf_counter() - began
-  logging.info("--mixed_precision=auto: %s (%.1f s)", why, took)
-  return precision.Choice(mode=chosen, why=why, figures=dict(
-      images_per_sec={mode: round(rate, 1)
-                      for mode, rate in images_per_sec.items()},
-      steps_per_round=steps, seconds=round(took, 2)))
 
 
 def stage(config: TrainConfig, world: distributed.World,
@@ -314,13 +243,14 @@ def learning_rate_schedule(config: TrainConfig) -> schedules.WarmupThenDecay:
       decay_table=optimization.lr_decay_table)
 
 
-def optimizer_and_step(config: TrainConfig, mode: str, task: tasks.Task,
-                       model: tf.keras.Model, learning_rate,
+def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
+                       task: tasks.Task, model: tf.keras.Model, learning_rate,
                        weight_average=None) -> tuple[Any, steps.TrainStep]:
   """The optimizer the flags ask for, at `learning_rate` (a schedule of the
   step), and the train step that applies it to `model` for `task` (and
   updates `weight_average`, an ema.WeightAverage), in precision `mode`
-  (precision.Choice's)."""
+  (precision.Choice's), its gradients sent with `compression`
+  (communication.Choice's)."""
   optimization, performance = config.optimization, config.performance
   def optimizer():
     return optimizers.build(optimization.optimizer,
@@ -342,7 +272,7 @@ def optimizer_and_step(config: TrainConfig, mode: str, task: tasks.Task,
   return optimizer, step(
       model=model, optimizer=optimizer,
       allreduce_op=performance.allreduce_op,
-      compression=performance.gradient_compression,
+      compression=compression,
       accumulation_steps=performance.grad_accum_steps, task=task,
       weight_average=weight_average, xla=performance.xla)
 
@@ -373,16 +303,17 @@ def eval_shift_pixels(config: TrainConfig, image_shape: tuple) -> int:
 
 
 def describe_numerics(config: TrainConfig, choice: precision.Choice,
+                      sent: communication.Choice,
                       world: distributed.World) -> None:
   """Says which optimizer, precision and allreduce the run uses; warns of
   GPU options that slow a CPU run."""
   performance = config.performance
-  logging.info("%s; precision %s%s%s; allreduce %s, compression %s",
+  logging.info("%s; precision %s%s%s; allreduce %s, compression %s%s",
                config.optimization.optimizer, choice.mode
                if choice.mode != "none" else "float32",
                f" (auto: {choice.why})" if choice.why else "",
                ", XLA" if performance.xla else "", performance.allreduce_op,
-               performance.gradient_compression)
+               sent.compression, f" (auto: {sent.why})" if sent.why else "")
   if world.device == "CPU":
     _warn_about_slow_options_on_cpu(config, choice)
 
@@ -415,7 +346,7 @@ def training_parts(config: TrainConfig) -> TrainingParts:
   began = time.time()  # MLPerf's init_start (--mlperf_log)
   # Distributed setup (Horovod, this process's device and cores), the data
   # set every rank reads its own shard of, and the model.
-  world, choice, splits, task, model = prepare(config)
+  world, choice, sent, splits, task, model = prepare(config)
   # With --stage_dir, each rank reads its files from node-local copies.
   splits, staged = stage(config, world, splits)
   info = splits.info
@@ -431,14 +362,14 @@ def training_parts(config: TrainConfig) -> TrainingParts:
   learning_rate = learning_rate_schedule(config)
   # The weights' moving average, which evaluation and exports use.
   weight_average = ema.maybe_average(model, config.optimization.ema_decay)
-  optimizer, train_step = optimizer_and_step(config, choice.mode, task,
-                                             model, learning_rate,
-                                             weight_average)
+  optimizer, train_step = optimizer_and_step(config, choice.mode,
+                                             sent.compression, task, model,
+                                             learning_rate, weight_average)
   # The validation figure that decides best/, early stopping and --target.
   decides = decider(config, task)
   parts = TrainingParts(
-      config=config, world=world, precision=choice, splits=splits,
-      staged=staged, task=task,
+      config=config, world=world, precision=choice, communication=sent,
+      splits=splits, staged=staged, task=task,
       model=model, learning_rate=learning_rate,
       weight_average=weight_average, optimizer=optimizer,
       train_step=train_step, eval_step=eval_step(config, task, model),
@@ -447,5 +378,5 @@ def training_parts(config: TrainConfig) -> TrainingParts:
       mlperf=mlperf.MLPerfLog.requested(config, began=began, world=world,
                                         info=info, staged=staged,
                                         decider=decides))
-  describe_numerics(config, choice, world)
+  describe_numerics(config, choice, sent, world)
   return parts

@@ -122,6 +122,8 @@ def test_corrupt_gzip(data_dir, tmp_path, fails_with):
      "flag --commit_every_steps=0: 0 is not a positive"),
     ("--elastic", "--elastic needs an elastic launch: horovodrun -np N "
      "--min-np M"),
+    ("--gradient_compression=auto --elastic", "--gradient_compression=auto "
+     "measures at start-up, before an elastic run's workers meet"),
     ("--progressive_resizing=20:3,16:2", "flag --progressive_resizing=['20:3',"
      " '16:2']: must be SIDE:EPOCHS stages"),
     ("--kernel_size=0", "flag --kernel_size=0: 0 is not"),

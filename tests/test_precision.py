@@ -1,6 +1,8 @@
 """--mixed_precision=auto: the modes the hardware computes natively, the
 one measured fastest, recorded and reused; on two processes, rank 0's
-choice on every rank."""
+choice on every rank, for it and for --gradient_compression=auto, which
+engine/measure.py measures alike (its own module's checks:
+tests/test_communication.py)."""
 import json
 import os
 
@@ -125,16 +127,35 @@ def test_every_rank_runs_rank_0s_choice_and_records_it(measured):
   assert "--mixed_precision=auto: measured float32 " in result.stderr
 
 
+def test_every_rank_sends_rank_0s_compression_and_it_is_recorded(measured):
+  out, result, ranks = measured
+  assert [r["measured_compression"] for r in ranks] == ["fp16"] * 2
+  recorded = json.loads((out / "run" / run_files.COMMUNICATION_FILE
+                         ).read_text())
+  assert recorded["compression"] == "fp16"
+  assert set(recorded["images_per_sec"]) == {"none", "fp16"}
+  assert all(rate > 0 for rate in recorded["images_per_sec"].values())
+  assert recorded["steps_per_round"] == {"none": 1, "fp16": 1}
+  # What Horovod ran with: horovodrun's defaults, the engine's CPU cycle.
+  assert recorded["fusion_threshold_bytes"] == 128 * 1024 * 1024
+  assert recorded["cycle_time_ms"] == 3.0
+  assert ("--gradient_compression=auto: measured float32 gradients "
+          in result.stderr)
+
+
 def test_a_resume_takes_the_recorded_choice_without_measuring(measured):
   _, result, ranks = measured
   assert [r["resumed_policy"] for r in ranks] == ["mixed_bfloat16"] * 2
+  assert [r["resumed_compression"] for r in ranks] == ["fp16"] * 2
   assert [r["history"][-1]["epoch"] for r in ranks] == [2, 2]
   assert result.stderr.count("--mixed_precision=auto: measured") == 1
+  assert result.stderr.count("--gradient_compression=auto: measured") == 1
 
 
 def test_a_run_first_started_in_float32_resumes_in_it_under_auto(measured):
   _, _, ranks = measured
   assert [r["resumed_float32_policy"] for r in ranks] == ["float32"] * 2
+  assert [r["resumed_uncompressed"] for r in ranks] == ["none"] * 2
   assert [r["resumed_float32_epoch"] for r in ranks] == [2, 2]
 
 
@@ -148,5 +169,7 @@ def test_float32_alone_is_recorded_unmeasured(measured):
 
 
 def test_the_measured_run_keeps_every_rank_identical(measured):
+  # In bfloat16, its gradients sent as float16: each rank gets the same
+  # reduced gradient all the same.
   _, _, ranks = measured
   assert [r["max_weight_difference_across_ranks"] for r in ranks] == [0, 0]

@@ -508,13 +508,13 @@ def test_a_tasks_own_step_refuses_float16_and_accumulation():
   task = tasks.build(config.task.name, SMALL)
   with pytest.raises(UserError, match="--mixed_precision=float16: a task "
                      "with its own train step has no loss scaling"):
-    build.optimizer_and_step(config, "float16", task, task.build_model(None),
-                             0.001)
+    build.optimizer_and_step(config, "float16", "none", task,
+                             task.build_model(None), 0.001)
   config = config.replace(performance=dict(grad_accum_steps=2))
   with pytest.raises(UserError, match="--grad_accum_steps: a task with its "
                      "own train step accumulates nothing"):
-    build.optimizer_and_step(config, "none", task, task.build_model(None),
-                             0.001)
+    build.optimizer_and_step(config, "none", "none", task,
+                             task.build_model(None), 0.001)
 
 
 def test_an_image_folder_with_masks_beside_its_images(tmp_path):

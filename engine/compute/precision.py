@@ -18,7 +18,6 @@ model, batch and data, and rank 0's fastest wins if it beats float32 by
 MARGIN (`choose`). Hardware with float32 alone runs float32 unmeasured.
 """
 import dataclasses
-import json
 import os
 from typing import Optional
 
@@ -101,21 +100,15 @@ def record(model_dir: str, choice: dict) -> None:
   the hardware has float32 alone), which a resume and engine.evaluate use
   rather than choosing again: a run never changes precision midway, even
   resumed on other hardware."""
-  with open(os.path.join(model_dir, run_files.PRECISION_FILE), "w") as f:
-    json.dump(choice, f)
+  run_files.write_record(model_dir, run_files.PRECISION_FILE, choice)
 
 
 def recorded(model_dir: str) -> Optional[dict]:
   """The choice recorded in model_dir by the run's first start, if any:
   {"mode": ..., "images_per_sec": {...}, "seconds": ...}, or a UserError
   naming the file if it cannot be read."""
-  def checked(choice):
-    if choice["mode"] not in _POLICIES:
-      raise ValueError(f"mode {choice['mode']!r}")
-    return choice
-
-  return run_files.read_record(
-      model_dir, run_files.PRECISION_FILE, checked,
+  return run_files.read_choice(
+      model_dir, run_files.PRECISION_FILE, "mode", _POLICIES,
       "the precision --mixed_precision=auto measured for this run: restore "
       "it, or delete it to measure again")
 

@@ -12,6 +12,8 @@ from here, so the layout is written down once:
   classes.txt            the class names, one a line in label order
   normalization.json     the statistics the run normalizes with
   precision.json         what --mixed_precision=auto chose (engine.compute.precision)
+  communication.json     what --gradient_compression=auto chose, and Horovod's
+                         fusion threshold and cycle (engine.compute.communication)
   checkpoints/           ckpt-<global step>, best/best-<global step>, and
                          format.json, their format's version
   tensorboard/           train/ and validation/, and the run's hparams
@@ -38,6 +40,7 @@ METRICS_FILE = "metrics.jsonl"
 CLASSES_FILE = "classes.txt"
 NORMALIZATION_FILE = "normalization.json"
 PRECISION_FILE = "precision.json"
+COMMUNICATION_FILE = "communication.json"
 
 CHECKPOINT_DIR = "checkpoints"
 # tf.train.CheckpointManager's names in it: the latest few as
@@ -156,7 +159,14 @@ def record_of(line: bytes) -> Optional[dict]:
   return None
 
 
-# The JSON records: precision.json, normalization.json, format.json.
+# The JSON records: precision.json, communication.json, normalization.json,
+# format.json.
+
+
+def write_record(directory: str, name: str, value) -> None:
+  """`directory`'s JSON file `name`: `value`."""
+  with open(os.path.join(directory, name), "w") as f:
+    json.dump(value, f)
 
 
 def read_record(directory: str, name: str,
@@ -173,6 +183,20 @@ def read_record(directory: str, name: str,
       return check(json.load(f))
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise UserError(f"{path}: unreadable ({e}); it records {keeps}") from None
+
+
+def read_choice(directory: str, name: str, key: str, allowed,
+                keeps: str) -> Optional[dict]:
+  """An `auto` option's choice, recorded in `directory`'s JSON file
+  `name` by the run's first start: the object, whose `key` is one of
+  `allowed`; None if there is none; a UserError naming it if it cannot be
+  read."""
+  def checked(choice):
+    if choice[key] not in allowed:
+      raise ValueError(f"{key} {choice[key]!r}")
+    return choice
+
+  return read_record(directory, name, checked, keeps)
 
 
 # The checkpoints' format.
@@ -200,8 +224,7 @@ def checkpoint_format(directory: str) -> Optional[int]:
 def record_checkpoint_format(directory: str) -> None:
   """FORMAT_FILE in `directory`, made if need be: CHECKPOINT_FORMAT."""
   os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, FORMAT_FILE), "w") as f:
-    json.dump({"version": CHECKPOINT_FORMAT}, f)
+  write_record(directory, FORMAT_FILE, {"version": CHECKPOINT_FORMAT})
 
 
 def checkpoint_dir_of(prefix: str) -> str:

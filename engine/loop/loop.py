@@ -17,6 +17,7 @@ import tensorflow as tf
 from engine import datasets
 from engine import distributed
 from engine import tasks
+from engine.compute import communication
 from engine.compute import ema
 from engine.compute import metrics
 from engine.compute import optimizers
@@ -49,6 +50,8 @@ class TrainingParts:
   config: TrainConfig  # as given
   world: distributed.World
   precision: precision.Choice  # what --mixed_precision decided at start-up
+  # What --gradient_compression decided at start-up.
+  communication: communication.Choice
   splits: datasets.Splits
   staged: Optional[dict]  # --stage_dir's record, for metrics.jsonl
   task: tasks.Task
@@ -76,6 +79,7 @@ class TrainLoop:
     self._config = parts.config
     self._world = parts.world
     self._precision = parts.precision
+    self._communication = parts.communication
     self._splits = parts.splits
     self._model = parts.model
     self._optimizer = parts.optimizer
@@ -194,7 +198,8 @@ class TrainLoop:
     if chief and self.directory is None:
       self.directory = RunDirectory(
           self._config.training.model_dir, self._config,
-          precision_choice=self._precision, model=self._model,
+          precision_choice=self._precision,
+          communication_choice=self._communication, model=self._model,
           optimizer=self._optimizer, info=self._splits.info,
           task=self._train_step.task, decider=self._decider,
           lr_factor=self._learning_rate.factor,

@@ -19,6 +19,7 @@ import tensorflow as tf
 from engine import datasets
 from engine import distributed
 from engine import tasks
+from engine.compute import communication
 from engine.compute import ema
 from engine.compute import precision
 from engine.core import run_files
@@ -43,17 +44,19 @@ class RunDirectory:
   """
 
   def __init__(self, model_dir: str, config: TrainConfig, *,
-               precision_choice: precision.Choice, model, optimizer,
+               precision_choice: precision.Choice,
+               communication_choice: communication.Choice, model, optimizer,
                info: datasets.DatasetInfo, task: tasks.Task,
                decider: tasks.Decider, lr_factor: tf.Variable,
                weight_average: Optional[ema.WeightAverage],
                stop: stopping.Target, mlperf: MLPerfLog):
-    """`precision_choice`: the start-up's, whose figures a first start
-    records; `decider`: the validation figure that decides best/;
-    `mlperf`: --mlperf_log's, which this writes."""
+    """`precision_choice` and `communication_choice`: the start-up's, whose
+    figures a first start records; `decider`: the validation figure that
+    decides best/; `mlperf`: --mlperf_log's, which this writes."""
     self.model_dir = model_dir
     self._config = config
     self._precision = precision_choice
+    self._communication = communication_choice
     self._model = model
     self._task = task
     self._decider = decider
@@ -112,6 +115,8 @@ class RunDirectory:
       if self._precision.figures:  # --mixed_precision=auto's choice
         precision.record(self.model_dir, dict(
             mode=self._precision.mode, **self._precision.figures))
+      if self._communication.figures:  # --gradient_compression=auto's
+        communication.record(self.model_dir, self._communication)
     self.opened = True
     return position
 

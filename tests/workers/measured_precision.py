@@ -1,18 +1,19 @@
 """Run by tests/test_precision.py under `horovodrun -np 2`:
---mixed_precision=auto's measurement on two processes, on hardware of two
-native modes (float32 and bfloat16: `precision.native` replaced rather
-than the CPU read, so that any machine runs it). Each rank writes
-OUT/rank<r>.json.
+--mixed_precision=auto's and --gradient_compression=auto's measurements
+(engine/measure.py) on two processes, on hardware of two native modes
+(float32 and bfloat16: `precision.native` replaced rather than the CPU
+read, so that any machine runs it). Each rank writes OUT/rank<r>.json.
 
-1. A run measures and chooses; rank 0 is made to choose bfloat16 and rank
-   1 float32 (`precision.choose` replaced), so the mode both run says
-   whose choice wins. Rank 0's time budget fits one step a round and rank
-   1's all eight: each step holds an allreduce, so unless every rank runs
-   rank 0's count the ranks' collectives would not match.
-2. The run resumed: `precision.choose` now fails if called, so the resume
-   must take the recorded choice without measuring.
-3. A run first started in float32 (as every run was before auto became
-   the default), resumed under auto: it keeps float32, unmeasured.
+1. A run measures and chooses both; rank 0 is made to choose bfloat16 and
+   fp16 gradients and rank 1 float32 and none (`precision.choose` and
+   `communication.choose` replaced), so what both run says whose choice
+   wins. Rank 0's time budget fits one step a round and rank 1's all
+   eight: each step holds an allreduce, so unless every rank runs rank 0's
+   count the ranks' collectives would not match.
+2. The run resumed: both `choose` now fail if called, so the resume must
+   take the recorded choices without measuring.
+3. A run first started in float32 and without compression (as every run
+   was before auto), resumed under auto: it keeps both, unmeasured.
 4. A first start under auto on hardware of float32 alone: float32,
    unmeasured, recorded for a resume on other hardware.
 """
@@ -24,8 +25,9 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from engine import build
+from engine import measure
 from engine import train as engine_train
+from engine.compute import communication
 from engine.compute import precision
 from tests import fixtures
 
@@ -33,6 +35,13 @@ from tests import fixtures
 def policy(model) -> str:
   return next(layer.dtype_policy.name for layer in model.layers
               if layer.weights)
+
+
+def compression(result) -> str:
+  """What the run's gradients were sent as: fp16 halves their bytes."""
+  values = sum(v.shape.num_elements() for v in result.model.trainable_variables)
+  return {4 * values: "none", 2 * values: "fp16"}[
+      result.train_step.gradient_bytes]
 
 
 def weights(model) -> np.ndarray:
@@ -47,41 +56,49 @@ def main(out_dir: str, data_dir: str) -> None:
       training=dict(batch_size=16, epochs=1, steps_per_epoch=4,
                     progress="none", model_dir=os.path.join(out_dir, "run")),
       devices=dict(deterministic=True),
-      performance=dict(mixed_precision="auto"))
-  auto, float32 = "--mixed_precision=auto", "--mixed_precision=none"
-  config = config.replace(  # the flags.txt an auto run records
-      command_line=config.command_line.replace(float32, auto))
+      performance=dict(mixed_precision="auto", gradient_compression="auto"))
+  asked = {"--mixed_precision=none": "--mixed_precision=auto",
+           "--gradient_compression=none": "--gradient_compression=auto"}
+  auto_flags = config.command_line  # the flags.txt an auto run records
+  for explicit, auto in asked.items():
+    auto_flags = auto_flags.replace(explicit, auto)
+  config = config.replace(command_line=auto_flags)
   precision.native = lambda cpu_flags=None: (("none", "bfloat16"),
                                              "CPU with AVX512_BF16")
   precision.choose = lambda figures: "bfloat16" if hvd.rank() == 0 else "none"
+  communication.choose = lambda figures: "fp16" if hvd.rank() == 0 else "none"
   # Before Horovod starts: the rank horovodrun gave this process.
   rank = int(os.environ["HOROVOD_RANK"])
-  build.MEASURED_SECONDS = 1e-6 if rank == 0 else 1e6
+  measure.MEASURED_SECONDS = 1e-6 if rank == 0 else 1e6
   first = engine_train.train(config)
   measured = policy(first.model)
 
   def measured_again(figures):
     raise AssertionError(f"measured again: {figures}")
 
-  precision.choose = measured_again
+  precision.choose = communication.choose = measured_again
   second = engine_train.train(config.replace(training=dict(epochs=2)))
   float32_run = config.replace(
       training=dict(model_dir=os.path.join(out_dir, "float32_run")))
   engine_train.train(float32_run.replace(
-      performance=dict(mixed_precision="none"),
-      command_line=config.command_line.replace(auto, float32)))
+      performance=dict(mixed_precision="none", gradient_compression="none"),
+      command_line=fixtures.train_config().command_line))
   resumed_float32 = engine_train.train(float32_run.replace(
       training=dict(epochs=2)))
   precision.native = lambda cpu_flags=None: (
       ("none",), "CPU without AVX512_BF16 or AMX")
   float32_alone = engine_train.train(config.replace(
-      training=dict(model_dir=os.path.join(out_dir, "float32_alone"))))
+      training=dict(model_dir=os.path.join(out_dir, "float32_alone")),
+      performance=dict(gradient_compression="none")))
   flat = weights(second.model)
   everyone = hvd.allgather(tf.constant(flat[None]), name="weights").numpy()
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump({"measured_policy": measured,
+               "measured_compression": compression(first),
                "resumed_policy": policy(second.model),
+               "resumed_compression": compression(second),
                "resumed_float32_policy": policy(resumed_float32.model),
+               "resumed_uncompressed": compression(resumed_float32),
                "resumed_float32_epoch": resumed_float32.history[-1]["epoch"],
                "float32_alone_policy": policy(float32_alone.model),
                "max_weight_difference_across_ranks":
