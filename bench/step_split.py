@@ -34,12 +34,15 @@ from bench import interleaved
 from bench import shaped_links
 from bench import timeline_split
 from engine import scaling
+from engine.compute import communication
 from tests import simulated_hosts
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("workloads", ["resnet50", "cosmoflow"], "What to train.")
 flags.DEFINE_list("links", ["1gbit"], "As bench/allreduce_link.py's.")
 flags.DEFINE_list("controllers", ["gloo"], "Horovod's controllers.")
+flags.DEFINE_list("compressions", ["none"], "--gradient_compression of the "
+                  "runs: none, fp16, auto (measured at the start).")
 flags.DEFINE_integer("hosts", 2, "Simulated hosts, one process each.",
                      lower_bound=2)
 flags.DEFINE_integer("steps", 16, "Steps per run (one epoch).", lower_bound=4)
@@ -72,16 +75,18 @@ def volumes() -> str:
   return path
 
 
-def run(hosts, workload: str, link: str, controller: str, round_: int):
+def run(hosts, workload: str, link: str, controller: str, compression: str,
+        round_: int):
   shaped_links.shape(hosts, link, FLAGS.burst_ms)
-  name = f"{workload}-{link}-{controller}-r{round_}"
+  name = f"{workload}-{link}-{controller}-{compression}-r{round_}"
   model_dir = os.path.join(FLAGS.out_dir, name)
   shutil.rmtree(model_dir, ignore_errors=True)
   os.makedirs(model_dir)
   timeline = os.path.join(model_dir, "horovod_timeline.json")
   engine = [*WORKLOADS[workload], "--epochs=1",
             f"--steps_per_epoch={FLAGS.steps}", "--mixed_precision=none",
-            "--progress=none", f"--model_dir={model_dir}"]
+            f"--gradient_compression={compression}", "--progress=none",
+            f"--model_dir={model_dir}"]
   if workload == "cosmoflow":
     engine.append(f"--data_dir={volumes()}")
   command = [
@@ -97,6 +102,10 @@ def run(hosts, workload: str, link: str, controller: str, round_: int):
     sys.exit(f"{name}: {' '.join(command)} failed (exit "
              f"{result.returncode}):\n"
              f"{(result.stdout + result.stderr)[-3000:]}")
+  if compression == "auto":
+    chosen = communication.recorded(model_dir)
+    print(f"  {name}: auto chose {chosen['compression']} "
+          f"({chosen.get('images_per_sec')})", flush=True)
   split = timeline_split.steps(timeline_split.spans(
       timeline_split.load(timeline)))
   return split[FLAGS.skip:]
@@ -120,8 +129,8 @@ def main(argv):
   if FLAGS.link_fits:
     with open(FLAGS.link_fits) as f:
       fits = json.load(f)["links"]
-  configs = [(w, l, c) for w in FLAGS.workloads for l in FLAGS.links
-             for c in FLAGS.controllers]
+  configs = [(w, l, c, z) for w in FLAGS.workloads for l in FLAGS.links
+             for c in FLAGS.controllers for z in FLAGS.compressions]
   found = {config: [] for config in configs}
   print(f"load {os.getloadavg()[0]:.2f}", flush=True)
   with simulated_hosts.SimulatedHosts(FLAGS.hosts) as hosts:
@@ -136,16 +145,18 @@ def main(argv):
               f"{m['transfer'] * 1e3:.0f}), overlapped "
               f"{m['overlapped'] * 1e3:.0f}; {m['bytes'] / 1e6:.1f} MB "
               f"(load {os.getloadavg()[0]:.2f})", flush=True)
-  print("\n| workload | link | controller | MB a step | step, ms | compute "
+  print("\n| workload | link | controller | compression | MB a step | "
+        "step, ms | compute "
         "| exposed comm. | of which transfer | overlapped | exposed / step "
-        "| ring model, ms |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:"
-        "|---:|")
+        "| ring model, ms |\n|---|---|---|---|---:|---:|---:|---:|---:|---:"
+        "|---:|---:|")
   rows = []
   for config, runs in found.items():
     m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
     model = predicted(fits, config[1], config[2], m["bytes"], FLAGS.hosts)
     rows.append({"workload": config[0], "link": config[1],
-                 "controller": config[2], **m, "model": model,
+                 "controller": config[2], "compression": config[3], **m,
+                 "model": model,
                  "runs": runs})
     print(f"| {' | '.join(config)} | {m['bytes'] / 1e6:.1f} | "
           f"{m['step'] * 1e3:.0f} | {m['compute'] * 1e3:.0f} | "
