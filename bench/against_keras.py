@@ -4,6 +4,10 @@ r"""A recipe trained by the engine and by Keras `fit`, interleaved.
       --recipe=flags/fashion_mnist_segmentation.cfg --repeats=3
   .venv/bin/python -m bench.against_keras \
       --recipe=flags/cosmoflow_mini.cfg --figures=val_mae,val_r2 --repeats=3
+  .venv/bin/python -m bench.against_keras \
+      --recipe=bench/cosmoflow_speed.cfg --figures=val_mae,val_r2 \
+      --variant="engine=engine --cache_records" \
+      --variant="independent=independent --cache"
 
 Each round trains the recipe once with the engine (`engine.train`) and once
 with Keras `model.fit` and Horovod's callbacks given the same model, data,
@@ -14,6 +18,16 @@ alike (the engine's exact evaluation), so the --figures compare the
 training, and images/s (the median of the epochs after the first) the
 steps. Prints every run as it ends, then each configuration's medians and
 the seeds' spread of the first figure.
+
+--configs=engine,independent races the engine against CosmoFlow's
+independent Keras trainer instead (bench/keras_cosmoflow.py: its own
+model and tf.data pipeline after the MLPerf HPC reference, nothing of the
+engine's; it reads the recipe's shared flags and ignores the rest).
+--variant="LABEL=CONFIG FLAG..." runs a configuration under a label of its
+own with flags added to the recipe's (several variants of one
+configuration race in the same rounds); the first variant is the one the
+others are divided by. Each run also reports the 1-minute load average
+before and after it, and every epoch's images/s.
 """
 import json
 import os
@@ -25,12 +39,20 @@ from absl import flags
 
 from bench import interleaved
 
-CONFIGS = {"engine": "engine.train", "keras_fit": "bench.keras_recipe"}
+CONFIGS = {"engine": "engine.train", "keras_fit": "bench.keras_recipe",
+           "independent": "bench.keras_cosmoflow"}
 FLAGS = flags.FLAGS
 flags.DEFINE_string("recipe", "flags/fashion_mnist_segmentation.cfg",
                     "The recipe's flagfile.")
 flags.DEFINE_list("figures", ["val_mean_iou", "val_pixel_accuracy"],
                   "The last epoch's figures to compare, the first deciding.")
+flags.DEFINE_list("configs", ["engine", "keras_fit"],
+                  f"Configurations to run, the first the reference of the "
+                  f"ratios: of {', '.join(CONFIGS)}.")
+flags.DEFINE_multi_string("variant", [],
+                          "LABEL=CONFIG FLAG...: a configuration under its "
+                          "own label with flags added to the recipe's; "
+                          "replaces --configs when given.")
 flags.DEFINE_integer("repeats", 3, "Rounds; each runs both configurations.",
                      lower_bound=1)
 flags.DEFINE_integer("processes", 2, "Processes per run.", lower_bound=1)
@@ -39,47 +61,78 @@ flags.DEFINE_string("out_dir", os.path.join(interleaved.REPO, "bench", "out",
                     "Each run's model_dir, emptied before it runs.")
 
 
-def run(config: str, seed: int) -> dict:
-  model_dir = os.path.join(FLAGS.out_dir, f"{config}_{seed}")
+def variants() -> dict:
+  """Each label's configuration and its own flags, in --variant's order,
+  or --configs' without flags of their own."""
+  if not FLAGS.variant:
+    chosen = {config: (config, []) for config in FLAGS.configs}
+  else:
+    chosen = {}
+    for text in FLAGS.variant:
+      label, _, rest = text.partition("=")
+      config, *extra = rest.split()
+      chosen[label.strip()] = (config, extra)
+  for label, (config, _) in chosen.items():
+    if config not in CONFIGS:
+      raise app.UsageError(f"{label}: no configuration {config!r}; one of "
+                           f"{', '.join(CONFIGS)}")
+  return chosen
+
+
+def run(label: str, config: str, extra: list, seed: int) -> dict:
+  model_dir = os.path.join(FLAGS.out_dir, f"{label}_{seed}")
   shutil.rmtree(model_dir, ignore_errors=True)
+  load_before = os.getloadavg()[0]
   interleaved.launch([
       interleaved.HOROVODRUN, "--gloo", "-np", str(FLAGS.processes),
       interleaved.PYTHON, "-m", CONFIGS[config], f"--flagfile={FLAGS.recipe}",
-      f"--seed={seed}", f"--model_dir={model_dir}", "--progress=none"])
+      *extra, f"--seed={seed}", f"--model_dir={model_dir}",
+      "--progress=none"])
+  load_after = os.getloadavg()[0]
   with open(os.path.join(model_dir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f
                if line.strip() and "event" not in line]
-  return {"config": config, "seed": seed,
+  return {"config": label, "seed": seed,
           "images_per_sec": statistics.median(
               r["images_per_sec"] for r in records[1:]),
+          "epochs": [r["images_per_sec"] for r in records],
           **{figure: records[-1][figure] for figure in FLAGS.figures},
-          "seconds": records[-1]["cumulative_seconds"]}
+          "seconds": records[-1]["cumulative_seconds"],
+          "load": (load_before, load_after)}
 
 
 def main(argv):
   del argv
+  chosen = variants()
+  labels = list(chosen)
   results = []
   for seed in range(FLAGS.repeats):
-    order = list(CONFIGS)[::-1] if seed % 2 else list(CONFIGS)
-    for config in order:
-      result = run(config, seed)
+    order = labels[::-1] if seed % 2 else labels
+    for label in order:
+      result = run(label, *chosen[label], seed)
       results.append(result)
-      print(f"  seed {seed} {config}: {result['images_per_sec']:.0f} img/s, "
+      print(f"  seed {seed} {label}: {result['images_per_sec']:.1f} img/s, "
             + ", ".join(f"{figure} {result[figure]:.4f}"
                         for figure in FLAGS.figures)
-            + f", {result['seconds']:.1f} s", flush=True)
+            + f", {result['seconds']:.1f} s; epochs "
+            + " ".join(f"{r:.0f}" for r in result["epochs"])
+            + "; load %.2f -> %.2f" % result["load"], flush=True)
   decides = FLAGS.figures[0]
-  for config in CONFIGS:
-    mine = [r for r in results if r["config"] == config]
+  for label in labels:
+    mine = [r for r in results if r["config"] == label]
     values = [r[decides] for r in mine]
-    print(f"{config}: median "
-          f"{statistics.median(r['images_per_sec'] for r in mine):.0f} "
+    print(f"{label}: median "
+          f"{statistics.median(r['images_per_sec'] for r in mine):.1f} "
           f"img/s; {decides} median {statistics.median(values):.4f} "
           f"(seeds {min(values):.4f}-{max(values):.4f})")
-  ratios = [e["images_per_sec"] / k["images_per_sec"] for e, k in zip(
-      *([r for r in results if r["config"] == c] for c in CONFIGS))]
-  print("engine / keras_fit img/s by seed: "
-        + ", ".join(f"{r:.3f}" for r in ratios))
+  first = [r for r in results if r["config"] == labels[0]]
+  for label in labels[1:]:
+    other = [r for r in results if r["config"] == label]
+    ratios = [a["images_per_sec"] / b["images_per_sec"]
+              for a, b in zip(first, other)]
+    print(f"{labels[0]} / {label} img/s by seed: "
+          + ", ".join(f"{r:.3f}" for r in ratios)
+          + f" (median {statistics.median(ratios):.3f})")
 
 
 if __name__ == "__main__":
