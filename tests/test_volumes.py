@@ -302,13 +302,15 @@ def test_training_batches_resume_at_any_step_and_differ_by_epoch(data_dir):
   assert not np.array_equal(first, second)
 
 
-@pytest.mark.parametrize("per_file", [3, 1])
-def test_cached_records_give_the_very_batches_streaming_does(tmp_path,
-                                                             per_file):
-  """--cache_records: records decoded once, the same batches at every step,
-  resumed or not (3 a file: shuffled in windows; 1: by their order)."""
+@pytest.mark.parametrize("per_file, log_transform", [(3, False), (1, True)])
+def test_cached_records_give_the_very_batches_streaming_does(
+    tmp_path, per_file, log_transform):
+  """--cache_records: records decoded (and normalized) once, the same
+  batches at every step, resumed or not (3 a file: shuffled in windows; 1:
+  by their order), log-transformed or not."""
   directory = write(tmp_path, files=(6, 2), per_file=per_file)
-  streamed, cached = load(directory), load(directory, cache_records=True)
+  streamed, cached = (load(directory, log_transform=log_transform,
+                           cache_records=cache) for cache in (False, True))
   assert cached.train.cache and not streamed.train.cache
   for first in (dict(), dict(first_epoch=1, first_step=2)):
     for (x, y), (x2, y2) in zip(train_batches(streamed, **first),

@@ -67,9 +67,10 @@ class RecordFiles(Source):
     layout = self._layout(info)
     records = self._records
     if self.cache and self.features:
-      records = _Decoded(self.rank_files(shard), self.features,
-                         self.compression).records
-      layout.decoded = True
+      decoded = _Decoded(self.rank_files(shard), self.features,
+                         self.compression, info)
+      records = decoded.records
+      layout.decoded, layout.held_normalized = True, decoded.normalized
 
     def epoch_batches(key):
       def one_pass(index):
@@ -124,12 +125,20 @@ def _interleaved(files: tf.data.Dataset, records) -> tf.data.Dataset:
 
 class _Decoded:
   """One rank's records of declared features, decoded (and checked) once
-  and held in memory as stored (CosmoFlow's int16 volumes: 256 KB each at
-  32^3 x 4): `records` gives (file, index, input, label) in the order the
-  files' own records would come in, so a run reads the very batches it
-  would have streamed, without decompressing and parsing each epoch."""
+  and held in memory: `records` gives (file, index, input, label) in the
+  order the files' own records would come in, so a run reads the very
+  batches it would have streamed, without decompressing and parsing each
+  epoch.
 
-  def __init__(self, files, spec, compression: str):
+  Volumes are held `normalized` too (float32: 512 KB a CosmoFlow volume of
+  32^3 x 4), so that no epoch transforms and normalizes them again: their
+  augmentation, flips and transposes, moves values without changing them,
+  and normalization works value by value, so normalizing before it gives
+  the very batches normalizing after it does (a test compares them).
+  Images are held as stored: a shift fills its border with a stored
+  value."""
+
+  def __init__(self, files, spec, compression: str, info: DatasetInfo):
     decoded = tf.data.Dataset.from_tensor_slices(list(files)).flat_map(
         lambda file: record_features.records(file, compression)).map(
             lambda file, index, record: (file, *spec.decode(file, index,
@@ -148,7 +157,11 @@ class _Decoded:
     self._counts = tf.constant(counts, tf.int64)
     # Variables, not constants: the data sets that read them hold a handle
     # instead of a copy in their graphs.
-    self._inputs = tf.Variable(np.stack(inputs), trainable=False)
+    self.normalized = len(info.image_shape) == 4
+    inputs = np.stack(inputs)
+    self._inputs = tf.Variable(
+        info.normalized(inputs) if self.normalized else inputs,
+        trainable=False)
     self._labels = tf.Variable(np.stack(labels), trainable=False)
 
   def records(self, files: tf.data.Dataset) -> tf.data.Dataset:
@@ -239,6 +252,7 @@ class _DeclaredFeatures:
 
   def __init__(self, spec, info: DatasetInfo, *, records_per_file: float):
     self.decoded = False  # records come decoded (_Decoded), or serialized
+    self.held_normalized = False  # and normalized too (_Decoded's volumes)
     self._spec = spec
     self._info = info
     self._records_per_file = records_per_file
@@ -266,7 +280,8 @@ class _DeclaredFeatures:
                        num_parallel_calls=sources.decode_parallelism())
 
   def augmented(self, shard: Shard, augmentation: Augmentation):
-    return sources.batch_augmentation(self._info, shard, augmentation)
+    return sources.batch_augmentation(self._info, shard, augmentation,
+                                      normalize=not self.held_normalized)
 
   def eval_example(self, file, index, record):
     return self._spec.decode(file, index, record)

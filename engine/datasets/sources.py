@@ -55,18 +55,19 @@ def stream(epochs: Epochs, epoch_batches, *, first_epoch: int,
 
 
 def batch_augmentation(info: DatasetInfo, shard: Shard,
-                       augmentation: Augmentation):
+                       augmentation: Augmentation, normalize: bool = True):
   """The function from an epoch's key, a step and its batch to the batch
-  augmented and normalized: the draws keyed by (epoch, step, rank)."""
+  augmented and normalized (unless `normalize` is False: volumes held
+  normalized already): the draws keyed by (epoch, step, rank)."""
   volumes = len(info.image_shape) == 4
 
   def augmented(epoch_key, step, images, labels):
     key = tf.random.experimental.stateless_fold_in(
         epoch_key, step * shard.world_size + shard.rank)
     if volumes:
-      return info.normalized(augment_volumes(
-          images, key, flip=augmentation.flip,
-          transpose=augmentation.transpose)), labels
+      moved = augment_volumes(images, key, flip=augmentation.flip,
+                              transpose=augmentation.transpose)
+      return (info.normalized(moved) if normalize else moved), labels
     batch = augment(images, key, flip=augmentation.flip,
                     shift=augmentation.shift, fill=info.shift_fill)
     if info.labels_are_masks():  # moved as its image is: the same key
