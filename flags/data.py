@@ -149,11 +149,11 @@ flags.DEFINE_bool("log_transform", False,
 flags.DEFINE_bool("cache_records", False,
                   "tfrecord with declared features: each process decodes "
                   "its training records once, before training, and holds "
-                  "them in memory as stored (a 32^3 x 4 int16 volume: 256 "
-                  "KB); every epoch then reads the same batches as "
-                  "streaming would, without decompressing and parsing "
-                  "them. For data whose share fits in each process's "
-                  "memory.")
+                  "them in memory, volumes normalized (a 32^3 x 4 volume: "
+                  "512 KB as float32); every epoch then reads the same "
+                  "batches as streaming would, without decompressing, "
+                  "parsing and normalizing them. For data whose share fits "
+                  "in each process's memory.")
 flags.DEFINE_bool("random_transpose", False,
                   "Volumes (DxDxDxC): augment training examples with a "
                   "random order of their three spatial axes (--random_flip "
