@@ -28,9 +28,11 @@ def test_k_steps_a_call_train_exactly_as_one_step_a_call(ranks):
   for rank in ranks:
     one, four = rank["k1"], rank["k4"]
     np.testing.assert_array_equal(four["weights"], one["weights"])
-    assert four["history"] == [dict(r, **{k: four["history"][i][k] for k in (
-        "images_per_sec", "input_seconds", "step_seconds", "epoch_seconds",
-        "cumulative_seconds", "time")}) for i, r in enumerate(one["history"])]
+    timings = ("images_per_sec", "input_seconds", "step_seconds",
+               "eval_seconds", "epoch_seconds", "cumulative_seconds", "time")
+    assert four["history"] == [
+        dict(r, **{k: four["history"][i][k] for k in timings})
+        for i, r in enumerate(one["history"])]
     # Calls of several steps, one trace for calls of any size.
     assert one["calls"] == [] and max(four["calls"]) > 1
     assert sum(four["calls"]) == 20 and four["traces"] == 1
