@@ -16,8 +16,8 @@ from typing import Optional
 
 import numpy as np
 
-from engine.datasets import Shard
 from engine.datasets import cifar10, fashion_mnist, idx
+from engine.datasets import Shard
 from tests import timeouts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
 from engine import distributed
 from engine.compute import ema
 from engine.compute import step as steps
 from engine.records import checkpoint
+import models
 from tests import fixtures
 
 IDENTITY = "model cnn_4 on test data"

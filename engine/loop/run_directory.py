@@ -31,9 +31,9 @@ from engine.loop import preemption
 from engine.loop import stopping
 from engine.records import checkpoint
 from engine.records import export
-from engine.records.mlperf import MLPerfLog
 from engine.records import report
 from engine.records import storage
+from engine.records.mlperf import MLPerfLog
 
 
 class RunDirectory:

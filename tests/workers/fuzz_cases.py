@@ -69,8 +69,8 @@ import h5py
 import numpy as np
 import tensorflow as tf
 
-from engine import distributed
 from engine import cli
+from engine import distributed
 from engine import train
 from engine.datasets import cifar10, fashion_mnist
 from tests import fixtures
