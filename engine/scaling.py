@@ -41,12 +41,12 @@ import math
 import statistics
 from typing import Optional
 
+from engine.compute import communication
 from engine.core import run_files
 from engine.core.errors import UserError
 
-# Horovod 0.28.1's default fusion buffer (HOROVOD_FUSION_THRESHOLD; its
-# operations.cc), which the engine leaves as it is.
-FUSION_THRESHOLD_BYTES = 128 * 1024 * 1024
+# Horovod's fusion buffer: its default, which the engine leaves as it is.
+FUSION_THRESHOLD_BYTES = communication.HOROVOD_FUSION_THRESHOLD_BYTES
 NODES = (8, 16, 32, 64, 128, 256, 512)
 
 

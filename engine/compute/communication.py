@@ -26,8 +26,11 @@ from typing import Optional
 
 from engine.core import run_files
 
-# --gradient_compression's values; `auto` resolves to one of the others.
-MODES = ("none", "fp16", "auto")
+# How the gradients can be sent (engine/compute/step.py's Horovod
+# compressions), and --gradient_compression's values: `auto` resolves to
+# one of them.
+COMPRESSIONS = ("none", "fp16")
+MODES = (*COMPRESSIONS, "auto")
 # How much faster than float32 gradients float16 ones must measure to be
 # chosen: above the spread of repeated measurements on a quiet machine.
 MARGIN = 0.05

@@ -20,7 +20,6 @@ from engine.tasks import Task
 from engine.tasks.classification import Classification
 
 ALLREDUCE_OPS = ("average", "adasum")
-COMPRESSIONS = ("none", "fp16")
 _HOROVOD_OPS = {"average": hvd.Average, "adasum": hvd.Adasum}
 _HOROVOD_COMPRESSIONS = {"none": hvd.Compression.none,
                          "fp16": hvd.Compression.fp16}
