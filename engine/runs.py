@@ -52,7 +52,7 @@ RUNNING_GRACE_SECONDS = 120
 # An error's reason is cut to about this many characters in the table.
 REASON_CHARS = 50
 # Flags every run has a different value of, which only say where it is.
-UNCOMPARED_FLAGS = ("model_dir",)
+UNCOMPARED_FLAGS = ("model_dir", "trial_number", "trial_study_dir")
 
 
 @dataclasses.dataclass

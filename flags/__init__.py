@@ -3,18 +3,18 @@
 Importing this package defines them all. `--helpfull` lists them grouped by
 these modules: flags.data, flags.model, flags.task, flags.optimization, flags.training,
 flags.checkpoints, flags.faults, flags.elastic, flags.devices,
-flags.performance, flags.profiling, flags.mlperf. Their defaults are the CPU preset
+flags.performance, flags.profiling, flags.mlperf, flags.trial. Their defaults are the CPU preset
 (flags/fashion_mnist_cpu.cfg): with no flags at all, the engine trains a
 small CNN on Fashion-MNIST to over 90% test accuracy in minutes.
 """
 from absl import flags as absl_flags
 
 from flags import (checkpoints, data, devices, elastic, faults, mlperf,
-                   model, optimization, performance, profiling, task,
+                   model, optimization, performance, profiling, task, trial,
                    training)
 
-_MODULES = (data, model, task, optimization, training, checkpoints, faults,
-            elastic, devices, performance, profiling, mlperf)
+MODULES = (data, model, task, optimization, training, checkpoints, faults,
+           elastic, devices, performance, profiling, mlperf, trial)
 
 
 def as_flagfile() -> str:
@@ -25,6 +25,6 @@ def as_flagfile() -> str:
   """
   values = absl_flags.FLAGS
   lines = [flag.serialize()
-           for module in _MODULES
+           for module in MODULES
            for flag in values.get_flags_for_module(module.__name__)]
   return "\n".join(lines) + "\n"

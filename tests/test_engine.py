@@ -116,7 +116,7 @@ def test_the_engines_modules_import_each_other_without_cycles(tmp_path):
 # imports from its own package and those below it. The commands above them
 # (engine/*.py: train, build, evaluate, ...) and engine/tools/ may import
 # any.
-LAYERS = ("core", "distributed", "datasets", "input", "tasks", "compute",
+LAYERS = ("core", "sweeps", "distributed", "datasets", "input", "tasks", "compute",
           "records", "loop")
 COMMANDS = "commands"
 

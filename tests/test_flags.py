@@ -110,7 +110,7 @@ def test_the_config_and_its_sections_are_frozen(parsed):
   sections = [getattr(config, field.name)
               for field in dataclasses.fields(config)
               if dataclasses.is_dataclass(getattr(config, field.name))]
-  assert len(sections) == 11
+  assert len(sections) == 12
   for section in [config, *sections]:
     name = dataclasses.fields(section)[0].name
     with pytest.raises(dataclasses.FrozenInstanceError):

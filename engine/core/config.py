@@ -166,6 +166,13 @@ class MLPerfConfig:
 
 
 @dataclasses.dataclass(**_SECTION)
+class TrialConfig:
+  """The sweep this run is a trial of (engine.sweep sets both)."""
+  study_dir: str  # "": no sweep
+  number: int
+
+
+@dataclasses.dataclass(**_SECTION)
 class TrainConfig:
   """Everything a run was asked to do, by concern (see flags/ for the
   meanings)."""
@@ -180,6 +187,7 @@ class TrainConfig:
   performance: PerformanceConfig
   profiling: ProfilingConfig
   mlperf: MLPerfConfig
+  trial: TrialConfig
   command_line: str  # the flags as a flagfile, recorded in model_dir
 
   def replace(self, **changes) -> "TrainConfig":
@@ -231,6 +239,10 @@ def config_from_flags() -> TrainConfig:
     raise UserError("--mlperf_log with --elastic: an MLPerf run keeps its "
                     "processes, and rank 0 writes its log; log without "
                     "--elastic")
+  if bool(FLAGS.trial_study_dir) != (FLAGS.trial_number >= 0):
+    raise UserError("--trial_study_dir and --trial_number: give both "
+                    "(engine.sweep does, for each trial it starts) or "
+                    "neither")
   return TrainConfig(
       data=DataConfig(
           name=FLAGS.dataset, dir=FLAGS.data_dir,
@@ -309,6 +321,8 @@ def config_from_flags() -> TrainConfig:
           division=FLAGS.mlperf_division, status=FLAGS.mlperf_status,
           org=FLAGS.mlperf_org, platform=FLAGS.mlperf_platform,
           cache_clear=FLAGS.mlperf_cache_clear),
+      trial=TrialConfig(study_dir=FLAGS.trial_study_dir,
+                        number=FLAGS.trial_number),
       command_line=engine_flags.as_flagfile())
 
 

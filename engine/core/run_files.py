@@ -41,6 +41,10 @@ CLASSES_FILE = "classes.txt"
 NORMALIZATION_FILE = "normalization.json"
 PRECISION_FILE = "precision.json"
 COMMUNICATION_FILE = "communication.json"
+# A sweep's trial (engine/sweeps/trials.py): what the sweep knows of it,
+# and the run's output.
+TRIAL_FILE = "trial.json"
+TRIAL_LOG = "trial.log"
 
 CHECKPOINT_DIR = "checkpoints"
 # tf.train.CheckpointManager's names in it: the latest few as

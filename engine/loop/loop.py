@@ -32,6 +32,7 @@ from engine.input import data
 from engine.loop import actions
 from engine.loop import preemption
 from engine.loop import stopping
+from engine.loop import trial
 from engine.loop.run_directory import RunDirectory
 from engine.loop.run_state import LoopState
 from engine.loop.run_state import RunState
@@ -94,6 +95,9 @@ class TrainLoop:
     training = self._config.training
     self._stop = stopping.Target(training.target, training.patience,
                                  minimize=parts.decider.minimize)
+    # A sweep's trial reports to its study (--trial_study_dir).
+    self._trial = (trial.TrialReports(self._config.trial, str(parts.decider))
+                   if self._config.trial.study_dir else None)
     self._user_actions = list(user_actions)
     self._rollbacks = 0  # in this process's life (see --max_rollbacks)
     self._actions = []  # the start's (_begin)
@@ -216,6 +220,9 @@ class TrainLoop:
       return committed, False
     position = distributed.on_chief(directory.open if directory else None,
                                     name="resume")
+    if self._trial:
+      distributed.on_chief(self._trial.open if directory else None,
+                           name="trial")
     if directory and self._staged:
       directory.record_event(self._staged)
     distributed.broadcast_from_chief(self.variables())
@@ -394,6 +401,9 @@ class TrainLoop:
         cumulative_seconds=record["cumulative_seconds"])
     if stop_now:
       record["stopped_early"] = True
+    pruned = bool(val) and not stop_now and self._pruned(session, record)
+    if pruned:
+      record["pruned"] = True
     if training.target:
       record["target_accuracy_first_epoch"] = self._stop.first_reached_epoch
       record["target_accuracy_first_seconds"] = \
@@ -404,6 +414,10 @@ class TrainLoop:
         record, {**self._eval_step.task.summary_images(val.sums), **pictures}
         if val else {}, position, global_step), name="end_epoch")
     self._commit(state.snapshot(seconds=record["cumulative_seconds"]))
+    if pruned:
+      session.on_chief(lambda directory: directory.record_pruned(
+          record["epoch"], self._trial.pruner), name="pruned")
+      return True
     if stop_now:
       logging.info("stopping early: %s %s %g for %d epochs; first reached "
                    "at epoch %d, %.1fs", self._decider.key,
@@ -412,6 +426,14 @@ class TrainLoop:
                    self._stop.first_reached_epoch,
                    self._stop.first_reached_seconds)
     return stop_now
+
+  def _pruned(self, session: Session, record: dict) -> bool:
+    """A sweep's trial: whether its study prunes it after this epoch.
+    Rank 0 asks; every rank gets the answer, so all stop together."""
+    if not self._trial:
+      return False
+    return session.on_chief(lambda directory: self._trial.pruned_after(
+        record["epoch"], record[self._decider.key]), name="trial_report")
 
   def _say_how_it_ended(self, session: Session,
                         last_val: Optional[metrics.Result]) -> None:

@@ -160,6 +160,14 @@ class RunDirectory:
     with self._writes():
       self.reporter.event(record)
 
+  def record_pruned(self, epoch: int, pruner: str) -> None:
+    """A sweep's trial stopped by its study's pruner after `epoch`: the
+    end record engine.runs and the sweep read."""
+    self.record_event(dict(
+        event="end", state="pruned",
+        reason=f"pruned after epoch {epoch} by the study's {pruner} pruner",
+        time=round(time.time(), 3)))
+
   def finish(self) -> None:
     """The run trained to its end: MLPerf's run_stop (success if it
     reached --target), then the exports."""

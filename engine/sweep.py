@@ -1,0 +1,387 @@
+r"""Hyperparameter search over engine runs, on Optuna.
+
+  .venv/bin/python -m engine.sweep --space=flags/fashion_mnist_sweep.yaml \
+      --trials=24 --study_dir=sweeps/fmnist -- \
+      --flagfile=flags/fashion_mnist_fast.cfg --epochs=4
+  .venv/bin/python -m engine.sweep --study_dir=sweeps/fmnist --best
+  .venv/bin/python -m engine.runs sweeps/fmnist
+
+Each trial is an ordinary engine run with the flags after `--`, the values
+Optuna draws from the space (engine/sweeps/space.py) and its own
+--model_dir under the study directory: `horovodrun --gloo -np
+--processes` on this machine, --parallel of them at once
+(--launcher=local), or a job of scripts/slurm/train.sbatch
+(--launcher=slurm). The study is decided by the run's deciding figure
+(--best_metric, or the task's: val_accuracy for classification), its
+best epoch's; each trial reports it after every evaluated epoch, and the
+pruner (ASHA by default) stops a poor trial there, saved.
+
+Read `main()` to follow a sweep: the study opened (or continued: trials
+that ended are kept, trials a stopped sweep left running are started
+again from their checkpoints), then trials started while the budget lasts,
+each told to the study as it ends: complete with its figure, pruned, or
+failed with its one-line reason. SIGTERM or Ctrl-C stops the running
+trials at their next step, saved; the same command continues the study.
+The study is kept in SQLite in the study directory, or in a database that
+sweeps on several hosts share (--storage=postgresql://...). docs/sweeps.md
+has a worked example.
+"""
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Optional
+
+from absl import app
+from absl import flags
+
+from engine import cli
+from engine.core import config as config_lib
+from engine.core.errors import UserError
+from engine.sweeps import space as spaces
+from engine.sweeps import study as studies
+from engine.sweeps import trials
+from engine.sweeps.study import Sweep
+import flags as engine_flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("study_dir", "", "The study's directory: its "
+                    "description (sweep.json), SQLite database and trials' "
+                    "model_dirs.")
+flags.DEFINE_string("space", "", "The search space: a YAML file of engine "
+                    "flags and their distributions (docs/sweeps.md). Not "
+                    "needed to continue a study.")
+flags.DEFINE_integer("trials", 0, "Trials in the study, counted over every "
+                     "start of the sweep and every host sharing it. 0: "
+                     "until --hours.", lower_bound=0)
+flags.DEFINE_float("hours", 0.0, "Start no trial after this many hours of "
+                   "this sweep's start (running ones finish). 0: none.",
+                   lower_bound=0.0)
+flags.DEFINE_string("storage", "", "Optuna's storage URL: a database that "
+                    "sweeps on several hosts share, as postgresql://user:"
+                    "password@host/db. Empty: SQLite in --study_dir.")
+flags.DEFINE_string("study_name", "", "The study's name in --storage. "
+                    "Empty: --study_dir's last component.")
+flags.DEFINE_enum("sampler", "tpe", studies.SAMPLERS,
+                  "Optuna's sampler: tpe (Tree-structured Parzen "
+                  "Estimator), random, or grid (every combination of "
+                  "choice and int parameters).")
+flags.DEFINE_enum("pruner", "asha", studies.PRUNERS,
+                  "Optuna's pruner, judging each trial after each epoch: "
+                  "asha (successive halving at epochs 1, 3, 9, ...), "
+                  "median, or none.")
+flags.DEFINE_integer("sampler_seed", 0, "The sampler's seed.")
+flags.DEFINE_integer("processes", 2, "Processes per trial.", lower_bound=1)
+flags.DEFINE_integer("parallel", 1, "Trials at once on this machine "
+                     "(--launcher=local); under SLURM, jobs in the queue "
+                     "at once.", lower_bound=1)
+flags.DEFINE_enum("launcher", "local", ["local", "slurm"],
+                  "local: horovodrun --gloo on this machine; slurm: each "
+                  "trial a job of scripts/slurm/train.sbatch.")
+flags.DEFINE_bool("best", False, "Print the best trial's flagfile, ready "
+                  "to run with --flagfile, and exit.")
+
+# What the sweep sets for each trial: a space or base flag cannot.
+SET_BY_THE_SWEEP = ("model_dir", "trial_study_dir", "trial_number")
+# How often the sweep looks at its running trials, in seconds.
+POLL_SECONDS = 1.0
+# How long a stopping sweep waits for its trials to save.
+STOP_WAIT_SECONDS = 120
+
+
+def main(argv):
+  try:
+    if FLAGS.best:
+      print(best_flagfile(FLAGS.study_dir), end="")
+      return
+    sweep = the_sweep(argv[1:])
+    storage = studies.storage(sweep.storage)
+    study = studies.open_study(sweep, storage, create=True)
+    studies.write_sweep(FLAGS.study_dir, sweep)
+    Sweeper(sweep, storage, study, launcher()).run()
+  except UserError as e:
+    cli.exit_with_error(str(e), e.exit_code, program="engine.sweep")
+
+
+# --- The study: what it searches, checked before anything is written ------
+
+def the_sweep(base_flags: list[str]) -> Sweep:
+  """The sweep the flags describe, or the one --study_dir holds, if the
+  flags give no other."""
+  if not FLAGS.study_dir:
+    raise UserError("--study_dir: give the study's directory")
+  recorded = studies.read_sweep(FLAGS.study_dir)
+  if recorded and not FLAGS.space and not base_flags:
+    return recorded
+  if not FLAGS.space:
+    raise UserError("--space: give the search space's YAML file "
+                    "(docs/sweeps.md)")
+  space = spaces.read(FLAGS.space)
+  spaces.check(space, _flag_type, _complaint, where=f"--space={FLAGS.space}")
+  base_flags = _absolute_flagfiles(base_flags)
+  metric = _deciding_metric(base_flags)
+  sweep = Sweep(
+      storage=FLAGS.storage or studies.default_storage(FLAGS.study_dir),
+      study_name=FLAGS.study_name or os.path.basename(
+          os.path.abspath(FLAGS.study_dir)),
+      space=tuple(space), base_flags=tuple(base_flags), metric=metric,
+      sampler=FLAGS.sampler, pruner=FLAGS.pruner, seed=FLAGS.sampler_seed,
+      processes=FLAGS.processes)
+  if FLAGS.sampler == "grid":
+    spaces.grid(space, where="--sampler=grid")
+  if recorded and recorded != sweep:
+    differ = [name for name in Sweep.__dataclass_fields__
+              if getattr(recorded, name) != getattr(sweep, name)]
+    raise UserError(f"--study_dir={FLAGS.study_dir} holds another sweep "
+                    f"(its {', '.join(differ)} differ); continue it with "
+                    "--study_dir alone, or give a new directory")
+  return sweep
+
+
+def _engine_flag(name: str):
+  """The engine's flag `name` (flags/), or None: not the sweep's own."""
+  for module in engine_flags.MODULES:
+    for flag in FLAGS.get_flags_for_module(module.__name__):
+      if flag.name == name:
+        return flag
+  return None
+
+
+def _flag_type(name: str) -> Optional[str]:
+  if name in SET_BY_THE_SWEEP:
+    raise UserError(f"--space={FLAGS.space}: {name}: the sweep sets it for "
+                    "each trial")
+  flag = _engine_flag(name)
+  return flag.flag_type() if flag is not None else None
+
+
+def _complaint(name: str, text: str) -> Optional[str]:
+  try:
+    _engine_flag(name).parser.parse(text)
+  except (ValueError, TypeError) as e:
+    return str(e)
+  return None
+
+
+def _absolute_flagfiles(base_flags: list[str]) -> list[str]:
+  """--flagfile=PATH made absolute: a continued sweep, or a SLURM job, may
+  start elsewhere."""
+  return [f"--flagfile={os.path.abspath(arg.partition('=')[2])}"
+          if arg.startswith("--flagfile=") else arg for arg in base_flags]
+
+
+def _deciding_metric(base_flags: list[str]) -> str:
+  """The base flags checked as the engine checks them, and the figure
+  they decide by: --best_metric, or the task's."""
+  from engine import tasks  # pylint: disable=g-import-not-at-top
+  for arg in base_flags:
+    name = arg.lstrip("-").partition("=")[0]
+    if name in SET_BY_THE_SWEEP:
+      raise UserError(f"--{name} after --: the sweep sets it for each "
+                      "trial")
+  try:
+    FLAGS([sys.argv[0], *base_flags])
+  except flags.Error as e:
+    raise UserError(f"the engine's flags after --: {e}") from None
+  config = config_lib.config_from_flags()
+  task = tasks.task_class(config.task.name)
+  best_metric = config.task.best_metric
+  return str(tasks.Decider.of(best_metric or task.best_metric, task,
+                              flag="best_metric" if best_metric else ""))
+
+
+def launcher():
+  if FLAGS.launcher == "slurm":
+    from engine.sweeps import slurm  # pylint: disable=g-import-not-at-top
+    return slurm.Slurm(FLAGS.processes)
+  return trials.Local(FLAGS.processes)
+
+
+# --- The sweep: trials started, watched and told ---------------------------
+
+class Sweeper:
+  """Starts the study's trials while its budget lasts and tells the study
+  how each ended."""
+
+  def __init__(self, sweep: Sweep, storage, study, trial_launcher):
+    self._sweep = sweep
+    self._storage = storage
+    self._study = study
+    self._launcher = trial_launcher
+    self._study_dir = os.path.abspath(FLAGS.study_dir)
+    # This sweep's trials among a shared study's: this host's, this dir's.
+    self._worker = f"{socket.gethostname()}:{self._study_dir}"
+    self._running = {}  # number -> (handle, model_dir, params)
+    self._stopping = 0  # the signal that stops the sweep
+
+  def run(self) -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+      signal.signal(signum, self._stop)
+    began = time.monotonic()
+    self._resume_unfinished()
+    while True:
+      self._tell_ended()
+      if self._stopping:
+        break
+      while (len(self._running) < FLAGS.parallel
+             and self._budget_left(began)):
+        self._start_new()
+      if not self._running and not self._budget_left(began):
+        break
+      time.sleep(POLL_SECONDS)
+    if self._stopping:
+      self._stop_trials()
+    self._say_where_it_stands()
+
+  def _budget_left(self, began: float) -> bool:
+    if FLAGS.hours and time.monotonic() - began > FLAGS.hours * 3600:
+      return False
+    if self._sweep.sampler == "grid" and \
+        self._study.sampler.is_exhausted(self._study):
+      return False
+    return not FLAGS.trials or len(self._study.get_trials(
+        deepcopy=False)) < FLAGS.trials
+
+  def _resume_unfinished(self) -> None:
+    """Trials this sweep left running when it was stopped: started again,
+    resuming from their checkpoints, counted once."""
+    import optuna  # pylint: disable=g-import-not-at-top
+    for frozen in self._study.get_trials(
+        deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+      if frozen.user_attrs.get("worker") != self._worker:
+        continue  # another host's, or another directory's
+      while self._launcher.still_running(frozen.user_attrs):
+        time.sleep(POLL_SECONDS)
+      print(f"engine.sweep: trial {frozen.number} resumed", flush=True)
+      self._launch(frozen.number, frozen.params)
+
+  def _start_new(self) -> None:
+    trial = self._study.ask()
+    params = {parameter.flag: parameter.suggest(trial)
+              for parameter in self._sweep.space}
+    self._launch(trial.number, params)
+    print(f"engine.sweep: trial {trial.number} started: "
+          + " ".join(spaces.as_flags(params)), flush=True)
+
+  def _launch(self, number: int, params: dict) -> None:
+    model_dir = studies.trial_dir(self._study_dir, number)
+    os.makedirs(model_dir, exist_ok=True)
+    trials.write(model_dir, dict(number=number, params=params,
+                                 state=trials.RUNNING))
+    handle = self._launcher.start(model_dir, [
+        *self._sweep.base_flags, *spaces.as_flags(params),
+        f"--model_dir={model_dir}", f"--trial_study_dir={self._study_dir}",
+        f"--trial_number={number}"])
+    for key, value in {"worker": self._worker, **handle.attrs}.items():
+      studies.set_trial_attr(self._storage, self._sweep, number, key, value)
+    self._running[number] = (handle, model_dir, params)
+
+  def _tell_ended(self) -> None:
+    for number, (handle, model_dir, params) in list(self._running.items()):
+      exit_code = handle.poll()
+      if exit_code is None:
+        continue
+      del self._running[number]
+      ending = trials.ending(model_dir, self._sweep.figure,
+                             self._sweep.minimize, exit_code)
+      if ending.state == trials.RUNNING and not self._stopping:
+        ending = trials.Ending(trials.FAILED, ending.value, ending.epochs,
+                               ending.reason or "stopped by a signal")
+      self._tell(number, ending)
+      trials.write(model_dir, dict(number=number, params=params,
+                                   state=ending.state, value=ending.value,
+                                   epochs=ending.epochs,
+                                   reason=ending.reason))
+      self._say(number, ending)
+
+  def _tell(self, number: int, ending: trials.Ending) -> None:
+    import optuna  # pylint: disable=g-import-not-at-top
+    state = optuna.trial.TrialState
+    if ending.state == trials.RUNNING:
+      return  # stopped with the sweep: the next start resumes it
+    if ending.state == trials.FAILED:
+      studies.set_trial_attr(self._storage, self._sweep, number, "reason",
+                             ending.reason)
+    try:
+      if ending.state == trials.COMPLETE:
+        self._study.tell(number, ending.value)
+      else:
+        self._study.tell(number, state=(
+            state.PRUNED if ending.state == trials.PRUNED else state.FAIL))
+    except (ValueError, RuntimeError) as e:  # told already (a restart)
+      print(f"engine.sweep: trial {number}: {e}", flush=True)
+
+  def _say(self, number: int, ending: trials.Ending) -> None:
+    figure = (f"{self._sweep.figure} {ending.value:.4f}"
+              if ending.value is not None else "no figure")
+    words = {trials.COMPLETE: f"complete: {figure}",
+             trials.PRUNED: f"pruned: {figure}",
+             trials.FAILED: f"failed: {ending.reason}",
+             trials.RUNNING: "stopped, saved; the next start resumes it"}
+    print(f"engine.sweep: trial {number} {words[ending.state]} after "
+          f"{ending.epochs} epochs", flush=True)
+
+  def _stop(self, signum, frame) -> None:
+    del frame
+    self._stopping = self._stopping or signum
+    for handle, _, _ in self._running.values():
+      handle.stop()
+
+  def _stop_trials(self) -> None:
+    trials.wait_all([h for h, _, _ in self._running.values()],
+                    timeout=STOP_WAIT_SECONDS)
+    self._tell_ended()
+    print(f"engine.sweep: stopped by {signal.Signals(self._stopping).name}; "
+          "the running trials saved; run the same command again to "
+          "continue the study", file=sys.stderr, flush=True)
+    sys.exit(128 + self._stopping)
+
+  def _say_where_it_stands(self) -> None:
+    print(where_it_stands(self._study, self._sweep, FLAGS.study_dir),
+          flush=True)
+
+
+def where_it_stands(study, sweep: Sweep, study_dir: str) -> str:
+  """A line: the trials by state, and the best."""
+  counts = {}
+  for frozen in study.get_trials(deepcopy=False):
+    counts[frozen.state.name.lower()] = counts.get(
+        frozen.state.name.lower(), 0) + 1
+  line = "engine.sweep: " + ", ".join(f"{n} {state}"
+                                      for state, n in sorted(counts.items()))
+  best = _best_trial(study)
+  if best:
+    line += (f"; best: trial {best.number}, {sweep.figure} "
+             f"{best.value:.4f} (python -m engine.sweep --study_dir="
+             f"{study_dir} --best)")
+  return line
+
+
+def _best_trial(study):
+  import optuna  # pylint: disable=g-import-not-at-top
+  complete = study.get_trials(deepcopy=False,
+                              states=(optuna.trial.TrialState.COMPLETE,))
+  return study.best_trial if complete else None
+
+
+def best_flagfile(study_dir: str) -> str:
+  """The best complete trial's flags, as a flagfile."""
+  if not study_dir:
+    raise UserError("--best: give the study's --study_dir")
+  sweep = studies.read_sweep(study_dir)
+  if sweep is None:
+    raise UserError(f"--study_dir={study_dir}: no sweep there "
+                    f"({studies.SWEEP_FILE} is missing)")
+  best = _best_trial(studies.open_study(sweep))
+  if best is None:
+    raise UserError(f"--study_dir={study_dir}: no trial has completed yet")
+  return "\n".join([
+      f"# Trial {best.number} of the sweep in {study_dir}: {sweep.figure} "
+      f"{best.value:.4f}, the best of its study.",
+      *sweep.base_flags, *spaces.as_flags(best.params)]) + "\n"
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=lambda argv: cli.parse_flags(
+      argv, program="engine.sweep"))
