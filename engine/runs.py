@@ -11,6 +11,9 @@ planned, best and final validation accuracy (or the figure a task decides
 by), seconds to --target,
 median images/s, processes, and the run's state (finished, stopped by a
 signal, diverged, an error, running, or ended without a word: killed).
+A sweep's study directory (engine.sweep) lists its trials so: the values
+drawn are the flags that differ, and the state is the study's (complete,
+pruned, or failed with its reason) from each trial's trial.json.
 --scaling orders them by processes and adds each one's speedup and
 efficiency against the run with the fewest (scripts/slurm/scaling.sh);
 with a link between nodes (--link_gbit, --link_latency_us) it also
@@ -19,8 +22,8 @@ Runs whose checkpoints are of another format than this engine's, which it
 neither resumes nor evaluates, are listed like the others, with a column
 of each run's checkpoint format.
 
-It reads only metrics.jsonl, flags.txt, flags.latest.txt and the
-checkpoints' format.json, never checkpoints or TensorBoard files, and does
+It reads only metrics.jsonl, flags.txt, flags.latest.txt, trial.json and
+the checkpoints' format.json, never checkpoints or TensorBoard files, and does
 not import TensorFlow: it starts in a fraction of a second, and works on a
 copy of a model_dir or while the run trains. --plot draws validation
 accuracy against training time.
@@ -88,14 +91,19 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
   epoch's record and the ones after it, as the resumed run itself does.
   """
   flags_path = os.path.join(path, run_files.FLAGS_FILE)
+  trial = run_files.read_record(path, run_files.TRIAL_FILE, dict,
+                                keeps="what engine.sweep knows of the trial")
   if not (os.path.exists(os.path.join(path, run_files.METRICS_FILE))
-          or os.path.exists(flags_path)):
+          or os.path.exists(flags_path) or trial):
     raise UserError(f"{path}: not a run: it holds no "
                     f"{run_files.METRICS_FILE} or {run_files.FLAGS_FILE}; "
                     "pass a model_dir written by engine.train")
   run_flags = run_files.read_flags(flags_path)
   run_flags.update(run_files.read_flags(
       os.path.join(path, run_files.LATEST_FLAGS_FILE)))
+  if trial:  # its values, if the run failed before writing its flags
+    run_flags = {**{name: str(value) for name, value in
+                    trial.get("params", {}).items()}, **run_flags}
   records, events, end = [], [], None
   # A line that is not a record is skipped: the last line can be half
   # written (by a run writing it now, or one killed while it wrote).
@@ -115,6 +123,10 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
       end = None
   state = _state(records, events, end, _planned_epochs(records, run_flags),
                  time.time() if now is None else now)
+  if trial and trial.get("state") in ("complete", "pruned", "failed"):
+    # A sweep's trial: as its study has it (a failure with its reason).
+    state = trial["state"] + (f": {_shortened(str(trial['reason']))}"
+                              if trial["state"] == "failed" else "")
   return Run(path=path, flags=run_flags, records=records, events=events,
              state=state, checkpoint_format=run_files.checkpoint_format(
                  os.path.join(path, run_files.CHECKPOINT_DIR)))
@@ -138,7 +150,8 @@ def find_runs(directories: list[str]) -> dict[str, str]:
     found = []
     for root, subdirectories, files in os.walk(directory):
       subdirectories.sort()
-      if run_files.METRICS_FILE in files or run_files.FLAGS_FILE in files:
+      if {run_files.METRICS_FILE, run_files.FLAGS_FILE,
+          run_files.TRIAL_FILE} & set(files):
         found.append(root)
     if not found:
       raise UserError(f"{directory}: holds no run (no directory in it has a "

@@ -244,8 +244,10 @@ class Sweeper:
         deepcopy=False)) < FLAGS.trials
 
   def _resume_unfinished(self) -> None:
-    """Trials this sweep left running when it was stopped: started again,
-    resuming from their checkpoints, counted once."""
+    """Trials this sweep left running when it was stopped: told, if their
+    runs ended meanwhile (finished, or pruned before the sweep could tell
+    it), else started again, resuming from their checkpoints. Each is
+    counted once: it keeps its number."""
     import optuna  # pylint: disable=g-import-not-at-top
     for frozen in self._study.get_trials(
         deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -253,6 +255,12 @@ class Sweeper:
         continue  # another host's, or another directory's
       while self._launcher.still_running(frozen.user_attrs):
         time.sleep(POLL_SECONDS)
+      model_dir = studies.trial_dir(self._study_dir, frozen.number)
+      ending = trials.ending(model_dir, self._sweep.figure,
+                             self._sweep.minimize, exit_code=None)
+      if ending.state != trials.RUNNING:
+        self._ended(frozen.number, model_dir, frozen.params, ending)
+        continue
       print(f"engine.sweep: trial {frozen.number} resumed", flush=True)
       self._launch(frozen.number, frozen.params)
 
@@ -288,12 +296,17 @@ class Sweeper:
       if ending.state == trials.RUNNING and not self._stopping:
         ending = trials.Ending(trials.FAILED, ending.value, ending.epochs,
                                ending.reason or "stopped by a signal")
-      self._tell(number, ending)
-      trials.write(model_dir, dict(number=number, params=params,
-                                   state=ending.state, value=ending.value,
-                                   epochs=ending.epochs,
-                                   reason=ending.reason))
-      self._say(number, ending)
+      self._ended(number, model_dir, params, ending)
+
+  def _ended(self, number: int, model_dir: str, params: dict,
+             ending: trials.Ending) -> None:
+    """Tells the study how trial `number` ended, records it in its
+    trial.json and says it."""
+    self._tell(number, ending)
+    trials.write(model_dir, dict(number=number, params=params,
+                                 state=ending.state, value=ending.value,
+                                 epochs=ending.epochs, reason=ending.reason))
+    self._say(number, ending)
 
   def _tell(self, number: int, ending: trials.Ending) -> None:
     import optuna  # pylint: disable=g-import-not-at-top

@@ -106,7 +106,7 @@ def _parameter(flag: str, spec: Any, where: str) -> Parameter:
 
 # The distributions a flag of each absl type can take.
 _FITS = {"float": ("log_uniform", "uniform", "int", "choice"),
-         "integer": ("int", "choice")}
+         "int": ("int", "choice")}
 
 
 def check(space: list[Parameter], flag_type: Callable[[str], Optional[str]],
@@ -122,8 +122,8 @@ def check(space: list[Parameter], flag_type: Callable[[str], Optional[str]],
                       "of this name (python -m engine.train --helpfull "
                       "lists them)")
     if parameter.kind not in _FITS.get(kind, ("choice",)):
-      raise UserError(f"{where}: {parameter.flag}: a {kind} flag cannot "
-                      f"take {parameter.kind}; use "
+      raise UserError(f"{where}: {parameter.flag}: the flag is of type "
+                      f"{kind}, which {parameter.kind} does not fit; use "
                       f"{' or '.join(_FITS.get(kind, ('choice',)))}")
     for value in (parameter.values if parameter.kind == "choice" else ()):
       complaint = parses(parameter.flag, as_flag_value(value))

@@ -121,8 +121,12 @@ def storage(url: str):
   kwargs = {}
   if url.startswith("sqlite:///"):
     kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT}}
-    os.makedirs(os.path.dirname(url.removeprefix("sqlite:///")),
-                exist_ok=True)
+    directory = os.path.dirname(url.removeprefix("sqlite:///"))
+    try:
+      os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+      raise UserError(f"--storage={shown(url)}: cannot create {directory} "
+                      f"({e.strerror})") from None
   try:
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
   except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as e:

@@ -43,8 +43,10 @@ class Ending:
 
 
 def ending(model_dir: str, figure: str, minimize: bool,
-           exit_code: int) -> Ending:
-  """How the run in `model_dir` ended, from its records and exit code."""
+           exit_code: Optional[int]) -> Ending:
+  """How the run in `model_dir` ended, from its records and exit code
+  (None: a run an earlier sweep started, whose exit code is gone; RUNNING
+  unless its records say it finished or was pruned)."""
   records, end = [], None
   for _, record in run_files.read_metrics(model_dir):
     if record is None:
@@ -65,6 +67,13 @@ def ending(model_dir: str, figure: str, minimize: bool,
                   end.get("reason", ""))
   if state == "stopped":
     return Ending(RUNNING, value, epochs, end.get("reason", ""))
+  if exit_code is None:
+    last = records[-1] if records else {}
+    finished = end is None and (last.get("stopped_early") is True or (
+        bool(last) and last["epoch"] >= last.get("epochs", epochs + 1)))
+    exit_code = 0 if finished else None
+    if exit_code is None:
+      return Ending(RUNNING, value, epochs)
   if exit_code == 0 and end is None:
     if value is None:
       return Ending(FAILED, None, epochs, f"no {figure} was recorded; "
