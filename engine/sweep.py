@@ -18,7 +18,8 @@ pruner (ASHA by default) stops a poor trial there, saved.
 
 Read `main()` to follow a sweep: the study opened (or continued: trials
 that ended are kept, trials a stopped sweep left running are started
-again from their checkpoints), then trials started while the budget lasts,
+again from their checkpoints, or watched again if their SLURM jobs are
+still queued or running), then trials started while the budget lasts,
 each told to the study as it ends: complete with its figure, pruned, or
 failed with its one-line reason. SIGTERM or Ctrl-C stops the running
 trials at their next step, saved; the same command continues the study.
@@ -28,7 +29,6 @@ has a worked example.
 """
 import os
 import signal
-import socket
 import sys
 import time
 from typing import Optional
@@ -210,8 +210,9 @@ class Sweeper:
     self._study = study
     self._launcher = trial_launcher
     self._study_dir = os.path.abspath(FLAGS.study_dir)
-    # This sweep's trials among a shared study's: this host's, this dir's.
-    self._worker = f"{socket.gethostname()}:{self._study_dir}"
+    # This sweep's trials among a shared study's: this host's (or SLURM
+    # cluster's), this dir's.
+    self._worker = f"{trial_launcher.where}:{self._study_dir}"
     self._running = {}  # number -> (handle, model_dir, params)
     self._stopping = 0  # the signal that stops the sweep
 
@@ -244,18 +245,23 @@ class Sweeper:
         deepcopy=False)) < FLAGS.trials
 
   def _resume_unfinished(self) -> None:
-    """Trials this sweep left running when it was stopped: told, if their
-    runs ended meanwhile (finished, or pruned before the sweep could tell
-    it), else started again, resuming from their checkpoints. Each is
+    """Trials this sweep left running when it was stopped: watched again
+    where the launcher can (a SLURM job still queued or running); told, if
+    their runs ended meanwhile (finished, or pruned before the sweep could
+    tell it); else started again, resuming from their checkpoints. Each is
     counted once: it keeps its number."""
     import optuna  # pylint: disable=g-import-not-at-top
     for frozen in self._study.get_trials(
         deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
       if frozen.user_attrs.get("worker") != self._worker:
         continue  # another host's, or another directory's
-      while self._launcher.still_running(frozen.user_attrs):
-        time.sleep(POLL_SECONDS)
       model_dir = studies.trial_dir(self._study_dir, frozen.number)
+      handle = self._launcher.adopt(frozen.user_attrs)
+      if handle is not None:
+        print(f"engine.sweep: trial {frozen.number} still running: watched "
+              "again", flush=True)
+        self._running[frozen.number] = (handle, model_dir, frozen.params)
+        continue
       ending = trials.ending(model_dir, self._sweep.figure,
                              self._sweep.minimize, exit_code=None)
       if ending.state != trials.RUNNING:
@@ -277,11 +283,14 @@ class Sweeper:
     os.makedirs(model_dir, exist_ok=True)
     trials.write(model_dir, dict(number=number, params=params,
                                  state=trials.RUNNING))
+    # Its worker first: a trial whose start fails is this sweep's to resume.
+    studies.set_trial_attr(self._storage, self._sweep, number, "worker",
+                           self._worker)
     handle = self._launcher.start(model_dir, [
         *self._sweep.base_flags, *spaces.as_flags(params),
         f"--model_dir={model_dir}", f"--trial_study_dir={self._study_dir}",
         f"--trial_number={number}"])
-    for key, value in {"worker": self._worker, **handle.attrs}.items():
+    for key, value in handle.attrs.items():
       studies.set_trial_attr(self._storage, self._sweep, number, key, value)
     self._running[number] = (handle, model_dir, params)
 

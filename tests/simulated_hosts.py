@@ -45,9 +45,10 @@ _INSTANCES = itertools.count()  # several at once in one process
 INTERFACE = "eth0"
 SSHD_PORT = 2222
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# setup.sh unpacks Debian's openssh-server here rather than installing it,
-# which would start a system-wide sshd.
-SSHD = os.path.join(REPO, ".venv", "openssh", "usr", "sbin", "sshd")
+# setup.sh unpacks Debian's openssh-server into the venv (.venv, or VENV=)
+# rather than installing it, which would start a system-wide sshd: the venv
+# these tests run in, wherever it is (a worktree has none of its own).
+SSHD = os.path.join(sys.prefix, "openssh", "usr", "sbin", "sshd")
 
 
 def unavailable() -> Optional[str]:
@@ -119,13 +120,23 @@ class SimulatedHosts:
           timeout: float = 600) -> subprocess.CompletedProcess:
     """`command` on host `host`, as a process of that host; `timeout` in
     nominal seconds (tests/timeouts.py)."""
+    return subprocess.run(self.on_host(host, command), env=self._env(env),
+                          text=True, capture_output=True,
+                          timeout=timeouts.bound(timeout),
+                          start_new_session=True)
+
+  def start(self, command: list[str], *, host: int = 0, env=None,
+            **popen_args) -> subprocess.Popen:
+    """`command` on host `host` in the background, in a session of its own
+    (os.killpg signals it; kill_group ends it)."""
+    return subprocess.Popen(self.on_host(host, command), env=self._env(env),
+                            start_new_session=True, **popen_args)
+
+  def _env(self, env) -> dict:
     env = dict(env or os.environ)
     # ssh through the wrapper, which keeps known_hosts out of ~/.ssh.
     env["PATH"] = os.path.join(self._dir, "bin") + ":" + env.get("PATH", "")
-    return subprocess.run(self.on_host(host, command), env=env, text=True,
-                          capture_output=True,
-                          timeout=timeouts.bound(timeout),
-                          start_new_session=True)
+    return env
 
   # Set-up.
 

@@ -104,6 +104,12 @@ class SimulatedSlurm:
     return self.hosts.run(command, host=host, env=env or self.env(),
                           timeout=timeout)
 
+  def start(self, command: list[str], *, host: int = 0, env=None,
+            **popen_args) -> subprocess.Popen:
+    """`command` on a host in the background, talking to this SLURM."""
+    return self.hosts.start(command, host=host, env=env or self.env(),
+                            **popen_args)
+
   def submit(self, args: list[str], *, env=None) -> int:
     """sbatch with `args` on the first host; the job's id."""
     result = self.run(["sbatch", "--parsable", *args], env=env)

@@ -8,8 +8,10 @@ knows of it (number, values, state, deciding figure, reason), which
 engine.runs shows beside the run's own records.
 
 Launchers: `Local` runs it as `horovodrun --gloo -np P` on this machine;
-`Slurm` submits it as a job of scripts/slurm/train.sbatch, so a study
-spreads over a cluster's queue.
+`Slurm` (slurm.py) submits it as a job of scripts/slurm/train.sbatch, so a
+study spreads over a cluster's queue. Each says `where` its trials run (a
+sweep continues its own trials there), starts a trial, and `adopt`s one an
+earlier sweep left: a handle to watch it by, or None, to start it again.
 """
 import ctypes
 import dataclasses
@@ -62,6 +64,11 @@ def ending(model_dir: str, figure: str, minimize: bool,
   value = (min(values) if minimize else max(values)) if values else None
   epochs = records[-1]["epoch"] if records else 0
   state = (end or {}).get("state")
+  if not records and end is None and not os.path.exists(
+      os.path.join(model_dir, run_files.TRIAL_LOG)):
+    # No log: a job cancelled in the queue. Nothing ran, nothing failed.
+    return Ending(RUNNING, None, 0,
+                  f"it never started (no {run_files.TRIAL_LOG})")
   if state == "pruned":
     return Ending(PRUNED, values[-1] if values else None, epochs,
                   end.get("reason", ""))
@@ -150,6 +157,7 @@ class Local:
 
   def __init__(self, processes: int):
     self.processes = processes
+    self.where = socket.gethostname()
 
   def start(self, model_dir: str, args: list[str]) -> LocalTrial:
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -163,10 +171,16 @@ class Local:
           env=env, preexec_fn=_die_with_parent)
     return LocalTrial(process)
 
-  def still_running(self, attrs: dict) -> bool:
-    """Whether a trial an earlier sweep on this machine started is running
-    yet: its processes got SIGTERM when that sweep died, and may still be
-    saving."""
+  def adopt(self, attrs: dict) -> None:
+    """None: a trial an earlier sweep on this machine started cannot be
+    watched (its processes are not this sweep's children), so the sweep
+    starts it again; first this waits while they run, so that they leave
+    its model_dir to the new ones: they got SIGTERM when that sweep died,
+    and may still be saving."""
+    while self._still_running(attrs):
+      time.sleep(1.0)
+
+  def _still_running(self, attrs: dict) -> bool:
     if attrs.get("host") != socket.gethostname() or "pid" not in attrs:
       return False
     try:
