@@ -124,11 +124,20 @@ def storage(url: str):
     os.makedirs(os.path.dirname(url.removeprefix("sqlite:///")),
                 exist_ok=True)
   try:
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    return optuna.storages.RDBStorage(_with_driver(url),
+                                      engine_kwargs=kwargs)
   except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as e:
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise UserError(f"--storage={shown(url)}: cannot open the study's "
                     f"database ({first})") from None
+
+
+def _with_driver(url: str) -> str:
+  """`url` naming the PostgreSQL driver requirements.txt installs,
+  psycopg2: SQLAlchemy 2.1 reads a bare postgresql:// as psycopg 3's."""
+  if url.startswith("postgresql://"):
+    return "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+  return url
 
 
 def sampler(sweep: Sweep):
