@@ -17,6 +17,7 @@ is stopped.
 import dataclasses
 import json
 import os
+import time
 from typing import Optional
 
 from engine.core.errors import UserError
@@ -30,6 +31,9 @@ PRUNERS = ("asha", "median", "none")
 # SQLite's wait for a lock another trial holds, in seconds: several trials
 # and the sweep write to one file.
 SQLITE_TIMEOUT = 60
+# Opening a database another sweep is setting up: how often, how far apart.
+OPEN_ATTEMPTS = 5
+OPEN_RETRY_SECONDS = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,13 +127,26 @@ def storage(url: str):
     kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT}}
     os.makedirs(os.path.dirname(url.removeprefix("sqlite:///")),
                 exist_ok=True)
-  try:
-    return optuna.storages.RDBStorage(_with_driver(url),
-                                      engine_kwargs=kwargs)
-  except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as e:
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise UserError(f"--storage={shown(url)}: cannot open the study's "
-                    f"database ({first})") from None
+  for attempt in range(1, OPEN_ATTEMPTS + 1):
+    try:
+      return optuna.storages.RDBStorage(_with_driver(url),
+                                        engine_kwargs=kwargs)
+    except (sqlalchemy.exc.IntegrityError,
+            sqlalchemy.exc.ProgrammingError) as e:
+      # Sweeps started at once on a new database race to create Optuna's
+      # tables (SQLAlchemy looks, then creates): a loser's duplicate means
+      # the winner's tables are there now.
+      if attempt == OPEN_ATTEMPTS:
+        raise _unopened(url, e) from None
+      time.sleep(OPEN_RETRY_SECONDS)
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as e:
+      raise _unopened(url, e) from None
+
+
+def _unopened(url: str, error: Exception) -> UserError:
+  first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return UserError(f"--storage={shown(url)}: cannot open the study's "
+                   f"database ({first})")
 
 
 def _with_driver(url: str) -> str:
