@@ -17,6 +17,7 @@ is stopped.
 import dataclasses
 import json
 import os
+import re
 import time
 from typing import Optional
 
@@ -80,13 +81,9 @@ def default_storage(study_dir: str) -> str:
 
 
 def shown(url: str) -> str:
-  """A storage URL as errors and logs show it: no password."""
-  scheme, sep, rest = url.partition("://")
-  credentials, at, place = rest.rpartition("@")
-  if not at:
-    return url
-  user = credentials.partition(":")[0]
-  return f"{scheme}{sep}{user}:***@{place}" if ":" in credentials else url
+  """A storage URL as errors and logs show it: no password, also in a URL
+  too malformed to open (postgresql:/user:password@host)."""
+  return re.sub(r"^([^:/@]*:/*[^:/@]*):.*@", r"\1:***@", url)
 
 
 def read_sweep(study_dir: str) -> Optional[Sweep]:
