@@ -77,6 +77,31 @@ if ! command -v mpicxx >/dev/null || ! command -v slurmctld >/dev/null; then
   fi
 fi
 
+# PostgreSQL's server (Debian's), for the test of sweeps on several hosts
+# sharing one study (tests/simulated_postgres.py), which runs a cluster of
+# its own. Installed without the "main" cluster Debian's postinst would
+# create and start on port 5432: a postgresql-common drop-in says so for
+# this installation only, and goes after it.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    say "installing Debian's PostgreSQL server, with no cluster (for the test of sweeps sharing a study)"
+    apt-get update -qq >/dev/null || true
+    createcluster_d=/etc/postgresql-common/createcluster.d
+    made_createcluster_d=
+    [ -d "$createcluster_d" ] || made_createcluster_d=yes
+    mkdir -p "$createcluster_d"
+    echo "create_main_cluster = false" > "$createcluster_d/horovod-engine-setup.conf"
+    status=0
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends postgresql >/dev/null || status=$?
+    rm -f "$createcluster_d/horovod-engine-setup.conf"
+    [ -z "$made_createcluster_d" ] || rmdir "$createcluster_d" 2>/dev/null || true
+    [ "$status" = 0 ] || exit "$status"
+  else
+    say "no PostgreSQL server: the test of sweeps sharing a study across hosts, which needs root, will be skipped"
+  fi
+fi
+
 # Horovod is compiled once per machine, Python and set of pins: the wheel
 # is kept under ~/.cache, named by the requirements' hash, our patch, the
 # build's settings, the Python and the architecture, so a fresh clone (CI's)

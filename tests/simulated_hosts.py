@@ -45,9 +45,10 @@ _INSTANCES = itertools.count()  # several at once in one process
 INTERFACE = "eth0"
 SSHD_PORT = 2222
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# setup.sh unpacks Debian's openssh-server into the venv (.venv, or VENV=)
-# rather than installing it, which would start a system-wide sshd: the venv
-# these tests run in, wherever it is (a worktree has none of its own).
+# setup.sh unpacks Debian's openssh-server into the venv rather than
+# installing it, which would start a system-wide sshd. The venv running the
+# tests, wherever it is: VENV=dir, or a git worktree's tests run with the
+# main checkout's .venv, have none at REPO/.venv.
 SSHD = os.path.join(sys.prefix, "openssh", "usr", "sbin", "sshd")
 
 

@@ -17,6 +17,8 @@ is stopped.
 import dataclasses
 import json
 import os
+import re
+import time
 from typing import Optional
 
 from engine.core.errors import UserError
@@ -30,6 +32,9 @@ PRUNERS = ("asha", "median", "none")
 # SQLite's wait for a lock another trial holds, in seconds: several trials
 # and the sweep write to one file.
 SQLITE_TIMEOUT = 60
+# Opening a database another sweep is setting up: how often, how far apart.
+OPEN_ATTEMPTS = 5
+OPEN_RETRY_SECONDS = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,13 +81,9 @@ def default_storage(study_dir: str) -> str:
 
 
 def shown(url: str) -> str:
-  """A storage URL as errors and logs show it: no password."""
-  scheme, sep, rest = url.partition("://")
-  credentials, at, place = rest.rpartition("@")
-  if not at:
-    return url
-  user = credentials.partition(":")[0]
-  return f"{scheme}{sep}{user}:***@{place}" if ":" in credentials else url
+  """A storage URL as errors and logs show it: no password, also in a URL
+  too malformed to open (postgresql:/user:password@host)."""
+  return re.sub(r"^([^:/@]*:/*[^:/@]*):.*@", r"\1:***@", url)
 
 
 def read_sweep(study_dir: str) -> Optional[Sweep]:
@@ -127,12 +128,34 @@ def storage(url: str):
     except OSError as e:
       raise UserError(f"--storage={shown(url)}: cannot create {directory} "
                       f"({e.strerror})") from None
-  try:
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-  except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as e:
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise UserError(f"--storage={shown(url)}: cannot open the study's "
-                    f"database ({first})") from None
+  for attempt in range(1, OPEN_ATTEMPTS + 1):
+    try:
+      return optuna.storages.RDBStorage(_with_driver(url),
+                                        engine_kwargs=kwargs)
+    except (sqlalchemy.exc.IntegrityError,
+            sqlalchemy.exc.ProgrammingError) as e:
+      # Sweeps started at once on a new database race to create Optuna's
+      # tables (SQLAlchemy looks, then creates): a loser's duplicate means
+      # the winner's tables are there now.
+      if attempt == OPEN_ATTEMPTS:
+        raise _unopened(url, e) from None
+      time.sleep(OPEN_RETRY_SECONDS)
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as e:
+      raise _unopened(url, e) from None
+
+
+def _unopened(url: str, error: Exception) -> UserError:
+  first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return UserError(f"--storage={shown(url)}: cannot open the study's "
+                   f"database ({first})")
+
+
+def _with_driver(url: str) -> str:
+  """`url` naming the PostgreSQL driver requirements.txt installs,
+  psycopg2: SQLAlchemy 2.1 reads a bare postgresql:// as psycopg 3's."""
+  if url.startswith("postgresql://"):
+    return "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+  return url
 
 
 def sampler(sweep: Sweep):
