@@ -35,6 +35,7 @@ from typing import Optional
 
 from absl import app
 from absl import flags
+import sqlalchemy.exc
 
 from engine import cli
 from engine.core import config as config_lib
@@ -99,7 +100,10 @@ def main(argv):
     storage = studies.storage(sweep.storage)
     study = studies.open_study(sweep, storage, create=True)
     studies.write_sweep(FLAGS.study_dir, sweep)
-    Sweeper(sweep, storage, study, launcher()).run()
+    try:
+      Sweeper(sweep, storage, study, launcher()).run()
+    except sqlalchemy.exc.SQLAlchemyError as e:
+      raise studies.database_error(sweep.storage, e) from None
   except UserError as e:
     cli.exit_with_error(str(e), e.exit_code, program="engine.sweep")
 

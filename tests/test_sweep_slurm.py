@@ -300,6 +300,11 @@ def test_the_best_trials_flagfile_and_the_runs_table(
       env=fixtures.engine_env(), capture_output=True, text=True,
       timeout=timeouts.bound(60))
   assert table.returncode == 0, table.stderr
-  listed = re.findall(r"trials/(\d{4})", table.stdout)
-  # Trial 2 failed before its run began: no flags.txt, no metrics.jsonl.
-  assert sorted(set(listed)) == ["0000", "0001"], table.stdout
+  rows = {row.split()[0]: row for row in table.stdout.splitlines()[1:]}
+  assert sorted(rows) == ["trials/0000", "trials/0001", "trials/0002"], \
+      table.stdout
+  # Trial 2 failed before its run began (no flags.txt, no metrics.jsonl):
+  # listed from its trial.json, with its reason.
+  assert rows["trials/0000"].endswith("complete")
+  assert rows["trials/0001"].endswith("complete")
+  assert "failed: --data_dir=" in rows["trials/0002"], table.stdout

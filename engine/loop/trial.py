@@ -13,6 +13,7 @@ study so when the run has exited.
 from typing import Optional
 
 from absl import logging
+import sqlalchemy.exc
 
 from engine.core.config import TrialConfig
 from engine.core.errors import UserError
@@ -26,6 +27,7 @@ class TrialReports:
     self._config = config
     self._metric = metric  # the run's --best_metric, as val_mae:min
     self._trial = None
+    self._storage = ""  # the study's URL, for errors
     self.pruner = ""
 
   def open(self) -> None:
@@ -48,6 +50,7 @@ class TrialReports:
                       f"{state.name.lower()} already; the sweep starts a "
                       "new trial for more")
     self.pruner = sweep.pruner
+    self._storage = sweep.storage
 
   def pruned_after(self, epoch: int, value: Optional[float]) -> bool:
     """Reports epoch `epoch`'s figure (from 1); whether the pruner stops
@@ -57,8 +60,11 @@ class TrialReports:
       return False
     # Optuna keeps a step's first report: a resumed trial that reports an
     # epoch again is judged on the same figure.
-    self._trial.report(value, epoch)
-    pruned = self._trial.should_prune()
+    try:
+      self._trial.report(value, epoch)
+      pruned = self._trial.should_prune()
+    except sqlalchemy.exc.SQLAlchemyError as e:
+      raise study.database_error(self._storage, e) from None
     if pruned:
       logging.info("trial %d pruned after epoch %d by the study's %s "
                    "pruner", self._config.number, epoch, self.pruner)

@@ -32,6 +32,8 @@ PRUNERS = ("asha", "median", "none")
 # SQLite's wait for a lock another trial holds, in seconds: several trials
 # and the sweep write to one file.
 SQLITE_TIMEOUT = 60
+# Seconds to reach a database server.
+CONNECT_TIMEOUT = 15
 # Opening a database another sweep is setting up: how often, how far apart.
 OPEN_ATTEMPTS = 5
 OPEN_RETRY_SECONDS = 0.5
@@ -120,6 +122,10 @@ def storage(url: str):
   import sqlalchemy.exc  # pylint: disable=g-import-not-at-top
   optuna.logging.set_verbosity(optuna.logging.WARNING)
   kwargs = {}
+  if url.startswith("postgresql"):
+    # A server that drops packets is refused in seconds, not after TCP's
+    # two minutes.
+    kwargs = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT}}
   if url.startswith("sqlite:///"):
     kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT}}
     directory = os.path.dirname(url.removeprefix("sqlite:///"))
@@ -142,6 +148,14 @@ def storage(url: str):
       time.sleep(OPEN_RETRY_SECONDS)
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as e:
       raise _unopened(url, e) from None
+
+
+def database_error(url: str, error: Exception) -> UserError:
+  """A study's database failing after it opened (a server gone, a disk
+  full), as one line."""
+  first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return UserError(f"the study's database {shown(url)} failed ({first}); "
+                   "run the same command again once it answers")
 
 
 def _unopened(url: str, error: Exception) -> UserError:
