@@ -96,12 +96,14 @@ def main(argv):
     if FLAGS.best:
       print(best_flagfile(FLAGS.study_dir), end="")
       return
+    if not FLAGS.trials and not FLAGS.hours:
+      raise UserError("--trials or --hours: give the sweep's budget")
     sweep = the_sweep(argv[1:])
     storage = studies.storage(sweep.storage)
     study = studies.open_study(sweep, storage, create=True)
     studies.write_sweep(FLAGS.study_dir, sweep)
     try:
-      Sweeper(sweep, storage, study, launcher()).run()
+      Sweeper(sweep, storage, study, launcher(sweep)).run()
     except sqlalchemy.exc.SQLAlchemyError as e:
       raise studies.database_error(sweep.storage, e) from None
   except UserError as e:
@@ -195,11 +197,12 @@ def _deciding_metric(base_flags: list[str]) -> str:
                               flag="best_metric" if best_metric else ""))
 
 
-def launcher():
+def launcher(sweep: Sweep):
+  """Where the trials run, each on the sweep's processes."""
   if FLAGS.launcher == "slurm":
     from engine.sweeps import slurm  # pylint: disable=g-import-not-at-top
-    return slurm.Slurm(FLAGS.processes)
-  return trials.Local(FLAGS.processes)
+    return slurm.Slurm(sweep.processes)
+  return trials.Local(sweep.processes)
 
 
 # --- The sweep: trials started, watched and told ---------------------------

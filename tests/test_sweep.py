@@ -222,6 +222,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
   assert "cannot create /proc/none" in refused(
       "base_lr: {uniform: [0.1, 0.2]}", "--storage=sqlite:////proc/none/s.db")
   assert "--best: " in one_line_error(run(sweep_command("--best")))
+  assert "--trials or --hours: give the sweep's budget" in one_line_error(
+      run(sweep_command(f"--study_dir={study_dir}")))
 
   # A study directory of another sweep: refused, its sweep.json unchanged.
   sweep = studies.Sweep(
@@ -233,7 +235,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
   before = (study_dir / studies.SWEEP_FILE).read_text()
   space.write_text("base_lr: {uniform: [0.1, 0.3]}")
   line = one_line_error(run(sweep_command(
-      f"--space={space}", f"--study_dir={study_dir}", *base)))
+      f"--space={space}", f"--study_dir={study_dir}", "--trials=2", *base)))
   assert "holds another sweep (its space differ)" in line
   assert (study_dir / studies.SWEEP_FILE).read_text() == before
   assert sorted(os.listdir(study_dir)) == [studies.SWEEP_FILE, "trials"]
