@@ -88,6 +88,7 @@ def main(argv):
   history = len(studies.open_study(sweep).get_trials(deepcopy=False))
   print(f"history: {history} trials in {source}; reported curve "
         + ", ".join(f"{v:.4f}" for v in curve))
+  times = {}
   for repeat in range(FLAGS.repeats):
     for pruner in (FLAGS.pruners if repeat % 2 == 0
                    else FLAGS.pruners[::-1]):
@@ -105,8 +106,6 @@ def main(argv):
           f"mean {statistics.mean(epochs):.1f} ms, "
           f"range {min(epochs):.1f}-{max(epochs):.1f} ({len(runs)} trials)")
 
-
-times = {}
 
 if __name__ == "__main__":
   app.run(main)

@@ -65,7 +65,8 @@ def precision(flagfile: str) -> list[str]:
   return given[-1:]
 
 
-def run(command: list[str], name: str, round_: int) -> list[float]:
+def run(command: list[str], name: str) -> list[float]:
+  """Runs `command`: its wall seconds, and the load at its start and end."""
   began_load, began = load(), time.monotonic()
   done = subprocess.run(command, cwd=interleaved.REPO,
                         env=interleaved.engine_env(), capture_output=True,
@@ -109,7 +110,7 @@ def main(argv):
     else:
       command = [*trainer, *flags_, f"--model_dir={where}"]
       model_dir = where
-    wall, began_load, end_load = run(command, name, round_)
+    wall, began_load, end_load = run(command, name)
     records = epoch_records(model_dir)
     seconds = [r["epoch_seconds"] for r in records]
     print(f"  round {round_ + 1} {name} (seed {round_}): wall {wall:.0f} s, "
