@@ -220,6 +220,10 @@ class Sweeper:
     # This sweep's trials among a shared study's: this host's (or SLURM
     # cluster's), this dir's.
     self._worker = f"{trial_launcher.where}:{self._study_dir}"
+    shared = not sweep.storage.startswith("sqlite")
+    study.sampler = studies.sampler(
+        sweep, drawn=len(study.get_trials(deepcopy=False)),
+        worker=self._worker if shared else "")
     self._running = {}  # number -> (handle, model_dir, params)
     self._stopping = 0  # the signal that stops the sweep
 

@@ -377,3 +377,26 @@ def test_a_study_prunes_records_a_failure_resumes_after_a_kill_and_picks_the_bes
   assert len(rows) == 4
   assert sum("failed: --target and --target_accuracy" in r for r in rows) == 2
   assert any(r.endswith("complete") for r in rows)
+
+
+def test_a_continued_sweep_draws_new_trials_and_a_new_one_its_seeds(tmp_path):
+  def draws(study_dir, starts):
+    sweep = studies.Sweep(
+        storage=studies.default_storage(str(study_dir)), study_name="s",
+        space=tuple(spaces.parse({"base_lr": {"uniform": [0.0, 1.0]}}, "s")),
+        base_flags=(), metric="val_accuracy:max", sampler="random",
+        pruner="none", seed=0, processes=1)
+    study = studies.open_study(sweep, create=True)
+    values = []
+    for _ in range(starts):  # each start of the sweep, two trials each
+      study.sampler = studies.sampler(sweep, drawn=len(study.trials))
+      for _ in range(2):
+        trial = study.ask()
+        values.append(sweep.space[0].suggest(trial))
+        study.tell(trial, 0.5)
+    return values
+
+  continued = draws(tmp_path / "a", starts=2)
+  assert len(set(continued)) == 4  # not the first start's two again
+  # A new study of the same space and seed draws the same trials.
+  assert draws(tmp_path / "b", starts=1) == continued[:2]

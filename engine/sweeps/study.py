@@ -19,6 +19,7 @@ import json
 import os
 import re
 import time
+import zlib
 from typing import Optional
 
 from engine.core.errors import UserError
@@ -172,15 +173,24 @@ def _with_driver(url: str) -> str:
   return url
 
 
-def sampler(sweep: Sweep):
+def sampler(sweep: Sweep, drawn: int = 0, worker: str = ""):
+  """The sweep's sampler for a start of it that finds `drawn` trials in
+  the study, on `worker` (given where several hosts share the study).
+
+  A sampler's draws follow from its seed alone until it learns from
+  results (random always; TPE's first 10), so each start seeds it anew:
+  a continued sweep with the seed it began with would draw its first
+  trials again, and two hosts starting together would draw each other's.
+  A new study on one host draws from --sampler_seed itself, so two sweeps
+  of one space and seed draw the same trials (a fair test of pruners)."""
   import optuna  # pylint: disable=g-import-not-at-top
+  seed = sweep.seed + drawn + (zlib.crc32(worker.encode()) if worker else 0)
   if sweep.sampler == "grid":
     return optuna.samplers.GridSampler(
-        spaces.grid(list(sweep.space), where="--sampler=grid"),
-        seed=sweep.seed)
+        spaces.grid(list(sweep.space), where="--sampler=grid"), seed=seed)
   if sweep.sampler == "random":
-    return optuna.samplers.RandomSampler(seed=sweep.seed)
-  return optuna.samplers.TPESampler(seed=sweep.seed)
+    return optuna.samplers.RandomSampler(seed=seed)
+  return optuna.samplers.TPESampler(seed=seed)
 
 
 def pruner(sweep: Sweep):
