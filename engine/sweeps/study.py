@@ -182,12 +182,17 @@ def sampler(sweep: Sweep, drawn: int = 0, worker: str = ""):
   a continued sweep with the seed it began with would draw its first
   trials again, and two hosts starting together would draw each other's.
   A new study on one host draws from --sampler_seed itself, so two sweeps
-  of one space and seed draw the same trials (a fair test of pruners)."""
+  of one space and seed draw the same trials (a fair test of pruners).
+
+  A grid keeps its seed on every start: it orders its points by the seed
+  and gives trial k the k-th, so another seed would give a continued
+  sweep's trials points tried already."""
   import optuna  # pylint: disable=g-import-not-at-top
-  seed = sweep.seed + drawn + (zlib.crc32(worker.encode()) if worker else 0)
   if sweep.sampler == "grid":
     return optuna.samplers.GridSampler(
-        spaces.grid(list(sweep.space), where="--sampler=grid"), seed=seed)
+        spaces.grid(list(sweep.space), where="--sampler=grid"),
+        seed=sweep.seed)
+  seed = sweep.seed + drawn + (zlib.crc32(worker.encode()) if worker else 0)
   if sweep.sampler == "random":
     return optuna.samplers.RandomSampler(seed=seed)
   return optuna.samplers.TPESampler(seed=seed)
