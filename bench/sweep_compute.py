@@ -26,15 +26,7 @@ from engine.sweeps import study as studies
 def epoch_records(model_dir: str) -> list[dict]:
   """The trial's epoch records, a resumed epoch's latest kept (as
   engine/sweeps/trials.py reads them)."""
-  records = []
-  for _, record in run_files.read_metrics(model_dir):
-    if record is None or "event" in record:
-      continue
-    if isinstance(record.get("epoch"), int):
-      while records and records[-1]["epoch"] >= record["epoch"]:
-        records.pop()
-      records.append(record)
-  return records
+  return run_files.epochs_and_events(model_dir)[0]
 
 
 def read_study(study_dir: str) -> dict:

@@ -86,9 +86,7 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
   """The run in directory `path`, its state judged at unix time `now`
   (by default, the present).
 
-  A record of an epoch the run had recorded already (redone after a
-  rollback, or after a resume from an earlier checkpoint) replaces that
-  epoch's record and the ones after it, as the resumed run itself does.
+  Its records are run_files.epochs_and_events's.
   """
   flags_path = os.path.join(path, run_files.FLAGS_FILE)
   trial = run_files.read_record(path, run_files.TRIAL_FILE, dict,
@@ -104,23 +102,7 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
   if trial:  # its values, if the run failed before writing its flags
     run_flags = {**{name: str(value) for name, value in
                     trial.get("params", {}).items()}, **run_flags}
-  records, events, end = [], [], None
-  # A line that is not a record is skipped: the last line can be half
-  # written (by a run writing it now, or one killed while it wrote).
-  for _, record in run_files.read_metrics(path):
-    if record is None:
-      continue
-    if "event" in record:
-      events.append(record)
-      if record["event"] == "end":
-        end = record
-    elif _is_int(record.get("epoch")):
-      while records and records[-1]["epoch"] >= record["epoch"]:
-        records.pop()
-      records.append(record)
-      # Epochs after an end record: a later start went on (and should have
-      # deleted it).
-      end = None
+  records, events, end = run_files.epochs_and_events(path)
   state = _state(records, events, end, _planned_epochs(records, run_flags),
                  time.time() if now is None else now)
   if trial and trial.get("state") in ("complete", "pruned", "failed"):

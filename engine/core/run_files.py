@@ -150,6 +150,34 @@ def read_metrics(model_dir: str) -> list[tuple[bytes, Optional[dict]]]:
   return [(line, record_of(line)) for line in lines]
 
 
+def epochs_and_events(model_dir: str) -> tuple[list[dict], list[dict],
+                                                Optional[dict]]:
+  """A run's epoch records in epoch order, its event records as written,
+  and its end record if that is the run's last word (else None).
+
+  A record of an epoch recorded already (redone after a rollback, or after
+  a resume from an earlier checkpoint) replaces that epoch's record and
+  the ones after it, as the resumed run itself does; an epoch after an end
+  record means a later start went on. A line that is not a record is
+  skipped: the last can be half written (by a run writing it now, or one
+  killed while it wrote)."""
+  records, events, end = [], [], None
+  for _, record in read_metrics(model_dir):
+    if record is None:
+      continue
+    if "event" in record:
+      events.append(record)
+      if record["event"] == "end":
+        end = record
+    elif (isinstance(record.get("epoch"), int)
+          and not isinstance(record["epoch"], bool)):
+      while records and records[-1]["epoch"] >= record["epoch"]:
+        records.pop()
+      records.append(record)
+      end = None
+  return records, events, end
+
+
 def record_of(line: bytes) -> Optional[dict]:
   """A metrics.jsonl line's record (an epoch's, or an event's), or None if
   it is not one."""

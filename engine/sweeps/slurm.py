@@ -82,8 +82,6 @@ class SlurmTrial:
 class Slurm:
   """Trials as jobs of scripts/slurm/train.sbatch, `processes` tasks each."""
 
-  name = "slurm"
-
   def __init__(self, processes: int):
     self.processes = processes
     self.cluster = _cluster_name()

@@ -15,7 +15,6 @@ earlier sweep left: a handle to watch it by, or None, to start it again.
 """
 import ctypes
 import dataclasses
-import json
 import os
 import re
 import signal
@@ -49,17 +48,7 @@ def ending(model_dir: str, figure: str, minimize: bool,
   """How the run in `model_dir` ended, from its records and exit code
   (None: a run an earlier sweep started, whose exit code is gone; RUNNING
   unless its records say it finished or was pruned)."""
-  records, end = [], None
-  for _, record in run_files.read_metrics(model_dir):
-    if record is None:
-      continue
-    if record.get("event") == "end":
-      end = record
-    elif isinstance(record.get("epoch"), int) and "event" not in record:
-      while records and records[-1]["epoch"] >= record["epoch"]:
-        records.pop()
-      records.append(record)
-      end = None
+  records, _, end = run_files.epochs_and_events(model_dir)
   values = [r[figure] for r in records if run_files.is_finite(r.get(figure))]
   value = (min(values) if minimize else max(values)) if values else None
   epochs = records[-1]["epoch"] if records else 0
@@ -146,14 +135,9 @@ class LocalTrial:
     if self._process.poll() is None:
       self._process.send_signal(signal.SIGTERM)
 
-  def wait(self) -> int:
-    return self._process.wait()
-
 
 class Local:
   """Trials as `horovodrun --gloo -np processes` on this machine."""
-
-  name = "local"
 
   def __init__(self, processes: int):
     self.processes = processes
