@@ -40,6 +40,9 @@ flags.DEFINE_integer("inter", 1, "Inter-op threads.")
 flags.DEFINE_integer("profile", 0, "Trace this many steps of each variant.")
 flags.DEFINE_integer("top", 25, "Ops shown per profile.")
 flags.DEFINE_bool("by_layer", False, "Profile by op and layer.")
+flags.DEFINE_enum("mixed_precision", "none", ["none", "bfloat16"],
+                  "Keras' policy for every variant's model: bfloat16 as "
+                  "the engine's --mixed_precision sets it.")
 flags.DEFINE_string("input_dir", "", "With a data directory of volumes "
                     "(make_volumes): time rank 0 of 2's input instead, in "
                     "stages (GZIP records read; parsed and checked; the "
@@ -108,7 +111,7 @@ def build_model(tf, opts, input_shape):
 
   if opts["order"] == "model":
     return cosmoflow.build(input_shape=input_shape, num_classes=4,
-                           filters=FLAGS.filters)
+                           filters=FLAGS.filters, kernel_size=opts["kernel"])
   inputs = tf.keras.Input(input_shape)
   x = inputs
   if opts["channels_first"]:
@@ -275,6 +278,8 @@ def main(argv):
   tf.config.threading.set_inter_op_parallelism_threads(FLAGS.inter)
   import horovod.tensorflow as hvd
   hvd.init()
+  from engine.compute import precision
+  precision.set_policy(FLAGS.mixed_precision)
   runners = {v: Runner(tf, v) for v in FLAGS.variants}
   for variant, runner in runners.items():
     if FLAGS.profile:
