@@ -56,6 +56,13 @@ flags.DEFINE_multi_string("variant", [],
 flags.DEFINE_integer("repeats", 3, "Rounds; each runs both configurations.",
                      lower_bound=1)
 flags.DEFINE_integer("processes", 2, "Processes per run.", lower_bound=1)
+flags.DEFINE_list("env", [], "NAME=VALUE pairs set for every run, both "
+                  "sides (HOROVOD_CYCLE_TIME=5: Horovod reads it at "
+                  "hvd.init()).")
+flags.DEFINE_enum("controller", "gloo", ["gloo", "mpi"],
+                  "horovodrun's controller for every run: Gloo's TCP, or "
+                  "Open MPI, whose processes on one host reduce through "
+                  "shared memory.")
 flags.DEFINE_string("out_dir", os.path.join(interleaved.REPO, "bench", "out",
                                             "against_keras"),
                     "Each run's model_dir, emptied before it runs.")
@@ -84,10 +91,12 @@ def run(label: str, config: str, extra: list, seed: int) -> dict:
   shutil.rmtree(model_dir, ignore_errors=True)
   load_before = os.getloadavg()[0]
   interleaved.launch([
-      interleaved.HOROVODRUN, "--gloo", "-np", str(FLAGS.processes),
+      interleaved.HOROVODRUN, f"--{FLAGS.controller}", "-np", str(FLAGS.processes),
       interleaved.PYTHON, "-m", CONFIGS[config], f"--flagfile={FLAGS.recipe}",
       *extra, f"--seed={seed}", f"--model_dir={model_dir}",
-      "--progress=none"])
+      "--progress=none"],
+      OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+      **dict(pair.split("=", 1) for pair in FLAGS.env))
   load_after = os.getloadavg()[0]
   with open(os.path.join(model_dir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f
