@@ -148,7 +148,8 @@ flags.DEFINE_bool("log_transform", False,
                   "statistics are measured after it.")
 flags.DEFINE_bool("cache_records", False,
                   "tfrecord with declared features: each process decodes "
-                  "its training records once, before training, and holds "
+                  "its training records once, before training, and its "
+                  "validation records at the first evaluation, and holds "
                   "them in memory, volumes normalized (a 32^3 x 4 volume: "
                   "512 KB as float32); every epoch then reads the same "
                   "batches as streaming would, without decompressing, "

@@ -319,6 +319,36 @@ def test_cached_records_give_the_very_batches_streaming_does(
       np.testing.assert_array_equal(y, y2)
 
 
+@pytest.mark.parametrize("log_transform", [False, True])
+def test_cached_validation_gives_the_very_batches_and_reads_no_file_again(
+    tmp_path, log_transform):
+  """--cache_records holds the validation records too: every rank's
+  evaluation batches are those streamed, bit for bit and in their order,
+  normalized once, and an evaluation after the first reads no file."""
+  directory = write(tmp_path, files=(4, 4), per_file=3)
+  streamed, cached = (load(directory, log_transform=log_transform,
+                           cache_records=cache) for cache in (False, True))
+  assert cached.test.cache_evaluation and not streamed.test.cache_evaluation
+
+  def evaluated(splits):
+    return [[(x.numpy(), y.numpy()) for x, y in data.eval_batches(
+        splits.test, splits.info, shard=datasets.Shard(rank, 2),
+        batch_size=2)] for rank in (0, 1)]
+
+  expected, first = evaluated(streamed), evaluated(cached)
+  for rank_expected, rank_first in zip(expected, first):
+    assert len(rank_first) == len(rank_expected) == 3
+    for (x, y), (x2, y2) in zip(rank_expected, rank_first):
+      np.testing.assert_array_equal(x, x2)
+      np.testing.assert_array_equal(y, y2)
+  for path in os.listdir(os.path.join(directory, "validation")):
+    os.remove(os.path.join(directory, "validation", path))
+  for rank_first, rank_again in zip(first, evaluated(cached)):
+    for (x, y), (x2, y2) in zip(rank_first, rank_again):
+      np.testing.assert_array_equal(x, x2)
+      np.testing.assert_array_equal(y, y2)
+
+
 def test_volumes_are_flipped_and_transposed_each_their_own_way():
   counts, _ = volumes(64, 3)
   stored = tf.constant(counts)

@@ -40,9 +40,14 @@ class RecordFiles(Source):
   label_offset: int = 0  # subtracted from stored labels (1 for 1-based)
   features: Any = None   # a record_features.FeatureSpec
   compression: str = ""  # TensorFlow's compression_type: "", GZIP, ZLIB
-  # Declared features: this rank's records decoded once, at the start of
-  # training, and held in memory (--cache_records).
+  # Declared features: this rank's records decoded once and held in memory
+  # (--cache_records), a training split's at the start of training and a
+  # test split's (`cache_evaluation`) at its first evaluation.
   cache: bool = False
+  cache_evaluation: bool = False
+  # The test split's records held, by the files of the shard that asked.
+  _held: dict = dataclasses.field(default_factory=dict, init=False,
+                                  repr=False, compare=False)
 
   stageable = True  # each rank reads whole files of its own
 
@@ -95,10 +100,25 @@ class RecordFiles(Source):
 
   def eval_batches(self, info: DatasetInfo, *, shard: Shard,
                    batch_size: int) -> tf.data.Dataset:
-    files = tf.data.Dataset.from_tensor_slices(list(self.rank_files(shard)))
-    return self._records(files).map(
-        self._layout(info).eval_example,
-        num_parallel_calls=sources.decode_parallelism()).batch(batch_size)
+    """The records in the order they are stored, file after file, several
+    files at once; held decoded with `cache_evaluation`, in that order
+    (the same batches), so an evaluation after the first reads no file.
+    A rank holds each shard it evaluates: its own, and on rank 0 the whole
+    split where a task draws pictures of its first examples."""
+    rank_files = self.rank_files(shard)
+    files = tf.data.Dataset.from_tensor_slices(list(rank_files))
+    if not (self.cache_evaluation and self.features):
+      return sources.normalized(info, self._records(files).map(
+          self._layout(info).eval_example,
+          num_parallel_calls=sources.decode_parallelism()).batch(batch_size))
+    if rank_files not in self._held:
+      self._held[rank_files] = _Decoded(rank_files, self.features,
+                                        self.compression, info)
+    decoded = self._held[rank_files]
+    batches = decoded.records(files).map(
+        lambda file, index, inputs, label: (inputs, label)).batch(batch_size)
+    return batches if decoded.normalized else sources.normalized(info,
+                                                                 batches)
 
   def _records(self, files: tf.data.Dataset) -> tf.data.Dataset:
     """(file, index, record) of the files' records, several files at once."""

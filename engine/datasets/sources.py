@@ -78,6 +78,12 @@ def batch_augmentation(info: DatasetInfo, shard: Shard,
   return augmented
 
 
+def normalized(info: DatasetInfo, batches: tf.data.Dataset) -> tf.data.Dataset:
+  """Evaluation batches as stored, normalized as the model receives them."""
+  return batches.map(lambda images, labels: (info.normalized(images), labels),
+                     num_parallel_calls=PARALLEL_BATCHES)
+
+
 def decode_parallelism() -> int:
   """Decoding runs on the cores this process may use (after binding)."""
   return len(os.sched_getaffinity(0))
@@ -117,9 +123,9 @@ class _ByIndex(Source):
 
   def eval_batches(self, info: DatasetInfo, *, shard: Shard,
                    batch_size: int) -> tf.data.Dataset:
-    return self._read_eval(
+    return normalized(info, self._read_eval(
         tf.data.Dataset.range(shard.rank, len(self.labels), shard.world_size),
-        info, batch_size)
+        info, batch_size))
 
   @abc.abstractmethod
   def _read_training(self, indices: tf.data.Dataset, info: DatasetInfo,

@@ -129,7 +129,7 @@ class Source(abc.ABC):
   @abc.abstractmethod
   def eval_batches(self, info: DatasetInfo, *, shard: Shard,
                    batch_size: int) -> tf.data.Dataset:
-    """This rank's share of the split as stored, (images, labels): no
+    """This rank's share of the split, (images, labels), normalized: no
     padding and no repetition, so the last batch may be short and ranks
     may hold unequal shares."""
 

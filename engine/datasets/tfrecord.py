@@ -45,8 +45,9 @@ def load(*, data_dir: str, image_size: int, num_classes: int,
   of declared features are checked against the spec then).
   `normalization` is (mean, std) to use rather than ImageNet's, or than
   those measured on a sample of declared features' inputs.
-  `cache_records`: each rank's training records of declared features
-  decoded once and held in memory (engine/datasets/record_files.py)."""
+  `cache_records`: each rank's training and test records of declared
+  features decoded once and held in memory
+  (engine/datasets/record_files.py)."""
   if not data_dir:
     raise UserError("--dataset=tfrecord needs --data_dir=DIR holding train-* "
                     "and validation-* TFRecord files")
@@ -109,7 +110,8 @@ def _declared(spec: record_features.FeatureSpec, train, test, *,
   return Splits(
       train=RecordFiles(train, features=spec, compression=compression,
                         cache=cache),
-      test=RecordFiles(test, features=spec, compression=compression),
+      test=RecordFiles(test, features=spec, compression=compression,
+                       cache_evaluation=cache),
       info=dataclasses.replace(info, **statistics))
 
 

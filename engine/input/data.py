@@ -122,8 +122,5 @@ def eval_batches(source: Source, info: DatasetInfo, *, shard: Shard,
   hold more examples than others. Figures are reduced as sums and counts, so
   the result is exactly the whole split's.
   """
-  batches = source.eval_batches(
-      info, shard=shard, batch_size=batch_size).map(
-          lambda images, labels: (info.normalized(images), labels),
-          num_parallel_calls=sources.PARALLEL_BATCHES)
+  batches = source.eval_batches(info, shard=shard, batch_size=batch_size)
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
