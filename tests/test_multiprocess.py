@@ -229,8 +229,10 @@ def test_horovod_timeline_records_the_profiled_steps_allreduces(
 
 def test_horovod_cycles_every_3_ms_on_cpu_unless_the_user_says(two,
                                                               command_line):
+  """And MPI, should the run use it, yields its core while it waits."""
   _, ranks = two
   assert [r["horovod_cycle_time"] for r in ranks] == ["3", "3"]
+  assert [r["mpi_yield_when_idle"] for r in ranks] == ["1", "1"]
   _, result = command_line
   assert re.search(r"^\[0\]<stderr>:I.*Horovod cycle 2 ms$",
                    result.stderr, re.MULTILINE)

@@ -58,6 +58,12 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
   if not gpus:
     # Read by hvd.init; a user's (horovodrun --cycle-time-ms) wins.
     os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
+    # Read by Open MPI's MPI_Init (in hvd.init, under horovodrun --mpi); a
+    # user's wins. Horovod's thread shares this process's core with the
+    # step's: waiting in a collective, MPI polls without yielding unless
+    # told to, and takes that core from the step (CosmoFlow on 2 processes:
+    # 1.15x the volumes/s yielding; BUILD.md).
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
   start_horovod()
   # So a survivor of a failed collective can name the rank that stopped.
   liveness.start_heartbeat(hvd.rank(), hvd.size())

@@ -85,6 +85,7 @@ def engine_run(config) -> dict:
       "history": result.history,
       "action_runs": action_runs,
       "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
+      "mpi_yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
   }
 
 
