@@ -121,6 +121,9 @@ flags.DEFINE_integer("num_groups", 0, "hvd.DistributedOptimizer's "
 flags.DEFINE_float("cycle_time_ms", 0, "HOROVOD_CYCLE_TIME for hvd.init(), "
                    "as a user who has read Horovod's tuning guide sets it; "
                    "0 leaves Horovod's default (1 ms).", lower_bound=0)
+flags.DEFINE_bool("mpi_yield_when_idle", False, "OMPI_MCA_mpi_yield_when_idle"
+                  "=1 for hvd.init() under horovodrun --mpi, as the engine "
+                  "sets it on CPU (BUILD.md).")
 
 NORMALIZATION_FILES = 64
 OUTPUT_SCALE = 1.2
@@ -131,6 +134,8 @@ OUTPUT_SCALE = 1.2
 def init_horovod() -> None:
   if FLAGS.cycle_time_ms:
     os.environ["HOROVOD_CYCLE_TIME"] = str(FLAGS.cycle_time_ms)
+  if FLAGS.mpi_yield_when_idle:
+    os.environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
   hvd.init()
   if FLAGS.bind_cores:
     cores = sorted(os.sched_getaffinity(0))
