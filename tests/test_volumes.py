@@ -319,13 +319,14 @@ def test_cached_records_give_the_very_batches_streaming_does(
       np.testing.assert_array_equal(y, y2)
 
 
-@pytest.mark.parametrize("log_transform", [False, True])
+@pytest.mark.parametrize("per_file, log_transform", [(3, False), (1, True)])
 def test_cached_validation_gives_the_very_batches_and_reads_no_file_again(
-    tmp_path, log_transform):
+    tmp_path, per_file, log_transform):
   """--cache_records holds the validation records too: every rank's
   evaluation batches are those streamed, bit for bit and in their order,
   normalized once, and an evaluation after the first reads no file."""
-  directory = write(tmp_path, files=(4, 4), per_file=3)
+  directory = write(tmp_path, files=(4, 4) if per_file > 1 else (8, 12),
+                    per_file=per_file)
   streamed, cached = (load(directory, log_transform=log_transform,
                            cache_records=cache) for cache in (False, True))
   assert cached.test.cache_evaluation and not streamed.test.cache_evaluation
@@ -337,7 +338,7 @@ def test_cached_validation_gives_the_very_batches_and_reads_no_file_again(
 
   expected, first = evaluated(streamed), evaluated(cached)
   for rank_expected, rank_first in zip(expected, first):
-    assert len(rank_first) == len(rank_expected) == 3
+    assert len(rank_first) == len(rank_expected) == 3  # of 2
     for (x, y), (x2, y2) in zip(rank_expected, rank_first):
       np.testing.assert_array_equal(x, x2)
       np.testing.assert_array_equal(y, y2)

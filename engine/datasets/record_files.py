@@ -175,6 +175,7 @@ class _Decoded:
     self._files = tf.constant(files)
     self._starts = tf.constant(starts, tf.int64)
     self._counts = tf.constant(counts, tf.int64)
+    self._one_a_file = all(count == 1 for count in counts)
     # Variables, not constants: the data sets that read them hold a handle
     # instead of a copy in their graphs.
     self.normalized = len(info.image_shape) == 4
@@ -185,13 +186,23 @@ class _Decoded:
     self._labels = tf.Variable(np.stack(labels), trainable=False)
 
   def records(self, files: tf.data.Dataset) -> tf.data.Dataset:
+    def at(file):  # the file's place among this rank's
+      return tf.argmax(tf.cast(tf.equal(self._files, file), tf.int32))
+
+    def held(file, index):
+      row = self._starts[at(file)] + index
+      return (file, index, self._inputs.sparse_read(row),
+              self._labels.sparse_read(row))
+
+    if self._one_a_file:
+      # Interleaved, one-record files give their records in the files'
+      # own order: read them so, without a data set for each file (about
+      # 1 ms a batch of 8 of CosmoFlow's volumes, on the step's core).
+      return files.map(lambda file: held(file, tf.constant(0, tf.int64)))
+
     def of_file(file):
-      at = tf.argmax(tf.cast(tf.equal(self._files, file), tf.int32))
-      start = self._starts[at]
-      return tf.data.Dataset.range(self._counts[at]).map(
-          lambda index: (file, index,
-                         self._inputs.sparse_read(start + index),
-                         self._labels.sparse_read(start + index)))
+      return tf.data.Dataset.range(self._counts[at(file)]).map(
+          lambda index: held(file, index))
 
     return _interleaved(files, of_file)
 
