@@ -196,8 +196,10 @@ class _Decoded:
 
     if self._one_a_file:
       # Interleaved, one-record files give their records in the files'
-      # own order: read them so, without a data set for each file (about
-      # 1 ms a batch of 8 of CosmoFlow's volumes, on the step's core).
+      # own order: read them so, without a data set for each file (a batch
+      # of 8 of CosmoFlow's volumes in 0.6-0.75 ms instead of 1.0-1.2, on
+      # the step's core; bench/RESULTS.md, "Where the rest of the step
+      # went").
       return files.map(lambda file: held(file, tf.constant(0, tf.int64)))
 
     def of_file(file):
