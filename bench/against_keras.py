@@ -91,7 +91,8 @@ def run(label: str, config: str, extra: list, seed: int) -> dict:
   shutil.rmtree(model_dir, ignore_errors=True)
   load_before = os.getloadavg()[0]
   interleaved.launch([
-      interleaved.HOROVODRUN, f"--{FLAGS.controller}", "-np", str(FLAGS.processes),
+      interleaved.HOROVODRUN, f"--{FLAGS.controller}",
+      "-np", str(FLAGS.processes),
       interleaved.PYTHON, "-m", CONFIGS[config], f"--flagfile={FLAGS.recipe}",
       *extra, f"--seed={seed}", f"--model_dir={model_dir}",
       "--progress=none"],
