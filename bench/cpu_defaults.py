@@ -38,6 +38,7 @@ warm-up steps. Whole runs give images/s of their epochs after the first.
 import dataclasses
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -60,6 +61,10 @@ flags.DEFINE_integer("steps_per_epoch", 100, "Steps per epoch of a whole "
 flags.DEFINE_list("cycle_ms", ["1", "2", "3", "5"], "Horovod cycle times "
                   "to compare, in ms; the first is the reference (1: "
                   "Horovod's default).")
+flags.DEFINE_enum("controller", "gloo", ["gloo", "mpi"], "horovodrun's "
+                  "controller for the cycle and threads parts' processes "
+                  "(under MPI, yielding while it waits, as the engine "
+                  "sets it on CPU).")
 flags.DEFINE_integer("idle_seconds", 10, "How long the idle processes of "
                      "the cycle part sleep.", lower_bound=1)
 flags.DEFINE_integer("steps", 10, "Timed steps of a step measurement "
@@ -165,13 +170,14 @@ def cycle() -> None:
         "voluntary context switches per process per second", flush=True)
   for ms in FLAGS.cycle_ms:
     output = interleaved.launch(
-        [interleaved.HOROVODRUN, "--gloo", "-np", str(PROCESSES),
-         interleaved.PYTHON,
+        [*_horovodrun(), interleaved.PYTHON,
          "-m", "bench.cpu_defaults", "--worker=idle",
-         f"--idle_seconds={FLAGS.idle_seconds}"], HOROVOD_CYCLE_TIME=ms)
-    # horovodrun prefixes each line of rank r with "[1,r]<stdout>:".
-    reports = sorted((json.loads(line.split(":", 1)[1])
-                      for line in output.splitlines() if "<stdout>:{" in line),
+         f"--idle_seconds={FLAGS.idle_seconds}"], HOROVOD_CYCLE_TIME=ms,
+        **_controller_env())
+    # horovodrun prefixes each line of rank r with "[r]<stdout>:" (Gloo)
+    # or "[1,r]<stdout>:" (MPI, which may run two ranks' lines together).
+    reports = sorted((json.loads(report) for report in
+                      re.findall(r"<stdout>:(\{[^}]*\})", output)),
                      key=lambda report: report["rank"])
     print(f"  {ms} ms: " + "; ".join(
         f"rank {r['rank']} {r['cpu_per_second']:.1%} of a core, "
@@ -229,12 +235,26 @@ def _whole_run(part: str, variant: str, round_: int, engine_flags: list[str],
                            f"{variant.replace(' ', '_')}-r{round_ + 1}")
   shutil.rmtree(model_dir, ignore_errors=True)
   interleaved.launch(
-      [interleaved.HOROVODRUN, "--gloo", "-np", str(PROCESSES),
-       interleaved.PYTHON,
+      [*_horovodrun(), interleaved.PYTHON,
        "-m", "engine.train", f"--model_dir={model_dir}", "--progress=none",
        *engine_flags, f"--epochs={FLAGS.epochs}",
-       f"--steps_per_epoch={FLAGS.steps_per_epoch}"], **env)
+       f"--steps_per_epoch={FLAGS.steps_per_epoch}"],
+      **_controller_env(), **env)
   return interleaved.images_per_sec(model_dir)
+
+
+def _horovodrun() -> list[str]:
+  return [interleaved.HOROVODRUN, f"--{FLAGS.controller}", "-np",
+          str(PROCESSES)]
+
+
+def _controller_env() -> dict:
+  """Open MPI as root, yielding as the engine sets it (the idle processes
+  do not run the engine's set-up)."""
+  if FLAGS.controller == "gloo":
+    return {}
+  return dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+              OMPI_MCA_mpi_yield_when_idle="1")
 
 
 def _step_run(model: str, option: str, **env: str) -> float:
