@@ -291,7 +291,7 @@ def _planned_epochs(records: list[dict],
                     run_flags: dict[str, str]) -> Optional[int]:
   """The last record's `epochs`; runs written before records had it give
   their --epochs (flags.latest.txt's, after a resume)."""
-  if records and _is_int(records[-1].get("epochs")):
+  if records and run_files.is_int(records[-1].get("epochs")):
     return records[-1]["epochs"]
   try:
     return int(run_flags["epochs"])
@@ -360,10 +360,6 @@ def _shortened(reason: str) -> str:
   if len(line) <= REASON_CHARS:
     return line
   return line[:REASON_CHARS - 3].rstrip() + "..."
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
 
 
 # The command line.

@@ -169,8 +169,7 @@ def epochs_and_events(model_dir: str) -> tuple[list[dict], list[dict],
       events.append(record)
       if record["event"] == "end":
         end = record
-    elif (isinstance(record.get("epoch"), int)
-          and not isinstance(record["epoch"], bool)):
+    elif is_int(record.get("epoch")):
       while records and records[-1]["epoch"] >= record["epoch"]:
         records.pop()
       records.append(record)
@@ -313,6 +312,11 @@ def summary(records: list[dict]) -> dict:
       "epochs": last.get("epoch", 0),
       "world_size": last.get("world_size"),
   }
+
+
+def is_int(value) -> bool:
+  """An integer in a record (JSON's true and false are not)."""
+  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_finite(value) -> bool:
