@@ -95,9 +95,7 @@ def run(label: str, config: str, extra: list, seed: int) -> dict:
       "-np", str(FLAGS.processes),
       interleaved.PYTHON, "-m", CONFIGS[config], f"--flagfile={FLAGS.recipe}",
       *extra, f"--seed={seed}", f"--model_dir={model_dir}",
-      "--progress=none"],
-      OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-      **dict(pair.split("=", 1) for pair in FLAGS.env))
+      "--progress=none"], **dict(pair.split("=", 1) for pair in FLAGS.env))
   load_after = os.getloadavg()[0]
   with open(os.path.join(model_dir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f

@@ -81,9 +81,7 @@ def run(hosts: simulated_hosts.SimulatedHosts, link: str,
       interleaved.PYTHON, "-m", "bench.allreduce_worker",
       f"--sizes={','.join(FLAGS.sizes)}", f"--iterations={FLAGS.iterations}"]
   env = interleaved.engine_env(
-      HOROVOD_CYCLE_TIME=str(FLAGS.cycle_time_ms),
-      # Open MPI refuses root without both.
-      OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+      HOROVOD_CYCLE_TIME=str(FLAGS.cycle_time_ms))
   result = hosts.run(command, env=env)
   if result.returncode:
     # Once more: on a shared machine another job's set-up can rewrite the

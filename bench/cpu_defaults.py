@@ -249,12 +249,11 @@ def _horovodrun() -> list[str]:
 
 
 def _controller_env() -> dict:
-  """Open MPI as root, yielding as the engine sets it (the idle processes
-  do not run the engine's set-up)."""
+  """Under MPI, yielding as the engine sets it (the idle processes do not
+  run the engine's set-up)."""
   if FLAGS.controller == "gloo":
     return {}
-  return dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-              OMPI_MCA_mpi_yield_when_idle="1")
+  return dict(OMPI_MCA_mpi_yield_when_idle="1")
 
 
 def _step_run(model: str, option: str, **env: str) -> float:

@@ -19,8 +19,12 @@ HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 
 def engine_env(**extra: str) -> dict:
   """The environment of a launched engine or bench process: this checkout
-  on its path, TensorFlow's start-up chatter off, and `extra` variables."""
-  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **extra)
+  on its path, TensorFlow's start-up chatter off, Open MPI let run as root
+  (it refuses without both variables; Gloo ignores them), and `extra`
+  variables."""
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO,
+              OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+              **extra)
 
 
 def launch(command: list[str], **env: str) -> str:

@@ -96,8 +96,7 @@ def run(hosts, workload: str, link: str, controller: str, compression: str,
       "--network-interface", hosts.interface,
       interleaved.PYTHON, "-m", "bench.host_core", "engine.train", *engine]
   result = hosts.run(command, env=interleaved.engine_env(
-      HOROVOD_TIMELINE=timeline, OMPI_ALLOW_RUN_AS_ROOT="1",
-      OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"), timeout=1200)
+      HOROVOD_TIMELINE=timeline), timeout=1200)
   if result.returncode:
     sys.exit(f"{name}: {' '.join(command)} failed (exit "
              f"{result.returncode}):\n"
