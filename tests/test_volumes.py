@@ -594,3 +594,51 @@ def test_one_sample_files_are_shuffled_by_their_order_alone(tmp_path):
   for seen in epochs:
     assert sorted(map(tuple, seen)) == sorted(map(tuple, own))
   assert len({tuple(map(tuple, seen)) for seen in epochs}) > 1
+
+
+def test_cached_records_train_as_streamed_ones_on_two_processes_and_resume(
+    tmp_path):
+  """--cache_records under horovodrun -np 2, on one-record files: every
+  epoch's training and validation figures are those of the streamed run
+  (the same batches, the whole validation split read exactly once), and a
+  cached run stopped after 2 epochs and resumed ends on the weights and
+  figures of one that was not."""
+  data_dir = write(tmp_path / "data", files=(8, 6), per_file=1)
+
+  def train(model_dir, *extra, epochs=3):
+    result = fixtures.launch(
+        ["-m", "engine.train", "--dataset=tfrecord", f"--data_dir={data_dir}",
+         "--task=regression", "--model=cosmoflow", "--filters=2",
+         "--kernel_size=2", "--log_transform", "--random_flip",
+         "--random_transpose", "--batch_size=2", f"--epochs={epochs}",
+         "--deterministic", "--progress=none", f"--model_dir={model_dir}",
+         *extra], processes=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [r for _, r in run_files.read_metrics(str(model_dir))
+            if r and "event" not in r]
+
+  figures = ("epoch", "global_step", "train_loss", "val_loss", "val_mae",
+             "val_r2")
+  streamed = train(tmp_path / "streamed")
+  cached = train(tmp_path / "cached", "--cache_records")
+  assert [r["epoch"] for r in cached] == [1, 2, 3]
+  assert [[r[f] for f in figures] for r in cached] == \
+      [[r[f] for f in figures] for r in streamed]
+
+  train(tmp_path / "resumed", "--cache_records", epochs=2)
+  resumed = train(tmp_path / "resumed", "--cache_records")
+  assert [r["epoch"] for r in resumed] == [1, 2, 3]
+  assert resumed[-1]["val_mae"] == pytest.approx(cached[-1]["val_mae"],
+                                                 rel=1e-6)
+  weights = {}
+  for run in ("cached", "resumed"):
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(
+        str(tmp_path / run / "checkpoints")))
+    weights[run] = {n: reader.get_tensor(n)
+                    for n in reader.get_variable_to_shape_map()
+                    if n.startswith("model/") and "OPTIMIZER" not in n}
+  assert weights["cached"] and weights["cached"].keys() == \
+      weights["resumed"].keys()
+  for name, value in weights["cached"].items():
+    np.testing.assert_allclose(weights["resumed"][name], value, rtol=1e-5,
+                               atol=1e-6, err_msg=name)
