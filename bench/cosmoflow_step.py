@@ -26,7 +26,8 @@ import time
 from absl import app
 from absl import flags
 
-import engine  # noqa: F401  (oneDNN, tf_keras)
+import engine  # noqa: F401  (oneDNN, Keras on TensorFlow)
+import keras  # pylint: disable=wrong-import-order
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("variants", ["leaky"], "Variants to time (see VARIANTS).")
@@ -82,7 +83,7 @@ def options(variant: str) -> dict:
 
 def build_model(tf, opts, input_shape):
   from models import cosmoflow
-  layers = tf.keras.layers
+  layers = keras.layers
   slope = cosmoflow.LEAKY_SLOPE
   fmt = "channels_first" if opts["channels_first"] else "channels_last"
 
@@ -112,7 +113,7 @@ def build_model(tf, opts, input_shape):
   if opts["order"] == "model":
     return cosmoflow.build(input_shape=input_shape, num_classes=4,
                            filters=FLAGS.filters, kernel_size=opts["kernel"])
-  inputs = tf.keras.Input(input_shape)
+  inputs = keras.Input(input_shape)
   x = inputs
   if opts["channels_first"]:
     x = layers.Permute((4, 1, 2, 3))(x)
@@ -135,7 +136,7 @@ def build_model(tf, opts, input_shape):
     x = activation(layers.Dense(size)(x))
   x = layers.Dense(4, activation="tanh")(x)
   outputs = layers.Rescaling(cosmoflow.OUTPUT_SCALE, dtype="float32")(x)
-  return tf.keras.Model(inputs, outputs)
+  return keras.Model(inputs, outputs)
 
 
 class Runner:
@@ -146,13 +147,13 @@ class Runner:
     self.tf = tf
     self.opts = options(variant)
     shape = (FLAGS.size,) * 3 + (4,)
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     model = build_model(tf, self.opts, shape)
     info = DatasetInfo(name="volumes", image_shape=shape, num_classes=4,
                        num_train=512, num_test=64, mean=(0.0,) * 4,
                        std=(1.0,) * 4, label_shape=(4,), label_dtype="float32")
     task = Regression(info, standardize_targets=False)
-    optimizer = tf.keras.optimizers.SGD(0.001, momentum=0.9)
+    optimizer = keras.optimizers.SGD(0.001, momentum=0.9)
     self.step = steps.TrainStep(model=model, optimizer=optimizer, task=task,
                                 xla=self.opts["xla"])
     rng = tf.random.Generator.from_seed(1)

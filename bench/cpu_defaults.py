@@ -287,6 +287,7 @@ def _step_worker() -> None:
   # Imported here: the parent process has no use for TensorFlow, and the
   # kernels are chosen by this process's environment when it starts.
   # pylint: disable=import-outside-toplevel
+  import keras
   import numpy as np
   import tensorflow as tf
 
@@ -301,12 +302,12 @@ def _step_worker() -> None:
   mode, xla = OPTIONS[FLAGS.worker_option]
   distributed.init()  # one process: the engine's threads for all cores
   precisions.set_policy(mode)  # the model's layers compute in `mode`
-  tf.keras.utils.set_random_seed(0)
+  keras.utils.set_random_seed(0)
   model = models.build(spec.model, input_shape=IMAGE_SHAPE,
                        num_classes=NUM_CLASSES, **spec.params)
   precisions.set_policy("none")
   optimizer = precisions.with_loss_scaling(
-      optimizers.build(**spec.optimizer, xla=xla), mode)
+      optimizers.build(**spec.optimizer), mode)
   step = steps.TrainStep(model=model, optimizer=optimizer, xla=xla)
   rng = np.random.default_rng(0)
   images = tf.constant(rng.normal(size=(spec.batch_size, *IMAGE_SHAPE)),

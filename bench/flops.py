@@ -14,6 +14,7 @@ check of the other:
 import math
 import time
 
+import keras
 import tensorflow as tf
 from tensorflow.python.profiler import option_builder
 
@@ -56,13 +57,13 @@ def _profiled(graph) -> float:
   return float(total)
 
 
-def _analytic(model: tf.keras.Model) -> float:
+def _analytic(model: keras.Model) -> float:
   forward = input_gradients = 0
   for layer in model.layers:
-    if isinstance(layer, tf.keras.layers.Conv2D):
+    if isinstance(layer, keras.layers.Conv2D):
       height, width = layer.output.shape[1:3]
       flops = 2 * height * width * math.prod(layer.kernel.shape)
-    elif isinstance(layer, tf.keras.layers.Dense):
+    elif isinstance(layer, keras.layers.Dense):
       flops = 2 * math.prod(layer.kernel.shape)
     else:
       continue

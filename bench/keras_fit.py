@@ -12,7 +12,7 @@ rank 0's initial weights; average the metrics at epoch ends; narrate on rank
     --records=/tmp/keras_fit.jsonl
 
 With TensorFlow 2.15 (Keras 2.15) Horovod 0.28.1's Keras DistributedOptimizer
-takes the current `tf.keras.optimizers.Adam`, the engine's optimizer; no
+takes the current `keras.optimizers.Adam`, the engine's optimizer; no
 legacy optimizer is needed. `_check_weights_agree` proves after training
 that the gradients really were averaged.
 """
@@ -20,6 +20,7 @@ from absl import app
 from absl import flags
 import horovod.tensorflow.keras as hvd
 import numpy as np
+import keras
 import tensorflow as tf
 
 from bench import epochs
@@ -47,10 +48,10 @@ def main(argv):
                             batch_size=FLAGS.batch_size)
   model = workload.build_model(info)
   optimizer = hvd.DistributedOptimizer(
-      tf.keras.optimizers.Adam(workload.BASE_LR * hvd.size()))
+      keras.optimizers.Adam(workload.BASE_LR * hvd.size()))
   model.compile(
       optimizer=optimizer, metrics=["accuracy"],
-      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
   timer = epochs.EpochTimer(
       FLAGS.records,
       images_per_epoch=FLAGS.steps_per_epoch * FLAGS.batch_size * world.size,
@@ -86,7 +87,7 @@ def _input_pipeline(examples, info, *, rank: int, world_size: int,
   return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-class _TimeEpochs(tf.keras.callbacks.Callback):
+class _TimeEpochs(keras.callbacks.Callback):
 
   def __init__(self, timer: epochs.EpochTimer):
     super().__init__()
@@ -99,7 +100,7 @@ class _TimeEpochs(tf.keras.callbacks.Callback):
     self._timer.end(epoch + 1)
 
 
-def _check_weights_agree(model: tf.keras.Model) -> None:
+def _check_weights_agree(model: keras.Model) -> None:
   """Every rank must end with rank 0's weights.
 
   Ranks train on different shards; only averaged gradients keep them

@@ -42,6 +42,7 @@ import time
 
 from absl import app
 import horovod.tensorflow.keras as hvd
+import keras
 import tensorflow as tf
 
 from engine import build
@@ -73,22 +74,22 @@ def main(argv):
                     seed=training.seed),
       augmentation=Augmentation.requested(config.data, resizing=False))
   if segmentation:
-    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    metric = tf.keras.metrics.MeanIoU(info.num_classes, sparse_y_pred=False,
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    metric = keras.metrics.MeanIoU(info.num_classes, sparse_y_pred=False,
                                       name="train_metric")
   elif isinstance(task, Regression):
     batches = batches.map(lambda images, labels: (
         images, task.standardized(labels)))
-    loss = {"mse": tf.keras.losses.MeanSquaredError(),
-            "mae": tf.keras.losses.MeanAbsoluteError(),
-            "huber": tf.keras.losses.Huber()}[task.loss_name]
-    metric = tf.keras.metrics.MeanAbsoluteError(name="train_metric")
+    loss = {"mse": keras.losses.MeanSquaredError(),
+            "mae": keras.losses.MeanAbsoluteError(),
+            "huber": keras.losses.Huber()}[task.loss_name]
+    metric = keras.metrics.MeanAbsoluteError(name="train_metric")
   else:
     batches = batches.map(lambda images, labels: (
         images, tf.one_hot(labels, info.num_classes)))
-    loss = tf.keras.losses.CategoricalCrossentropy(
+    loss = keras.losses.CategoricalCrossentropy(
         from_logits=True, label_smoothing=optimization.label_smoothing)
-    metric = tf.keras.metrics.CategoricalAccuracy(name="train_metric")
+    metric = keras.metrics.CategoricalAccuracy(name="train_metric")
 
   learning_rate = build.learning_rate_schedule(config)
   learning_rate.set_world(world_size=world.size,
@@ -120,7 +121,7 @@ def main(argv):
                                                      * world.size))])
 
 
-class _EvaluateAndRecord(tf.keras.callbacks.Callback):
+class _EvaluateAndRecord(keras.callbacks.Callback):
   """The engine's evaluation after each epoch, and its record, timed."""
 
   def __init__(self, config, world, splits, task, *,

@@ -29,6 +29,7 @@ from absl import app
 from absl import flags
 import horovod.tensorflow as hvd
 import numpy as np
+import keras
 import tensorflow as tf
 
 from bench import workload
@@ -53,7 +54,7 @@ def main(argv):
   model = workload.build_model(info)
   train_step = steps.TrainStep(
       model=model,
-      optimizer=tf.keras.optimizers.Adam(workload.BASE_LR * world.size))
+      optimizer=keras.optimizers.Adam(workload.BASE_LR * world.size))
   no_stop = tf.constant(0.0)
   # The step's own Python function, to trace into a loop of our own.
   traced_step = train_step._train_step  # pylint: disable=protected-access

@@ -7,6 +7,7 @@ a difference in throughput is a difference in the training loop around the
 step, not in what is trained.
 """
 from absl import flags
+import keras
 import tensorflow as tf
 
 from engine import datasets
@@ -52,13 +53,13 @@ def load(dataset: str) -> Splits:
                        test_examples=SYNTHETIC_TEST)
 
 
-def build_model(info: datasets.DatasetInfo) -> tf.keras.Model:
-  tf.keras.utils.set_random_seed(SEED)
+def build_model(info: datasets.DatasetInfo) -> keras.Model:
+  keras.utils.set_random_seed(SEED)
   return models.build(MODEL, input_shape=info.image_shape,
                       num_classes=info.num_classes, filters=FILTERS)
 
 
-def train_step(model: tf.keras.Model, optimizer):
+def train_step(model: keras.Model, optimizer):
   """A plain compiled step: the engine's math with no Horovod in it.
 
   plain_loop runs it, and bench/flops.py counts the floating-point
@@ -69,7 +70,7 @@ def train_step(model: tf.keras.Model, optimizer):
   def step(images, labels):
     with tf.GradientTape() as tape:
       logits = model(images, training=True)
-      loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+      loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
           labels, logits, from_logits=True))
     variables = model.trainable_variables
     optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))

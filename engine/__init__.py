@@ -1,19 +1,19 @@
 """A TensorFlow 2 training engine for data-parallel training with Horovod.
 
-Three settings that TensorFlow reads once, early (the log level as it
-loads; the kernels the first time it asks which to use; the Keras behind
-`tf.keras` the first time `tf.keras` is touched), so they must be made
-before TensorFlow is imported or used, which is why they live here: every
+Three settings read once, early (Keras' backend as Keras loads;
+TensorFlow's log level as it loads; the kernels the first time it asks
+which to use), so they must be made before Keras or TensorFlow is
+imported, which is why they live here: every
 entry point, worker and test imports the engine first.
 
-- TF_USE_LEGACY_KERAS=1, always: `tf.keras` is tf_keras, Keras 2. The
-  engine, its models and Horovod's TensorFlow bindings are written for it
-  (Horovod broadcasts through `Variable.ref`, which Keras 3's variables
-  lack); on TensorFlow 2.16 and later `tf.keras` would otherwise be Keras 3.
-  A script that imports TensorFlow and touches `tf.keras` before importing
-  the engine has Keras 3 as `tf.keras` for good: the import below stops it
-  with what to do. A Keras 3 model from `import keras` is refused in one
-  line at start-up (models/__init__.py, `refuse_keras3`).
+- KERAS_BACKEND=tensorflow, always: the engine's Keras is Keras 3, the one
+  `import keras` gives (and `tf.keras` on TensorFlow 2.16 and later), on
+  TensorFlow's backend, where every Keras variable holds a `tf.Variable`
+  that the compiled step, Horovod's collectives and `tf.train.Checkpoint`
+  work on. A script that imported Keras on another backend (JAX, PyTorch)
+  before the engine is stopped here with what to do; a model built with
+  tf_keras (Keras 2) is refused in one line at start-up
+  (models/__init__.py, `refuse_keras2`).
 - TF_CPP_MIN_LOG_LEVEL=2, a default: the runtime logs every kernel
   registration and oneDNN notice at start-up, once per process; with N
   processes under horovodrun that buries the engine's own output.
@@ -32,14 +32,14 @@ import sys
 
 from engine.core import quiet_import
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 quiet_import.install()
-if "tensorflow" in sys.modules and not sys.modules[
-    "tensorflow"].keras.__name__.startswith("tf_keras"):
-  raise ImportError("tf.keras is Keras 3: it was used before the engine was "
-                    "imported, too late for TF_USE_LEGACY_KERAS=1; import "
-                    "engine before TensorFlow, or export "
-                    "TF_USE_LEGACY_KERAS=1")
+if "keras" in sys.modules and sys.modules["keras"].backend.backend() != \
+    "tensorflow":
+  raise ImportError(
+      f"Keras was imported on the {sys.modules['keras'].backend.backend()} "
+      "backend before the engine; the engine trains on TensorFlow's: "
+      "import engine before keras, or export KERAS_BACKEND=tensorflow")

@@ -12,7 +12,7 @@ import time
 from typing import Any, Optional
 
 from absl import logging
-import tensorflow as tf
+import keras
 
 from engine import datasets
 from engine import distributed
@@ -46,7 +46,7 @@ ADAPTED_PIXELS = 1 << 20
 def prepare(config: TrainConfig, measure_auto: bool = True
             ) -> tuple[distributed.World, precision.Choice,
                        communication.Choice, datasets.Splits, tasks.Task,
-                       tf.keras.Model]:
+                       keras.Model]:
   """Distributed setup, the data set, the task, the precision, the
   gradient compression and the model: what training and evaluation share.
   Returns (world, precision choice, compression choice, splits, task,
@@ -87,14 +87,14 @@ def prepare(config: TrainConfig, measure_auto: bool = True
       return models.build(config.model.name,
                           input_shape=splits.info.image_shape,
                           num_classes=output_shape[-1],
-                          output_shape=output_shape, **config.model.params)
+                          output_shape=output_shape, **_model_params(config))
 
     first_images = functools.cache(lambda: _first_images(splits))
 
     def model_of(mode):
       precision.set_policy(mode)
       # The same seed everywhere, then rank 0's weights win anyway.
-      tf.keras.utils.set_random_seed(config.training.seed)
+      keras.utils.set_random_seed(config.training.seed)
       model = tasks.build_model(task, config.task.name, flags_model)
       whitening.adapt(model, first_images)  # (a resume restores over it)
       return model
@@ -128,7 +128,7 @@ def prepare(config: TrainConfig, measure_auto: bool = True
                                     step_of, measure=measure_auto)
   if measured or sent.figures.get("images_per_sec"):
     # Built again as if it were the first: Keras' names start afresh.
-    tf.keras.backend.clear_session()
+    keras.backend.clear_session()
     model = model_of(choice.mode)
   return world, choice, sent, splits, task, model
 
@@ -147,7 +147,7 @@ def _first_images(splits: datasets.Splits):
 
 
 def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
-                    task: tasks.Task, model: tf.keras.Model) -> None:
+                    task: tasks.Task, model: keras.Model) -> None:
   """--progressive_resizing's stages, for these images, this many epochs
   and this model and task at each side, or a UserError."""
   stages = config.data.progressive_resizing
@@ -175,7 +175,7 @@ def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
     except UserError as e:
       raise UserError(f"{given}: --model={config.model.name} does not take "
                       f"{side}x{side} images ({e}); a model for any size "
-                      "builds tf.keras.Input((None, None, channels)) and "
+                      "builds keras.Input((None, None, channels)) and "
                       "pools globally") from None
 
 
@@ -243,8 +243,18 @@ def learning_rate_schedule(config: TrainConfig) -> schedules.WarmupThenDecay:
       decay_table=optimization.lr_decay_table)
 
 
+def _model_params(config: TrainConfig) -> dict:
+  """--model's parameters; --weight_decay is the models' L2 term, except
+  under an optimizer that decays the weights itself (AdamW), where it is
+  the optimizer's alone (optimizers.py)."""
+  params = dict(config.model.params)
+  if config.optimization.optimizer in optimizers.DECOUPLED_DECAY:
+    params["weight_decay"] = 0.0
+  return params
+
+
 def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
-                       task: tasks.Task, model: tf.keras.Model, learning_rate,
+                       task: tasks.Task, model: keras.Model, learning_rate,
                        weight_average=None) -> tuple[Any, steps.TrainStep]:
   """The optimizer the flags ask for, at `learning_rate` (a schedule of the
   step), and the train step that applies it to `model` for `task` (and
@@ -257,7 +267,7 @@ def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
                             learning_rate=learning_rate,
                             momentum=optimization.momentum,
                             nesterov=optimization.nesterov,
-                            xla=performance.xla)
+                            weight_decay=config.model.params["weight_decay"])
 
   if task.optimizers:  # the task's own step applies several
     if mode == "float16":
@@ -274,11 +284,12 @@ def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
       allreduce_op=performance.allreduce_op,
       compression=compression,
       accumulation_steps=performance.grad_accum_steps, task=task,
-      weight_average=weight_average, xla=performance.xla)
+      weight_average=weight_average, xla=performance.xla,
+      any_image_size=bool(config.data.progressive_resizing))
 
 
 def eval_step(config: TrainConfig, task: tasks.Task,
-              model: tf.keras.Model) -> steps.EvalStep:
+              model: keras.Model) -> steps.EvalStep:
   """The evaluation step, with the views --eval_flip and --eval_shift ask
   for."""
   image_shape = task.info.image_shape

@@ -26,6 +26,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
+import keras
 import tensorflow as tf
 
 from engine import build
@@ -59,7 +60,7 @@ SMOOTHING = 0.9
 DIVERGED = 4.0
 
 
-class ExponentialRange(tf.keras.optimizers.schedules.LearningRateSchedule):
+class ExponentialRange(keras.optimizers.schedules.LearningRateSchedule):
   """min_lr at step 0 to max_lr at step `steps` - 1, by a constant factor
   per step."""
 

@@ -16,7 +16,7 @@ import functools
 from typing import Optional, Sequence
 
 from absl import app
-import tensorflow as tf
+import keras
 
 from engine import build
 from engine import cli
@@ -32,7 +32,7 @@ from engine.loop.loop import TrainLoop
 
 @dataclasses.dataclass
 class TrainResult:
-  model: tf.keras.Model
+  model: keras.Model
   history: list[dict]    # the epochs' metrics.jsonl records, on every rank
   train_step: steps.TrainStep
   eval_step: steps.EvalStep

@@ -21,14 +21,15 @@ for fakes), and `fooled`, the share of fakes taken for real, which decides
 best/: a rough measure of the generator, as a GAN has no loss to minimize.
 """
 import numpy as np
+import keras
 import tensorflow as tf
 
 from engine.tasks import Task
 
-layers = tf.keras.layers
+layers = keras.layers
 
 
-class GAN(tf.keras.Model):
+class GAN(keras.Model):
   """The tutorial's generator and discriminator for 28x28 images, widths
   scaled by `width` (64 in the tutorial), the discriminator's dropout
   `dropout` (0.3). Called on images, it gives the
@@ -38,8 +39,8 @@ class GAN(tf.keras.Model):
     super().__init__(name="dcgan")
     self.latent = latent
     height = image_shape[0] // 4
-    self.generator = tf.keras.Sequential([
-        tf.keras.Input((latent,)),
+    self.generator = keras.Sequential([
+        keras.Input((latent,)),
         layers.Dense(height * height * 4 * width, use_bias=False),
         layers.BatchNormalization(), layers.LeakyReLU(),
         layers.Reshape((height, height, 4 * width)),
@@ -51,8 +52,8 @@ class GAN(tf.keras.Model):
         layers.Conv2DTranspose(image_shape[-1], 5, strides=2, padding="same",
                                dtype="float32"),
     ], name="generator")
-    self.discriminator = tf.keras.Sequential([
-        tf.keras.Input(image_shape),
+    self.discriminator = keras.Sequential([
+        keras.Input(image_shape),
         layers.Conv2D(width, 5, strides=2, padding="same"), layers.LeakyReLU(),
         layers.Dropout(dropout),
         layers.Conv2D(2 * width, 5, strides=2, padding="same"),

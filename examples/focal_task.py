@@ -8,6 +8,7 @@ The focal loss (Lin et al. 2017) weighs each example's cross-entropy by
 already gets right count less. The metrics are sums the engine adds up
 across ranks; `figures` turns them into ratios, exactly the whole split's.
 """
+import keras
 import tensorflow as tf
 
 from engine.tasks import Task
@@ -19,7 +20,7 @@ class FocalLoss(Task):
   gamma = 2.0
 
   def loss(self, labels, outputs):
-    cross_entropy = tf.keras.losses.sparse_categorical_crossentropy(
+    cross_entropy = keras.losses.sparse_categorical_crossentropy(
         labels, outputs, from_logits=True)
     p = tf.exp(-cross_entropy)  # the probability of the true class
     return (1.0 - p) ** self.gamma * cross_entropy

@@ -9,9 +9,9 @@ The engine calls `mobilenet_v2(input_shape=..., num_classes=..., dropout=...)`
 models: sharded data, averaged gradients, checkpoints, resume, export.
 Nothing is downloaded: `weights=None` starts from random weights.
 """
-import tensorflow as tf
+import keras
 
-layers = tf.keras.layers
+layers = keras.layers
 
 
 def mobilenet_v2(input_shape, num_classes, dropout=0.0):
@@ -21,13 +21,13 @@ def mobilenet_v2(input_shape, num_classes, dropout=0.0):
   resized up, and one channel repeated three times, inside the model, so
   the exported model takes the data set's images as they are.
   """
-  inputs = tf.keras.Input(input_shape)
+  inputs = keras.Input(input_shape)
   x = inputs
   if min(input_shape[:2]) < 32:
     x = layers.Resizing(32, 32)(x)
   if input_shape[-1] == 1:
     x = layers.Concatenate()([x, x, x])
-  backbone = tf.keras.applications.MobileNetV2(
+  backbone = keras.applications.MobileNetV2(
       input_shape=(*x.shape[1:3], 3), alpha=0.5, include_top=False,
       weights=None, pooling="avg")
   for layer in backbone.layers:
@@ -40,4 +40,4 @@ def mobilenet_v2(input_shape, num_classes, dropout=0.0):
   # float32 logits, also under --mixed_precision: softmax and the loss in
   # full precision.
   logits = layers.Dense(num_classes, dtype="float32", name="logits")(x)
-  return tf.keras.Model(inputs, logits, name="mobilenet_v2")
+  return keras.Model(inputs, logits, name="mobilenet_v2")

@@ -2,18 +2,18 @@
 
   horovodrun --gloo -np 2 .venv/bin/python examples/train_script.py [--epochs=5 ...]
 
-The engine is imported before TensorFlow: importing it makes `tf.keras`
-Keras 2 (tf_keras), the Keras the engine trains, and chooses TensorFlow's
-CPU kernels (oneDNN's), both of which TensorFlow reads once, early.
+The model is plain Keras 3 (`import keras`, TensorFlow's own). The engine
+is imported first: it puts Keras on TensorFlow's backend and chooses
+TensorFlow's CPU kernels (oneDNN's), which are read once, early.
 """
 import gzip
 import os
 
 from engine import datasets, train
 import numpy as np
-import tensorflow as tf
+import keras
 
-layers = tf.keras.layers
+layers = keras.layers
 
 
 def load_fashion_mnist(data_dir):
@@ -32,13 +32,13 @@ def load_fashion_mnist(data_dir):
 
 
 def conv_net(input_shape, num_classes, dropout=0.25):
-  inputs = x = tf.keras.Input(input_shape)
+  inputs = x = keras.Input(input_shape)
   for width in (32, 64):
     x = layers.Conv2D(width, 3, padding="same", use_bias=False)(x)
     x = layers.MaxPooling2D()(layers.ReLU()(layers.BatchNormalization()(x)))
   x = layers.Dropout(dropout)(layers.Flatten()(x))
   logits = layers.Dense(num_classes, dtype="float32")(x)
-  return tf.keras.Model(inputs, logits, name="conv_net")
+  return keras.Model(inputs, logits, name="conv_net")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ flags.DEFINE_list(
     "costs about (SIDE / full side) squared of a full one; evaluation is "
     "always at full size. For square images and models that take any size "
     "(resnet9, wrn, resnet50, resnet_small; a model of your own that builds "
-    "tf.keras.Input((None, None, channels)) and pools globally). Empty: "
+    "keras.Input((None, None, channels)) and pools globally). Empty: "
     "every epoch at full size.")
 
 

@@ -10,7 +10,7 @@ flags.DEFINE_string(
     "for CPUs; wrn: WideResNet-depth-width), or your own builder as "
     "package.module:function or path/to/file.py:function, called with "
     "input_shape, num_classes and whichever of this module's flags its "
-    "signature declares, returning a tf.keras.Model with float32 logits "
+    "signature declares, returning a keras.Model with float32 logits "
     "[batch, num_classes] (docs/your-model.md).")
 flags.register_validator(
     "model", models.is_known,
@@ -50,5 +50,6 @@ flags.DEFINE_float("dropout", 0.0, "Dropout rate inside the model.",
                    lower_bound=0.0, upper_bound=0.95)
 flags.DEFINE_float("weight_decay", 0.0,
                    "L2 penalty on every kernel, added to the loss (so it "
-                   "applies the same way under every optimizer).",
+                   "applies the same way under every optimizer); under "
+                   "--optimizer=adamw, AdamW's decoupled decay instead.",
                    lower_bound=0.0)

@@ -6,10 +6,12 @@ from engine.compute import optimizers, schedules
 flags.DEFINE_enum(
     "optimizer", "adam", optimizers.names(),
     "Optimizer. Weight decay (--weight_decay) is an L2 term in the loss for "
-    "all of them: for sgd it is classic weight decay; for adam it is L2 "
-    "regularization scaled by Adam's second moments (not AdamW); for "
-    "novograd it is normalized per layer with the gradient; for lamb it "
-    "passes through LAMB's per-layer trust ratio.")
+    "all but adamw: for sgd it is classic weight decay; for adam it is L2 "
+    "regularization scaled by Adam's second moments; for novograd it is "
+    "normalized per layer with the gradient; for lamb it passes through "
+    "LAMB's per-layer trust ratio. adamw decays the weights itself, "
+    "decoupled from the gradient (Loshchilov and Hutter), by weight_decay "
+    "x the learning rate a step.")
 flags.DEFINE_float("base_lr", 0.001,
                    "Learning rate of one process; scaled by --lr_scaling.",
                    lower_bound=0.0)

@@ -16,7 +16,7 @@ from absl import flags
 
 from engine.compute import communication
 from engine.compute import precision
-from engine.compute import step
+from engine.distributed import gradients
 
 flags.DEFINE_enum("mixed_precision", "auto", precision.MODES,
                   "Compute in 16 bits with float32 weights (Keras mixed "
@@ -54,7 +54,7 @@ flags.register_multi_flags_validator(
                         and values["elastic"]),
     "--gradient_compression=auto measures at start-up, before an elastic "
     "run's workers meet; give --gradient_compression=none or fp16")
-flags.DEFINE_enum("allreduce_op", "average", step.ALLREDUCE_OPS,
+flags.DEFINE_enum("allreduce_op", "average", gradients.OPS,
                   "How gradients combine across processes: average; adasum "
                   "(Maleki et al. 2020), which needs Horovod built with MPI "
                   "and launched with it (BUILD.md); with adasum the learning "

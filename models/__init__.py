@@ -1,4 +1,4 @@
-"""Models by name: `build(name, **params) -> tf.keras.Model`.
+"""Models by name: `build(name, **params) -> keras.Model`.
 
 Every builder takes `input_shape` and `num_classes` and returns a Keras
 model whose output is float32 logits of shape [batch, num_classes]. For a
@@ -11,6 +11,7 @@ the others. A user's own builder, `--model=package.module:function` or
 `--model=path/to/file.py:function`, is called the same way, and what it
 returns is checked here, at start-up, rather than ten calls into training.
 """
+import keras
 import tensorflow as tf
 
 from engine.core.errors import first_line
@@ -32,7 +33,7 @@ is_known = _MODELS.is_known
 
 
 def build(name: str, *, input_shape, num_classes: int, output_shape=None,
-          **params) -> tf.keras.Model:
+          **params) -> keras.Model:
   """`output_shape`: of one example's output, if not [num_classes] (a
   task's: engine/tasks)."""
   model = _MODELS.build(name, input_shape=tuple(input_shape),
@@ -42,21 +43,21 @@ def build(name: str, *, input_shape, num_classes: int, output_shape=None,
   return model
 
 
-def refuse_keras3(model, where: str) -> None:
-  """A UserError for a Keras 3 model (`import keras` on TensorFlow 2.16+).
+def refuse_keras2(model, where: str) -> None:
+  """A UserError for a Keras 2 model (tf_keras, or `tf.keras` under
+  TF_USE_LEGACY_KERAS=1).
 
-  The engine's `tf.keras` is Keras 2 (tf_keras, engine/__init__.py): Keras
-  3's layers and variables do not mix with its models, optimizers and
-  losses, and Horovod's broadcast calls `Variable.ref`, which Keras 3's
-  variables lack. Told here, before anything fails ten calls later.
+  The engine's Keras is Keras 3 (engine/__init__.py): Keras 2's layers and
+  variables do not mix with Keras 3's models, optimizers and losses. Told
+  here, before anything fails ten calls later.
   """
-  if any(cls.__module__.partition(".")[0] == "keras"
+  if any(cls.__module__.partition(".")[0] == "tf_keras"
          for cls in type(model).__mro__):
     raise UserError(
-        f"{where} built a Keras 3 model ({type(model).__name__}, from "
-        "`import keras`); the engine trains Keras 2 models: build it with "
-        "`from tensorflow import keras` or `import tf_keras as keras`, and "
-        "in a script of your own import engine before TensorFlow")
+        f"{where} built a Keras 2 model ({type(model).__name__}, from "
+        "tf_keras); the engine trains Keras 3 models: build it with "
+        "`import keras` (TensorFlow's own Keras), without "
+        "TF_USE_LEGACY_KERAS")
 
 
 def _check(model, name: str, input_shape: tuple, num_classes: int,
@@ -67,10 +68,10 @@ def _check(model, name: str, input_shape: tuple, num_classes: int,
   Checked by calling it on two blank images, which also creates the
   variables of a subclassed model before anything saves or broadcasts them.
   """
-  refuse_keras3(model, f"--model={name}")
-  if not isinstance(model, tf.keras.Model):
+  refuse_keras2(model, f"--model={name}")
+  if not isinstance(model, keras.Model):
     raise UserError(f"--model={name} returned a {type(model).__name__}, not "
-                    "a tf.keras.Model")
+                    "a keras.Model (import keras)")
   try:
     logits = model(tf.zeros((2, *input_shape)), training=False)
   except Exception as e:  # the user's code: one line
@@ -88,5 +89,5 @@ def _check(model, name: str, input_shape: tuple, num_classes: int,
   if logits.dtype != tf.float32:
     raise UserError(f"--model={name} outputs {logits.dtype.name} logits; "
                     "end the model with a float32 layer, e.g. "
-                    "tf.keras.layers.Activation('linear', dtype='float32'), "
+                    "keras.layers.Activation('linear', dtype='float32'), "
                     "so that softmax and the loss are computed in float32")

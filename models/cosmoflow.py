@@ -32,11 +32,12 @@ bench/RESULTS.md, "CosmoFlow's step", measures both.
 """
 import math
 
+import keras
 import tensorflow as tf
 
 from engine.core.errors import UserError
 
-layers = tf.keras.layers
+layers = keras.layers
 MAX_CONV_LAYERS = 5
 KERNEL_SIZE = 3  # the reference's today (above)
 DENSE_SIZES = (128, 64)
@@ -97,15 +98,15 @@ class PooledConv3D(layers.Conv3D):
 
 def build(*, input_shape, num_classes, filters=32, conv_layers=0,
           kernel_size=KERNEL_SIZE, dropout=0.0,
-          weight_decay=0.0) -> tf.keras.Model:
+          weight_decay=0.0) -> keras.Model:
   if kernel_size < 1:
     raise UserError(f"--kernel_size={kernel_size}: the Conv3D kernel's side "
                     "is at least 1 (the reference's is 3)")
   if len(input_shape) != 4:
     raise UserError(f"--model=cosmoflow takes volumes DxHxWxC; these inputs "
                     f"are {'x'.join(map(str, input_shape))}")
-  regularizer = tf.keras.regularizers.L2(weight_decay) if weight_decay else None
-  inputs = tf.keras.Input(input_shape)
+  regularizer = keras.regularizers.L2(weight_decay) if weight_decay else None
+  inputs = keras.Input(input_shape)
   x = inputs
   for i in range(conv_layers or default_conv_layers(input_shape)):
     x = PooledConv3D(filters * 2 ** i, kernel_size,
@@ -119,7 +120,7 @@ def build(*, input_shape, num_classes, filters=32, conv_layers=0,
   x = layers.Dense(num_classes, activation="tanh",
                    kernel_regularizer=regularizer)(x)
   outputs = layers.Rescaling(OUTPUT_SCALE, dtype="float32")(x)
-  return tf.keras.Model(inputs, outputs, name="cosmoflow")
+  return keras.Model(inputs, outputs, name="cosmoflow")
 
 
 def default_conv_layers(input_shape) -> int:

@@ -15,9 +15,9 @@ max pooling); ResNetSmall is its 26-layer cousin for 32x32 images, with a
 """
 import functools
 
-import tensorflow as tf
+import keras
 
-layers = tf.keras.layers
+layers = keras.layers
 
 # Per stage: the filters of the 1x1, 3x3 and 1x1 convolutions of its
 # bottleneck blocks, the number of blocks and the stride of the first block.
@@ -32,28 +32,28 @@ _RESNET_SMALL_STAGES = (((64, 64, 64), 2, 2),
 
 
 def resnet50(*, input_shape, num_classes,
-             weight_decay=0.0) -> tf.keras.Model:
+             weight_decay=0.0) -> keras.Model:
   return _resnet("resnet50", _imagenet_stem, _RESNET50_STAGES,
                  input_shape=input_shape, num_classes=num_classes,
                  weight_decay=weight_decay)
 
 
 def resnet_small(*, input_shape, num_classes,
-                 weight_decay=0.0) -> tf.keras.Model:
+                 weight_decay=0.0) -> keras.Model:
   return _resnet("resnet_small", _small_image_stem, _RESNET_SMALL_STAGES,
                  input_shape=input_shape, num_classes=num_classes,
                  weight_decay=weight_decay)
 
 
 def _resnet(name, stem, stages, *, input_shape, num_classes,
-            weight_decay) -> tf.keras.Model:
+            weight_decay) -> keras.Model:
   """The two networks differ only in their stem and their stage table."""
-  regularizer = tf.keras.regularizers.L2(weight_decay) if weight_decay else None
+  regularizer = keras.regularizers.L2(weight_decay) if weight_decay else None
   conv = functools.partial(layers.Conv2D, kernel_initializer="he_normal",
                            kernel_regularizer=regularizer)
   # Any height and width, as global pooling allows: smaller images for
   # the first epochs (--progressive_resizing) or at test time.
-  inputs = tf.keras.Input((None, None, input_shape[-1]))
+  inputs = keras.Input((None, None, input_shape[-1]))
   x = stem(inputs, conv)
   for stage, (filters, blocks, stride) in enumerate(stages, start=2):
     for block in range(blocks):
@@ -62,7 +62,7 @@ def _resnet(name, stem, stages, *, input_shape, num_classes,
   x = layers.GlobalAveragePooling2D()(x)
   logits = layers.Dense(num_classes, kernel_regularizer=regularizer,
                         dtype="float32", name="logits")(x)
-  return tf.keras.Model(inputs, logits, name=name)
+  return keras.Model(inputs, logits, name=name)
 
 
 def _imagenet_stem(x, conv):

@@ -17,20 +17,20 @@ pools each stage right after its convolution, so that BatchNorm and ReLU
 run on a quarter of the pixels (not the same function: a max taken before
 BatchNorm picks the minimum where its scale is negative).
 """
-import tensorflow as tf
+import keras
 
 from engine.core.errors import UserError
 from models import whitening
 
-layers = tf.keras.layers
+layers = keras.layers
 STEMS = ("conv", "whitened")
 
 
 def build(*, input_shape, num_classes, filters=16, weight_decay=0.0,
-          stem="conv", pool_first=False) -> tf.keras.Model:
+          stem="conv", pool_first=False) -> keras.Model:
   if stem not in STEMS:
     raise UserError(f"--stem={stem}: choose one of {', '.join(STEMS)}")
-  regularizer = tf.keras.regularizers.L2(weight_decay) if weight_decay else None
+  regularizer = keras.regularizers.L2(weight_decay) if weight_decay else None
 
   def conv_bn(x, width, pool=False):
     x = layers.Conv2D(width, 3, padding="same", use_bias=False,
@@ -49,7 +49,7 @@ def build(*, input_shape, num_classes, filters=16, weight_decay=0.0,
 
   # Any height and width, as global pooling allows: smaller images for
   # the first epochs (--progressive_resizing) or at test time.
-  inputs = tf.keras.Input((None, None, input_shape[-1]))
+  inputs = keras.Input((None, None, input_shape[-1]))
   if stem == "whitened":
     x = layers.ReLU()(whitening.PatchWhitening(2, name="whitening")(inputs))
   else:
@@ -62,4 +62,4 @@ def build(*, input_shape, num_classes, filters=16, weight_decay=0.0,
   # Page's scaling of the logits by 1/8: maxima of ReLUs are large, and
   # unscaled logits start the loss far above log(classes).
   logits = layers.Rescaling(0.125, dtype="float32", name="logits")(x)
-  return tf.keras.Model(inputs, logits, name=f"resnet9_{filters}")
+  return keras.Model(inputs, logits, name=f"resnet9_{filters}")

@@ -7,15 +7,15 @@ it with a transposed convolution whose output is concatenated with the
 level's features from the way down. As many levels as halve the image
 exactly down to no less than 4 pixels, at most 4: 2 for 28x28 images.
 """
-import tensorflow as tf
+import keras
 
-layers = tf.keras.layers
+layers = keras.layers
 MAX_LEVELS = 4
 
 
 def build(*, input_shape, num_classes, filters=32, dropout=0.0,
-          weight_decay=0.0) -> tf.keras.Model:
-  regularizer = tf.keras.regularizers.L2(weight_decay) if weight_decay else None
+          weight_decay=0.0) -> keras.Model:
+  regularizer = keras.regularizers.L2(weight_decay) if weight_decay else None
 
   def block(x, width):
     for _ in range(2):
@@ -25,7 +25,7 @@ def build(*, input_shape, num_classes, filters=32, dropout=0.0,
       x = layers.ReLU()(x)
     return x
 
-  inputs = tf.keras.Input(input_shape)
+  inputs = keras.Input(input_shape)
   x, skips = inputs, []
   for level in range(levels(input_shape[:2])):
     x = block(x, filters * 2 ** level)
@@ -40,7 +40,7 @@ def build(*, input_shape, num_classes, filters=32, dropout=0.0,
     x = block(layers.Concatenate()([x, skip]), filters * 2 ** level)
   outputs = layers.Conv2D(num_classes, 1, kernel_regularizer=regularizer,
                           dtype="float32", name="logits")(x)
-  return tf.keras.Model(inputs, outputs, name=f"unet_{filters}")
+  return keras.Model(inputs, outputs, name=f"unet_{filters}")
 
 
 def levels(size) -> int:

@@ -17,6 +17,7 @@ then the filters are random. A checkpoint holds them, so a resumed run and
 engine.evaluate use the ones its first start computed.
 """
 import numpy as np
+import keras
 import tensorflow as tf
 
 # Patches are counted in chunks of about this many, bounding adapt's
@@ -25,7 +26,10 @@ import tensorflow as tf
 CHUNK_PATCHES = 1 << 18
 
 
-class PatchWhitening(tf.keras.layers.Layer):
+# Registered, so that an exported .keras file of a model with it loads
+# wherever `models` is importable (engine/records/export.py).
+@keras.saving.register_keras_serializable(package="engine")
+class PatchWhitening(keras.layers.Layer):
   """k x k patches whitened: 2 k^2 C channels from C, at the same height
   and width ("same" padding)."""
 
@@ -37,9 +41,9 @@ class PatchWhitening(tf.keras.layers.Layer):
   def build(self, input_shape):
     size = self.kernel_size * self.kernel_size * input_shape[-1]
     self.kernel = self.add_weight(
-        "kernel", shape=(self.kernel_size, self.kernel_size,
+        name="kernel", shape=(self.kernel_size, self.kernel_size,
                          input_shape[-1], 2 * size), trainable=False)
-    self.bias = self.add_weight("bias", shape=(2 * size,),
+    self.bias = self.add_weight(name="bias", shape=(2 * size,),
                                 initializer="zeros")
     super().build(input_shape)
 
@@ -74,12 +78,19 @@ class PatchWhitening(tf.keras.layers.Layer):
                 epsilon=self.epsilon)
 
 
-def adapt(model: tf.keras.Model, images) -> None:
+def adapt(model: keras.Model, images) -> None:
   """Adapts every PatchWhitening in `model` to `images()`, called only if
   there is one (it reads the data)."""
-  layers = [layer for layer in model.submodules
+  layers = [layer for layer in _layers_within(model)
             if isinstance(layer, PatchWhitening)]
   if layers:
     first_images = images()
     for layer in layers:
       layer.adapt(first_images)
+
+
+def _layers_within(layer: keras.layers.Layer):
+  """Every layer inside `layer`, nested models' included."""
+  for inner in getattr(layer, "layers", []):
+    yield inner
+    yield from _layers_within(inner)

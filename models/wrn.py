@@ -9,21 +9,21 @@ decay. The stem and downsampling follow the paper, so the same builder serves
 """
 import functools
 
-import tensorflow as tf
+import keras
 
 from engine.core.errors import UserError
 
-layers = tf.keras.layers
+layers = keras.layers
 
 
 def build(*, input_shape, num_classes, depth=16, width=10, dropout=0.0,
-          weight_decay=0.0) -> tf.keras.Model:
+          weight_decay=0.0) -> keras.Model:
   if depth < 10 or (depth - 4) % 6:
     raise UserError(f"--depth={depth}: a WideResNet's depth is 6n+4 with "
                     "n >= 1 (10, 16, 22, 28, 40)")
   if width < 1:
     raise UserError(f"--width={width}: the widening factor must be >= 1")
-  regularizer = tf.keras.regularizers.L2(weight_decay) if weight_decay else None
+  regularizer = keras.regularizers.L2(weight_decay) if weight_decay else None
   conv = functools.partial(layers.Conv2D, padding="same", use_bias=False,
                            kernel_initializer="he_normal",
                            kernel_regularizer=regularizer)
@@ -45,7 +45,7 @@ def build(*, input_shape, num_classes, depth=16, width=10, dropout=0.0,
 
   # Any height and width, as global pooling allows: smaller images for
   # the first epochs (--progressive_resizing) or at test time.
-  inputs = tf.keras.Input((None, None, input_shape[-1]))
+  inputs = keras.Input((None, None, input_shape[-1]))
   x = conv(16, 3)(inputs)
   for group, channels in enumerate((16 * width, 32 * width, 64 * width)):
     for index in range((depth - 4) // 6):
@@ -54,4 +54,4 @@ def build(*, input_shape, num_classes, depth=16, width=10, dropout=0.0,
   x = layers.GlobalAveragePooling2D()(x)
   logits = layers.Dense(num_classes, kernel_regularizer=regularizer,
                         dtype="float32", name="logits")(x)
-  return tf.keras.Model(inputs, logits, name=f"wrn_{depth}_{width}")
+  return keras.Model(inputs, logits, name=f"wrn_{depth}_{width}")

@@ -345,10 +345,11 @@ def write_mask_folder(directory: str, *, counts=(9, 5), size=(12, 12),
 # layer, a loss of its own (model.losses); and the same as a subclassed
 # model, which Keras can neither clone nor describe before it is called.
 USER_MODEL_MODULE = '''
+import keras
 import tensorflow as tf
 
 
-class Scale(tf.keras.layers.Layer):
+class Scale(keras.layers.Layer):
   """A custom layer: one learned factor."""
 
   def build(self, input_shape):
@@ -360,26 +361,26 @@ class Scale(tf.keras.layers.Layer):
 
 
 def build(input_shape, num_classes, dropout=0.0):
-  inputs = tf.keras.Input(input_shape)
-  conv = tf.keras.layers.Conv2D(8, 3, padding="same")
-  x = tf.keras.layers.ReLU()(tf.keras.layers.BatchNormalization()(
+  inputs = keras.Input(input_shape)
+  # Its own loss, as Keras 3 adds one (add_loss takes no function there).
+  conv = keras.layers.Conv2D(8, 3, padding="same",
+                             kernel_regularizer=keras.regularizers.L2(1e-4))
+  x = keras.layers.ReLU()(keras.layers.BatchNormalization()(
       conv(inputs)))
-  x = Scale()(tf.keras.layers.GlobalAveragePooling2D()(x))
-  x = tf.keras.layers.Dropout(dropout)(x)
-  logits = tf.keras.layers.Dense(num_classes, dtype="float32")(x)
-  model = tf.keras.Model(inputs, logits, name="users_model")
-  model.add_loss(lambda: 1e-4 * tf.reduce_sum(conv.kernel ** 2))
-  return model
+  x = Scale()(keras.layers.GlobalAveragePooling2D()(x))
+  x = keras.layers.Dropout(dropout)(x)
+  logits = keras.layers.Dense(num_classes, dtype="float32")(x)
+  return keras.Model(inputs, logits, name="users_model")
 
 
-class Subclassed(tf.keras.Model):
+class Subclassed(keras.Model):
 
   def __init__(self, num_classes):
     super().__init__(name="users_subclassed")
-    self.conv = tf.keras.layers.Conv2D(8, 3, padding="same")
-    self.norm = tf.keras.layers.BatchNormalization()
+    self.conv = keras.layers.Conv2D(8, 3, padding="same")
+    self.norm = keras.layers.BatchNormalization()
     self.scale = Scale()
-    self.logits = tf.keras.layers.Dense(num_classes, dtype="float32")
+    self.logits = keras.layers.Dense(num_classes, dtype="float32")
 
   def call(self, images, training=False):
     x = tf.nn.relu(self.norm(self.conv(images), training=training))

@@ -2,6 +2,7 @@ import json
 import os
 
 import pytest
+import keras
 import tensorflow as tf
 
 from engine.compute import precision
@@ -15,10 +16,10 @@ IDENTITY = "model cnn_4 (1234 parameters) on fashion_mnist"
 
 
 def build(seed=0, filters=4):
-  tf.keras.utils.set_random_seed(seed)
+  keras.utils.set_random_seed(seed)
   model = models.build("cnn", input_shape=(8, 8, 1), num_classes=3,
                        filters=filters)
-  optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+  optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
   optimizer.build(model.trainable_variables)
   return model, optimizer
 
@@ -125,13 +126,14 @@ def test_float16_runs_keep_their_loss_scale_and_change_precision_one_way(
   variables = model.trainable_variables
   overflowed = [tf.fill(v.shape, float("inf")) for v in variables]
   scaled.apply_gradients(zip(overflowed, variables))
-  assert float(scaled.loss_scale) == 2.0 ** 14  # halved, from 2^15
+  assert float(precision.loss_scale(scaled)) == 2.0 ** 14  # halved, from 2^15
   manager(tmp_path / "f16", model, scaled).save(
       checkpoint.Position(1, 0, 8, 1), global_step=3)
   model, inner = build(seed=2)
   resumed = precision.with_loss_scaling(inner, "float16")
+  resumed.build(model.trainable_variables)  # as the train step builds it
   manager(tmp_path / "f16", model, resumed).restore_latest_readable()
-  assert float(resumed.loss_scale) == 2.0 ** 14
+  assert float(precision.loss_scale(resumed)) == 2.0 ** 14
   model, plain = build(seed=3)  # float16 -> float32: the scale is dropped
   assert manager(tmp_path / "f16", model,
                  plain).restore_latest_readable().epoch == 1
@@ -139,9 +141,10 @@ def test_float16_runs_keep_their_loss_scale_and_change_precision_one_way(
   manager(tmp_path / "f32", model, plain).save(
       checkpoint.Position(1, 0, 8, 1), global_step=3)
   model, inner = build(seed=4)
+  scaled = precision.with_loss_scaling(inner, "float16")
+  scaled.build(model.trainable_variables)
   with pytest.raises(UserError, match="saved without float16 loss scaling"):
-    manager(tmp_path / "f32", model, precision.with_loss_scaling(
-        inner, "float16")).restore_latest_readable()
+    manager(tmp_path / "f32", model, scaled).restore_latest_readable()
 
 
 def test_the_learning_rate_factor_is_saved_and_restored(tmp_path):
@@ -191,12 +194,14 @@ def another_format(model_dir, version):
 
 @pytest.mark.parametrize("version, written", [
     (0, r"format 0 \(written before format.json recorded it\)"),
-    (2, "format 2")])
+    (1, "format 1"),  # tf_keras' (Keras 2's)
+    (3, "format 3")])
 def test_checkpoints_of_another_format_are_one_line_and_kept(
     tmp_path, version, written):
   before = another_format(tmp_path / "run", version)
-  reader = (r"the engine's revision 27dc95f \(82c6a49 .*\)" if version == 0
-            else "the engine that wrote them")
+  reader = {0: r"the engine's revision 27dc95f \(82c6a49 .*\)",
+            1: r"the engine's revision 2650be9, the last on tf_keras "
+               r"\(Keras 2\)"}.get(version, "the engine that wrote them")
   refusal = (f"holds checkpoints of {written}, and this engine reads format "
              f"{run_files.CHECKPOINT_FORMAT} only: finish or evaluate that "
              f"run with {reader}, or ")
@@ -221,7 +226,7 @@ def test_a_damaged_format_record_is_one_line(tmp_path):
   (tmp_path / "checkpoints" / "format.json").write_text('{"version": "1"')
   with pytest.raises(UserError, match=r"checkpoints/format.json: unreadable "
                      r".*; it records the format of the checkpoints beside it "
-                     r'\(this engine writes \{"version": 1\}\): restore it'):
+                     r'\(this engine writes \{"version": 2\}\): restore it'):
     manager(tmp_path, *build())
 
 
@@ -252,8 +257,10 @@ def test_a_legacy_optimizers_checkpoint_is_one_line_and_kept(tmp_path):
   # built them on Keras' legacy optimizers, whose slots ours cannot take.
   # Its checkpoints record no format (they are of format 0): refused, for
   # training and evaluation alike, naming the revision that resumes them.
+  # (Keras 3 has no legacy optimizers: a checkpoint without format.json
+  # stands for it.)
   model, _ = build()
-  legacy = tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)
+  legacy = keras.optimizers.SGD(0.1, momentum=0.9)
   legacy.apply_gradients([(tf.zeros_like(v), v)
                           for v in model.trainable_variables])
   position = {name: tf.Variable(1, dtype=tf.int64)

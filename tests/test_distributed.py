@@ -1,11 +1,12 @@
 """engine.distributed.start_horovod: which controller a process takes, and
-the starts it refuses; Horovod's Keras bindings as set-up builds them.
+the starts it refuses; Horovod's collectives on Keras 3's variables.
 Under real launchers: tests/test_slurm_cluster.py."""
 import os
 
 import horovod.tensorflow as hvd
 import numpy as np
 import pytest
+import keras
 import tensorflow as tf
 
 from engine import distributed
@@ -51,23 +52,26 @@ def test_srun_tasks_without_a_pmi_are_refused(monkeypatch):
   distributed.start_horovod()
 
 
-def test_horovods_keras_fit_callbacks_run_on_tf_keras():
-  """Horovod's Keras bindings as set-up builds them (patches/, hunk 5): a
-  user's Keras fit with Horovod, and bench/keras_fit.py, the benchmarks'
-  baseline. Unpatched they use Keras 3's backend on TensorFlow 2.21, and
-  the metric averaging fails at the first epoch's end."""
-  import horovod.tensorflow.keras as hvd_keras  # pylint: disable=import-outside-toplevel
+def test_horovod_broadcasts_and_averages_keras_3_variables():
+  """Horovod keys variables by `Variable.ref()`, which Keras 3's variables
+  lack (horovod/horovod#4290): the engine hands it the tf.Variables behind
+  them, and the Keras variables see the result."""
   distributed.start_horovod()
-  inputs = tf.keras.Input((4,))
-  model = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(inputs))
-  model.compile(optimizer=hvd_keras.DistributedOptimizer(
-      tf.keras.optimizers.SGD(0.1)), loss="mse")
-  history = model.fit(
-      np.ones((8, 4)), np.zeros((8, 2)), epochs=2, batch_size=4, verbose=0,
-      callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0),
-                 hvd_keras.callbacks.MetricAverageCallback()])
-  losses = history.history["loss"]
-  assert len(losses) == 2 and losses[1] < losses[0]
+  kernel = keras.layers.Dense(2)
+  kernel.build((None, 3))
+  variables = kernel.trainable_variables
+  assert not hasattr(variables[0], "ref")
+  assert all(isinstance(v, tf.Variable)
+             for v in distributed.tensorflow_variables(variables))
+  before = [v.numpy() for v in variables]
+  distributed.broadcast_from_chief(variables)
+  distributed.average_across_ranks(variables)  # one process: the same
+  for old, variable in zip(before, variables):
+    np.testing.assert_array_equal(old, variable.numpy())
+  variables[1].assign([1.0, 2.0])
+  distributed.broadcast_from_chief(variables)
+  np.testing.assert_array_equal(
+      distributed.tensorflow_variables(variables)[1].numpy(), [1.0, 2.0])
 
 
 def test_init_after_tensorflow_ran_keeps_its_threads_and_says_so(caplog):

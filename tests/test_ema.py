@@ -4,6 +4,7 @@ import re
 
 import numpy as np
 import pytest
+import keras
 import tensorflow as tf
 
 from engine import distributed
@@ -22,7 +23,7 @@ def horovod():
 
 
 def tiny_model(seed=0):
-  tf.keras.utils.set_random_seed(seed)
+  keras.utils.set_random_seed(seed)
   return models.build("cnn", input_shape=(8, 8, 1), num_classes=3, filters=4)
 
 
@@ -58,7 +59,7 @@ def test_the_step_updates_the_average_after_each_update():
   model = tiny_model()
   average = ema.WeightAverage(model, decay=0.99)
   initial = model.trainable_variables[0].numpy()
-  step = steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(0.5),
+  step = steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.5),
                          weight_average=average)
   images = tf.random.stateless_normal((4, 8, 8, 1), seed=(1, 2))
   step(images, tf.constant([0, 1, 2, 0], tf.int64))
@@ -73,7 +74,7 @@ def test_the_step_updates_the_average_after_each_update():
 def test_checkpoints_keep_the_average_and_ones_without_start_it(tmp_path):
   # Without one: a run resumed with an --ema_decay it did not start with.
   model = tiny_model(seed=1)
-  optimizer = tf.keras.optimizers.SGD(0.1)
+  optimizer = keras.optimizers.SGD(0.1)
   optimizer.build(model.trainable_variables)
   average = ema.WeightAverage(model, decay=0.9)
   for w in average.averages:
@@ -87,6 +88,10 @@ def test_checkpoints_keep_the_average_and_ones_without_start_it(tmp_path):
                              checkpoint.Position(1, 0, 8, 1), 3)
   other = tiny_model(seed=2)
   restored = ema.WeightAverage(other, decay=0.9)
+  # (Keras 3's optimizer tracks the variables it was built on: the other
+  # model's own)
+  optimizer = keras.optimizers.SGD(0.1)
+  optimizer.build(other.trainable_variables)
   for run in ("with", "without"):
     checkpoint.Checkpoints(str(tmp_path / run), model=other,
                            optimizer=optimizer, keep=1, identity=IDENTITY,

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import keras
 import tensorflow as tf
 
 from engine.core.errors import UserError
@@ -50,7 +51,7 @@ def test_wide_resnet_batch_norm_as_in_the_lab():
   model = models.build("wrn", input_shape=(28, 28, 1), num_classes=10,
                        depth=10, width=1)
   norms = [l for l in model.layers
-           if isinstance(l, tf.keras.layers.BatchNormalization)]
+           if isinstance(l, keras.layers.BatchNormalization)]
   assert norms and all(l.momentum == 0.9 and l.epsilon == 1e-5 for l in norms)
 
 
@@ -84,9 +85,9 @@ def test_resnet9_has_pages_layout():
   model = models.build("resnet9", input_shape=(32, 32, 3), num_classes=10,
                        filters=64)
   assert model.count_params() / 1e6 == pytest.approx(6.57, abs=0.01)
-  convs = [l for l in model.layers if isinstance(l, tf.keras.layers.Conv2D)]
+  convs = [l for l in model.layers if isinstance(l, keras.layers.Conv2D)]
   assert [c.filters for c in convs] == [64, 128, 128, 128, 256, 512, 512, 512]
-  assert sum(isinstance(l, tf.keras.layers.Add) for l in model.layers) == 2
+  assert sum(isinstance(l, keras.layers.Add) for l in model.layers) == 2
 
 
 def test_resnet9_with_a_whitened_stem_has_no_stem_convolution_to_learn():
@@ -94,9 +95,9 @@ def test_resnet9_with_a_whitened_stem_has_no_stem_convolution_to_learn():
                        filters=64, stem="whitened")
   stem = model.get_layer("whitening")
   assert stem.kernel.shape == (2, 2, 3, 24)  # 2 x 12 directions of 12 values
-  trainable = [v.name for v in model.trainable_variables]
-  assert stem.kernel.name not in trainable and stem.bias.name in trainable
-  convs = [l for l in model.layers if type(l) is tf.keras.layers.Conv2D]
+  trainable = [v.path for v in model.trainable_variables]
+  assert stem.kernel.path not in trainable and stem.bias.path in trainable
+  convs = [l for l in model.layers if type(l) is keras.layers.Conv2D]
   assert [c.filters for c in convs] == [128, 128, 128, 256, 512, 512, 512]
   assert convs[0].kernel.shape[2] == 24
 
@@ -138,7 +139,7 @@ def test_resnet9_pools_each_stage_last_or_first(pool_first, after_stage_conv):
                        filters=8, pool_first=pool_first)
   names = [type(l).__name__ for l in model.layers]
   convs = [i for i, l in enumerate(model.layers)
-           if isinstance(l, tf.keras.layers.Conv2D)]
+           if isinstance(l, keras.layers.Conv2D)]
   pooled = [i for i in convs if "MaxPooling2D" in names[i + 1:i + 4]]
   assert len(pooled) == 3  # a stage's first convolution
   for i in pooled:

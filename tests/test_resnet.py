@@ -1,4 +1,5 @@
 import pytest
+import keras
 import tensorflow as tf
 
 from models import resnet
@@ -57,9 +58,9 @@ def test_resnet_small_has_the_tutorials_parameter_count():
 
 def test_resnet_small_has_26_weighted_layers_and_4_projections():
   model = resnet.resnet_small(input_shape=(32, 32, 3), num_classes=10)
-  convs = [l for l in model.layers if isinstance(l, tf.keras.layers.Conv2D)]
+  convs = [l for l in model.layers if isinstance(l, keras.layers.Conv2D)]
   shortcuts = [l for l in convs if "shortcut" in l.name]
-  dense = [l for l in model.layers if isinstance(l, tf.keras.layers.Dense)]
+  dense = [l for l in model.layers if isinstance(l, keras.layers.Dense)]
   assert len(shortcuts) == 4
   assert len(convs) - len(shortcuts) + len(dense) == 26
 
@@ -68,7 +69,7 @@ def test_resnet_small_has_26_weighted_layers_and_4_projections():
 def test_batch_norm_as_in_the_tutorial(builder):
   model = builder(input_shape=(32, 32, 3), num_classes=10)
   norms = [l for l in model.layers
-           if isinstance(l, tf.keras.layers.BatchNormalization)]
+           if isinstance(l, keras.layers.BatchNormalization)]
   assert norms and all(l.momentum == 0.9 and l.epsilon == 1e-5 for l in norms)
 
 

@@ -2,7 +2,7 @@
 (engine/loop/run_state.py), and a start's clock built on it."""
 import numpy as np
 import pytest
-import tensorflow as tf
+import keras
 
 from engine import distributed
 from engine.compute import metrics
@@ -47,7 +47,7 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
                        epoch_began_seconds=60.0,
                        epoch_sums=np.array([3.0, 4.0, 5.0]),
                        history=({"epoch": 1},))
-  state = LoopState(optimizer=tf.keras.optimizers.SGD(0.1),
+  state = LoopState(optimizer=keras.optimizers.SGD(0.1),
                     learning_rate=lambda step: 0.1, start=committed,
                     steps_per_epoch=10, global_batch=8, world_size=1,
                     gradient_bytes=40, epochs=3, best_metric="val_accuracy:max")

@@ -1,6 +1,7 @@
 import horovod.tensorflow as hvd
 import numpy as np
 import pytest
+import keras
 import tensorflow as tf
 
 from engine import distributed
@@ -18,7 +19,7 @@ def horovod():
 
 
 def tiny_model():
-  tf.keras.utils.set_random_seed(1)
+  keras.utils.set_random_seed(1)
   return models.build("cnn", input_shape=(28, 28, 1), num_classes=10,
                       filters=4, weight_decay=1e-4)
 
@@ -39,7 +40,7 @@ def batch(size, seed):
 def test_train_step_lowers_the_loss_and_is_traced_once():
   model = tiny_model()
   step = steps.TrainStep(model=model,
-                         optimizer=tf.keras.optimizers.SGD(0.1, momentum=0.9))
+                         optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
   images, labels = batch(32, 0)
   losses = []
   for _ in range(20):
@@ -59,7 +60,7 @@ def test_train_loss_includes_weight_decay_in_the_gradient():
     data_loss = tf.reduce_mean(classification.cross_entropy(labels, model(images)))
     loss = data_loss + tf.add_n(model.losses)
   expected = tape.gradient(loss, model.trainable_weights)
-  steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(1.0))(
+  steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(1.0))(
       images, labels)
   for old, new, gradient in zip(before, model.trainable_weights, expected):
     np.testing.assert_allclose(old - new.numpy(), gradient.numpy(),
@@ -70,14 +71,14 @@ def test_train_loss_includes_weight_decay_in_the_gradient():
 def test_a_weight_the_loss_does_not_use_is_left_alone(overlap_allreduce):
   """Its gradient is None, which the grouped allreduce (CPU) keeps out of
   the group, as the per-gradient one (GPU) does."""
-  inputs = tf.keras.Input((28, 28, 1))
-  used = tf.keras.layers.Dense(10)
-  model = tf.keras.Model(inputs, used(tf.keras.layers.Flatten()(inputs)))
-  model.unused = tf.keras.layers.Dense(3)  # tracked, never on the path
+  inputs = keras.Input((28, 28, 1))
+  used = keras.layers.Dense(10)
+  model = keras.Model(inputs, used(keras.layers.Flatten()(inputs)))
+  model.unused = keras.layers.Dense(3)  # tracked, never on the path
   model.unused.build((None, 5))
   assert len(model.trainable_weights) == 4
   before = {id(w): w.numpy() for w in model.trainable_weights}
-  steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(0.1),
+  steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1),
                   overlap_allreduce=overlap_allreduce)(*batch(8, 3))
   for w in model.unused.weights:
     np.testing.assert_array_equal(w.numpy(), before[id(w)])
@@ -105,15 +106,15 @@ def test_adasum_without_mpi_is_refused_in_one_line():
   with pytest.raises(UserError, match="--allreduce_op=adasum needs Horovod's "
                      "MPI controller"):
     steps.TrainStep(model=tiny_model(),
-                    optimizer=tf.keras.optimizers.SGD(0.1),
+                    optimizer=keras.optimizers.SGD(0.1),
                     allreduce_op="adasum")
 
 
 def compiled_functions(step, images, labels):
   """Names of the functions the step's graph calls that XLA must compile."""
   # pylint: disable=protected-access
-  graph = step._step.get_concrete_function(images, labels,
-                                           tf.constant(0.0)).graph
+  graph = step._traced(images, labels).get_concrete_function(
+      images, labels, tf.constant(0.0)).graph
   return [f.definition.signature.name for f in graph._functions.values()
           if f.definition.attr["_XlaMustCompile"].b]
 
@@ -121,10 +122,10 @@ def compiled_functions(step, images, labels):
 def test_xla_compiles_the_forward_and_backward_pass_only_with_xla():
   images, labels = batch(8, 4)
   plain = steps.TrainStep(model=tiny_model(),
-                          optimizer=tf.keras.optimizers.SGD(0.1))
+                          optimizer=keras.optimizers.SGD(0.1))
   assert not compiled_functions(plain, images, labels)
   compiled = steps.TrainStep(model=tiny_model(),
-                             optimizer=tf.keras.optimizers.SGD(0.1), xla=True)
+                             optimizer=keras.optimizers.SGD(0.1), xla=True)
   names = compiled_functions(compiled, images, labels)
   assert any("forward" in n for n in names)
   assert any("backward" in n for n in names)
@@ -137,7 +138,7 @@ def float16_step():
     model = tiny_model()
   finally:
     precision.set_policy("none")
-  optimizer = precision.with_loss_scaling(tf.keras.optimizers.SGD(0.1),
+  optimizer = precision.with_loss_scaling(keras.optimizers.SGD(0.1),
                                           "float16")
   return model, optimizer, steps.TrainStep(model=model, optimizer=optimizer)
 
@@ -146,10 +147,10 @@ def test_float16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
   model, optimizer, step = float16_step()
   images, labels = batch(8, 5)
   step(images, labels)
-  assert float(optimizer.loss_scale) == 2.0 ** 15  # finite: applied
+  assert float(precision.loss_scale(optimizer)) == 2.0 ** 15  # finite: applied
   before = [w.numpy() for w in model.trainable_weights]
   step(images * 1e6, labels)  # float16 activations overflow
-  assert float(optimizer.loss_scale) == 2.0 ** 14
+  assert float(precision.loss_scale(optimizer)) == 2.0 ** 14
   for old, new in zip(before, model.trainable_weights):
     np.testing.assert_array_equal(old, new.numpy())
   assert step.traces == 1
@@ -157,7 +158,7 @@ def test_float16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
 
 def test_the_step_returns_the_stop_request_agreed_across_ranks():
   step = steps.TrainStep(model=tiny_model(),
-                         optimizer=tf.keras.optimizers.SGD(0.1))
+                         optimizer=keras.optimizers.SGD(0.1))
   images, labels = batch(8, 6)
   assert step(images, labels) is False
   assert step(images, labels, stop_requested=True) is True
@@ -165,8 +166,8 @@ def test_the_step_returns_the_stop_request_agreed_across_ranks():
 
 
 def test_eval_counts_the_confusion_matrix_and_per_class_accuracy():
-  model = tf.keras.Sequential([tf.keras.Input((2,)),
-                               tf.keras.layers.Lambda(lambda x: x * 10.0)])
+  model = keras.Sequential([keras.Input((2,)),
+                               keras.layers.Lambda(lambda x: x * 10.0)])
   step = steps.EvalStep(model=model)
   images = tf.constant([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
   labels = tf.constant([0, 0, 1, 1], tf.int64)
@@ -180,7 +181,7 @@ def test_eval_counts_the_confusion_matrix_and_per_class_accuracy():
 
 def test_a_nonfinite_loss_is_not_applied_and_raises_naming_it():
   model = tiny_model()
-  optimizer = tf.keras.optimizers.SGD(0.1)
+  optimizer = keras.optimizers.SGD(0.1)
   step = steps.TrainStep(model=model, optimizer=optimizer)
   images, labels = batch(8, 7)
   before = [w.numpy() for w in model.trainable_weights]
@@ -197,15 +198,15 @@ def test_a_nonfinite_loss_is_not_applied_and_raises_naming_it():
 
 
 def test_a_nonfinite_gradient_of_a_finite_loss_names_its_variable():
-  inputs = tf.keras.Input((3,))
-  hidden = tf.keras.layers.Dense(4, name="dense")(inputs)
+  inputs = keras.Input((3,))
+  hidden = keras.layers.Dense(4, name="dense")(inputs)
   # sqrt's gradient at 0 is infinite: times relu's 0 at 0, NaN.
-  zero_root = tf.keras.layers.Lambda(
+  zero_root = keras.layers.Lambda(
       lambda x: tf.sqrt(tf.nn.relu(-tf.abs(x))))(hidden)
-  logits = tf.keras.layers.Dense(2, name="logits")(
-      tf.keras.layers.Concatenate()([inputs, zero_root]))
-  model = tf.keras.Model(inputs, logits)
-  step = steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(0.1))
+  logits = keras.layers.Dense(2, name="logits")(
+      keras.layers.Concatenate()([inputs, zero_root]))
+  model = keras.Model(inputs, logits)
+  step = steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1))
   with pytest.raises(steps.NonFinite) as raised:
     step(tf.ones([4, 3]), tf.constant([0, 1, 0, 1], tf.int64))
   message = str(raised.value)
@@ -216,7 +217,7 @@ def test_a_nonfinite_gradient_of_a_finite_loss_names_its_variable():
 
 def test_a_nonfinite_step_leaves_momentum_and_the_weight_average_alone():
   model = tiny_model()
-  optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+  optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
   average = ema.WeightAverage(model, 0.9)
   step = steps.TrainStep(model=model, optimizer=optimizer,
                          weight_average=average)
@@ -242,7 +243,7 @@ def test_float16_counts_skipped_steps_and_raises_at_the_minimum_scale():
   for skipped in range(1, 16):  # 2^15 halved 15 times: the minimum, 1
     step(images * np.nan, labels)
     assert step.skipped_steps == skipped
-  assert float(optimizer.loss_scale) == 1.0
+  assert float(precision.loss_scale(optimizer)) == 1.0
   with pytest.raises(steps.NonFinite, match="at the float16 loss scale's "
                      "minimum of 1"):
     step(images * np.nan, labels)
@@ -251,7 +252,7 @@ def test_float16_counts_skipped_steps_and_raises_at_the_minimum_scale():
 
 def test_accumulated_micro_batches_are_checked_for_a_nonfinite_loss():
   step = steps.TrainStep(model=tiny_model(),
-                         optimizer=tf.keras.optimizers.SGD(0.1),
+                         optimizer=keras.optimizers.SGD(0.1),
                          accumulation_steps=2)
   images, labels = batch(8, 9)
   step(images, labels)
@@ -283,7 +284,7 @@ def test_label_smoothing_changes_the_objective_not_the_reported_loss():
         labels, outputs, 0.2)) + tf.add_n(model.losses)
   expected = tape.gradient(objective, model.trainable_weights)
   reported = tf.reduce_mean(classification.cross_entropy(labels, outputs)).numpy()
-  step = steps.TrainStep(model=model, optimizer=tf.keras.optimizers.SGD(1.0),
+  step = steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(1.0),
                          task=classification.Classification(
                              label_smoothing=0.2, num_classes=10))
   step(images, labels)

@@ -78,9 +78,11 @@ def test_images_resized_by_epoch_train_alike_at_any_k_and_resume_exactly(
   for rank in ranks:
     one, four = rank["resized_k1"], rank["resized_k4"]
     np.testing.assert_array_equal(four["weights"], one["weights"])
-    # One step a call traces the step for each size the epochs have (12,
-    # 20, 28); the calls of several steps read batches of any size.
-    assert (one["traces"], four["traces"]) == (3, 1)
+    # One step a call is traced once, for images of any size, as the calls
+    # of several steps read them (it traced once per size, 12, 20 and 28,
+    # on Keras 2, whose fused batch normalization rounded alike either
+    # way): both compute the same steps bit for bit.
+    assert (one["traces"], four["traces"]) == (1, 1)
     for k in (1, 4):
       # Asked for after step 12, stopped after step 13: in the second
       # epoch (of 20 pixels).

@@ -10,6 +10,7 @@ import tensorflow as tf
 from engine import build as engine_build
 from engine.compute import precision
 from models import whitening
+import models
 from tests import fixtures
 
 
@@ -108,10 +109,14 @@ def test_a_whitened_stem_is_fitted_to_the_first_training_images_and_frozen(
   fitted = whitening.PatchWhitening(2)
   fitted.adapt((images - np.float32(statistics["mean"]))
                / np.float32(statistics["std"]))
-  checkpoint = tf.train.load_checkpoint(str(tmp_path / "checkpoints"))
-  kernel, bias = (checkpoint.get_tensor(
-      f"model/layer_with_weights-0/{name}/.ATTRIBUTES/VARIABLE_VALUE")
-                  for name in ("kernel", "bias"))  # the first layer's
+  # The first layer's, restored into the same model (Keras 3's checkpoint
+  # keys name no layer).
+  restored = models.build("resnet9", input_shape=(28, 28, 1), num_classes=10,
+                          filters=4, stem="whitened")
+  tf.train.Checkpoint(model=restored).restore(tf.train.latest_checkpoint(
+      str(tmp_path / "checkpoints"))).expect_partial()
+  stem = restored.get_layer("whitening")
+  kernel, bias = stem.kernel.numpy(), stem.bias.numpy()
   assert kernel.shape == (2, 2, 1, 8) and bias.shape == (8,)
   np.testing.assert_allclose(kernel, fitted.kernel.numpy(), rtol=1e-5,
                              atol=1e-6)

@@ -2,7 +2,7 @@
 import sys
 
 import pytest
-import tensorflow as tf
+import keras
 
 from engine import datasets
 from engine.compute import precision
@@ -34,7 +34,7 @@ def test_a_model_from_a_file_gets_the_flags_it_declares(module_dir):
   assert model.name == "users_model"
   assert len(model.losses) == 1  # its own loss
   assert [l.rate for l in model.layers
-          if isinstance(l, tf.keras.layers.Dropout)] == [0.2]
+          if isinstance(l, keras.layers.Dropout)] == [0.2]
 
 
 def test_a_model_from_a_module_on_the_path(module_dir, monkeypatch):
@@ -65,27 +65,32 @@ def test_spec_of_names_a_function_so_that_load_finds_it_again():
      "build"),
     ("build = 3\n", "m.py:build", "build is a int, not a function"),
     ("def build(input_shape, num_classes):\n  return 'a model'\n",
-     "m.py:build", "returned a str, not a tf.keras.Model"),
-    ("import tensorflow as tf\n"
-     "def build(input_shape, num_classes):\n"
-     "  i = tf.keras.Input(input_shape)\n"
-     "  return tf.keras.Model(i, tf.keras.layers.Dense(5)(\n"
-     "      tf.keras.layers.Flatten()(i)))\n",
-     "m.py:build", r"outputs shape \[2, 5\] for 2 images; it must output "
-     r"\[batch, 3\] logits"),
+     "m.py:build", "returned a str, not a keras.Model"),
     ("import keras\n"
      "def build(input_shape, num_classes):\n"
-     "  return keras.Sequential([keras.Input(input_shape),\n"
+     "  i = keras.Input(input_shape)\n"
+     "  return keras.Model(i, keras.layers.Dense(5)(\n"
+     "      keras.layers.Flatten()(i)))\n",
+     "m.py:build", r"outputs shape \[2, 5\] for 2 images; it must output "
+     r"\[batch, 3\] logits"),
+    # A model of tf_keras (Keras 2), which the engine no longer installs:
+    # a class of its modules stands for it.
+    ("import keras\n"
+     "class Sequential(keras.Sequential):\n"
+     "  pass\n"
+     "Sequential.__module__ = 'tf_keras.src.engine.sequential'\n"
+     "def build(input_shape, num_classes):\n"
+     "  return Sequential([keras.Input(input_shape),\n"
      "      keras.layers.Flatten(), keras.layers.Dense(num_classes)])\n",
-     "m.py:build", r"--model=DIR/m.py:build built a Keras 3 model "
-     r"\(Sequential, from `import keras`\); the engine trains Keras 2 "
-     r"models: build it with `from tensorflow import keras`"),
+     "m.py:build", r"--model=DIR/m.py:build built a Keras 2 model "
+     r"\(Sequential, from tf_keras\); the engine trains Keras 3 models: "
+     r"build it with `import keras`"),
     ("def build(shape):\n  pass\n", "m.py:build",
      r"build\(\) raised TypeError: build\(\) missing 1 required "
      "positional argument: 'shape'"),
     ("", "m.py:not an identifier", "give package.module:function"),
 ], ids=["import", "missing", "not_callable", "not_a_model", "shape",
-        "keras3", "signature", "malformed"])
+        "keras2", "signature", "malformed"])
 def test_a_bad_model_is_one_line_naming_it(tmp_path, source, spec, message):
   write(tmp_path, "m.py", source)
   spec = spec.replace("m.py", f"{tmp_path}/m.py")
@@ -101,11 +106,11 @@ def test_a_missing_file_is_named(tmp_path):
 
 def test_a_mixed_precision_model_must_end_in_float32(tmp_path):
   write(tmp_path, "half.py",
-        "import tensorflow as tf\n"
+        "import keras\n"
         "def build(input_shape, num_classes):\n"
-        "  i = tf.keras.Input(input_shape)\n"
-        "  return tf.keras.Model(i, tf.keras.layers.Dense(num_classes)(\n"
-        "      tf.keras.layers.Flatten()(i)))\n")
+        "  i = keras.Input(input_shape)\n"
+        "  return keras.Model(i, keras.layers.Dense(num_classes)(\n"
+        "      keras.layers.Flatten()(i)))\n")
   precision.set_policy("bfloat16")
   try:
     with pytest.raises(UserError, match="outputs bfloat16 logits; end the "

@@ -15,6 +15,7 @@ BatchNorm's moving statistics are averages already and are used as they are.
 import contextlib
 from typing import Optional
 
+import keras
 import tensorflow as tf
 
 
@@ -23,7 +24,7 @@ class WeightAverage(tf.Module):
   (the averages and the count of updates) are what checkpoints keep and
   ranks share."""
 
-  def __init__(self, model: tf.keras.Model, decay: float):
+  def __init__(self, model: keras.Model, decay: float):
     super().__init__(name="weight_average")
     self.decay = decay
     weights = model.trainable_variables
@@ -62,7 +63,7 @@ class WeightAverage(tf.Module):
         weight.assign(value)
 
 
-def maybe_average(model: tf.keras.Model,
+def maybe_average(model: keras.Model,
                   decay: float) -> Optional[WeightAverage]:
   """The average a run with --ema_decay=`decay` keeps of `model`'s weights;
   None at 0, which keeps none. Training and engine.evaluate both build it,

@@ -1,51 +1,60 @@
 """Optimizers by name, and their state.
 
-sgd and adam are Keras' own optimizers. novograd and lamb, the large-batch
-optimizers of the Horovod lab, are the engine's own, written on the same
-Keras optimizer API: the lab took them from tensorflow-addons, which is
-end-of-life, does not import on TensorFlow 2.16 and later, and has no
-wheels past Python 3.11. Ours compute what addons 0.23.0's compute with
-their default hyperparameters, to float32 rounding (tests/test_optimizers.py
-runs both on the same steps), so recipes tuned with addons keep their
-learning rates.
+sgd, adam, adamw and lamb are Keras' own optimizers; novograd, a
+large-batch optimizer of the Horovod lab, is the engine's own, written on
+Keras 3's optimizer API (`build`, `update_step`). The lab took NovoGrad and
+LAMB from tensorflow-addons, which is end-of-life and does not import on
+Keras 3. Ours and Keras' Lamb (at addons' epsilon, 1e-6) compute what the
+engine's tf_keras versions computed, which were addons' own to float32
+rounding (tests/test_optimizers.py runs them on the same steps as those
+recorded at the last tf_keras revision), so recipes tuned with addons keep
+their learning rates.
 
-Weight decay is not an optimizer option here: it is the L2 term the models'
-kernel regularizers add to the loss (--weight_decay), so its gradient
-2 * weight_decay * w joins every gradient before the optimizer sees it:
+Weight decay is not an optimizer option here, except AdamW's: it is the L2
+term the models' kernel regularizers add to the loss (--weight_decay), so
+its gradient 2 * weight_decay * w joins every gradient before the optimizer
+sees it:
 - sgd: classic weight decay, scaled by the learning rate (and momentum);
 - adam: L2 regularization, divided by Adam's second-moment estimate like the
-  rest of the gradient (not AdamW's decoupled decay);
+  rest of the gradient;
+- adamw: AdamW's decoupled decay (Loshchilov and Hutter 2019) instead: the
+  decay, weight_decay * lr * w, is taken from the weights apart from Adam's
+  step, and the models then add no L2 term (build.py);
 - novograd: normalized per layer together with the gradient;
 - lamb: part of the update whose per-layer trust ratio LAMB computes.
 NovoGrad and LAMB here have no decay of their own (addons' `weight_decay`,
-which the lab left at 0), and Keras' decoupled `weight_decay` stays off, so
-decay is never applied twice.
+which the lab left at 0), so decay is never applied twice.
 """
+import keras
 import tensorflow as tf
 
 from engine.core.errors import UserError
 
+# Optimizers whose weight decay is their own (decoupled), not the models'
+# L2 term.
+DECOUPLED_DECAY = ("adamw",)
+
 
 def names() -> list[str]:
-  return ["adam", "lamb", "novograd", "sgd"]
+  return ["adam", "adamw", "lamb", "novograd", "sgd"]
 
 
 def build(name: str, *, learning_rate, momentum: float, nesterov: bool,
-          xla: bool = False) -> tf.keras.optimizers.Optimizer:
-  """`learning_rate` is a float or a LearningRateSchedule of the step.
-
-  `xla` compiles each variable's update (which Keras does on GPUs only);
-  XLA is the run's choice (--xla), not Keras' default.
-  """
+          weight_decay: float = 0.0) -> keras.optimizers.Optimizer:
+  """`learning_rate` is a float or a LearningRateSchedule of the step;
+  `weight_decay` is AdamW's decoupled decay (other optimizers take theirs
+  from the loss: above)."""
   if name == "sgd":
-    return tf.keras.optimizers.SGD(learning_rate, momentum=momentum,
-                                   nesterov=nesterov, jit_compile=xla)
+    return keras.optimizers.SGD(learning_rate, momentum=momentum,
+                                nesterov=nesterov)
   if name == "adam":
-    return tf.keras.optimizers.Adam(learning_rate, jit_compile=xla)
+    return keras.optimizers.Adam(learning_rate)
+  if name == "adamw":
+    return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
   if name == "novograd":
-    return NovoGrad(learning_rate, jit_compile=xla)
+    return NovoGrad(learning_rate)
   if name == "lamb":
-    return LAMB(learning_rate, jit_compile=xla)
+    return keras.optimizers.Lamb(learning_rate, epsilon=1e-6)
   raise UserError(f"--optimizer={name} is unknown; choose one of "
                   f"{', '.join(names())}")
 
@@ -103,58 +112,7 @@ def set_step(optimizer, step: int) -> None:
     each.iterations.assign(step)
 
 
-class _TwoMoments(tf.keras.optimizers.Optimizer):
-  """What NovoGrad and LAMB share: a learning rate, two moment decays and
-  an epsilon, and two slots per variable, its first moment (of its shape)
-  and its second (of `_SECOND_MOMENT_SHAPE`, or of its shape if None).
-
-  `options` are Keras' own (jit_compile, clipping, use_ema): Horovod's
-  DistributedOptimizer rebuilds an optimizer from its config, which holds
-  them. Keras' decoupled weight decay defaults to None rather than Keras'
-  0, which would still multiply every variable by 0 at every step.
-  """
-  _SECOND_MOMENT_SHAPE = None
-
-  def __init__(self, learning_rate, *, beta_1: float, beta_2: float,
-               epsilon: float, name: str, **options):
-    options.setdefault("weight_decay", None)
-    super().__init__(name=name, **options)
-    self._learning_rate = self._build_learning_rate(learning_rate)
-    self.beta_1 = beta_1
-    self.beta_2 = beta_2
-    self.epsilon = epsilon
-
-  def build(self, var_list):
-    super().build(var_list)
-    if getattr(self, "_built", False):
-      return
-    self._built = True
-    self._first_moments = [self.add_variable_from_reference(v, "m")
-                           for v in var_list]
-    self._second_moments = [
-        self.add_variable_from_reference(v, "v",
-                                         shape=self._SECOND_MOMENT_SHAPE)
-        for v in var_list]
-
-  def _moments(self, variable):
-    index = self._index_dict[self._var_key(variable)]
-    return self._first_moments[index], self._second_moments[index]
-
-  def _constants(self, dtype):
-    """The learning rate, betas and epsilon in `dtype`, so that 1 - beta
-    is taken in `dtype` too, as addons did: 1 - float32(0.999) differs from
-    0.001 by 1.3e-5 of itself, far more than a float32 rounding."""
-    return (tf.cast(self.learning_rate, dtype), tf.cast(self.beta_1, dtype),
-            tf.cast(self.beta_2, dtype), tf.cast(self.epsilon, dtype))
-
-  def get_config(self):
-    return dict(super().get_config(),
-                learning_rate=self._serialize_hyperparameter(
-                    self._learning_rate),
-                beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon)
-
-
-class NovoGrad(_TwoMoments):
+class NovoGrad(keras.optimizers.Optimizer):
   """NovoGrad (Ginsburg et al. 2019, arXiv:1905.11286): momentum on
   gradients normalized per layer.
 
@@ -166,51 +124,52 @@ class NovoGrad(_TwoMoments):
   rate multiplies each gradient as it enters, m = beta_1 * m - lr * g', and
   w += m, so momentum gathered earlier keeps the rate it was taken at;
   m = beta_1 * m + g', w -= lr * m would differ under a schedule.
+
+  The rate, betas and epsilon are taken in the variable's dtype, so that
+  1 - beta is too, as addons did: 1 - float32(0.999) differs from 0.001 by
+  1.3e-5 of itself, far more than a float32 rounding.
   """
-  _SECOND_MOMENT_SHAPE = ()
 
   def __init__(self, learning_rate=0.001, *, beta_1=0.9, beta_2=0.999,
                epsilon=1e-7, name="NovoGrad", **options):
-    super().__init__(learning_rate, beta_1=beta_1, beta_2=beta_2,
-                     epsilon=epsilon, name=name, **options)
+    super().__init__(learning_rate, name=name, **options)
+    self.beta_1 = beta_1
+    self.beta_2 = beta_2
+    self.epsilon = epsilon
 
-  def update_step(self, gradient, variable):
-    momentum, squared_norm = self._moments(variable)
-    lr, beta_1, beta_2, epsilon = self._constants(variable.dtype)
+  def build(self, variables):
+    if self.built:
+      return
+    super().build(variables)
+    self._momentums = [self.add_variable_from_reference(v, "momentum")
+                       for v in variables]
+    self._squared_norms = [
+        self.add_variable(shape=(), dtype=v.dtype,
+                          name=f"{_name(v)}_squared_norm")
+        for v in variables]
+
+  def update_step(self, gradient, variable, learning_rate):
+    index = self._get_variable_index(variable)
+    momentum, squared_norm = (self._momentums[index],
+                              self._squared_norms[index])
+    dtype = variable.dtype
+    lr, beta_1, beta_2, epsilon = (
+        tf.cast(value, dtype) for value in
+        (learning_rate, self.beta_1, self.beta_2, self.epsilon))
+    gradient = tf.cast(gradient, dtype)
     this_norm = tf.reduce_sum(tf.square(gradient))
-    squared_norm.assign(tf.where(
+    self.assign(squared_norm, tf.where(
         tf.equal(self.iterations, 0), this_norm,
         squared_norm * beta_2 + this_norm * (1 - beta_2)))
     normalized = gradient / (tf.sqrt(squared_norm) + epsilon)
-    momentum.assign(momentum * beta_1 - normalized * lr)
-    variable.assign_add(momentum)
+    self.assign(momentum, momentum * beta_1 - normalized * lr)
+    self.assign_add(variable, momentum)
+
+  def get_config(self):
+    return dict(super().get_config(), beta_1=self.beta_1,
+                beta_2=self.beta_2, epsilon=self.epsilon)
 
 
-class LAMB(_TwoMoments):
-  """LAMB (You et al. 2019, arXiv:1904.00962): Adam's step, rescaled per
-  layer by the trust ratio ||w|| / ||step||.
-
-  Every layer then moves by the learning rate relative to its own weights,
-  whatever its gradients' scale, which is what keeps very large batches
-  (and their large learning rates) stable. A layer whose weights or step
-  are all zero (a fresh bias) takes Adam's step unscaled.
-  """
-
-  def __init__(self, learning_rate=0.001, *, beta_1=0.9, beta_2=0.999,
-               epsilon=1e-6, name="LAMB", **options):
-    super().__init__(learning_rate, beta_1=beta_1, beta_2=beta_2,
-                     epsilon=epsilon, name=name, **options)
-
-  def update_step(self, gradient, variable):
-    m, v = self._moments(variable)
-    lr, beta_1, beta_2, epsilon = self._constants(variable.dtype)
-    step = tf.cast(self.iterations + 1, variable.dtype)
-    m.assign(m * beta_1 + gradient * (1 - beta_1))
-    v.assign(v * beta_2 + tf.square(gradient) * (1 - beta_2))
-    adam_step = ((m / (1 - tf.pow(beta_1, step)))
-                 / (tf.sqrt(v / (1 - tf.pow(beta_2, step))) + epsilon))
-    weight_norm = tf.norm(variable)
-    step_norm = tf.norm(adam_step)
-    trust_ratio = tf.where((weight_norm > 0) & (step_norm > 0),
-                           weight_norm / step_norm, 1.0)
-    variable.assign_sub(trust_ratio * lr * adam_step)
+def _name(variable) -> str:
+  """A variable's name without TensorFlow's ":0"."""
+  return variable.name.split(":")[0].replace("/", "_")

@@ -21,6 +21,7 @@ import dataclasses
 import os
 from typing import Optional
 
+import keras
 import tensorflow as tf
 
 from engine.core import run_files
@@ -147,12 +148,11 @@ def _cpu_flags() -> set:
 
 def set_policy(mode: str) -> None:
   """Sets the policy of every layer built from now on (global in Keras)."""
-  tf.keras.mixed_precision.set_global_policy(_POLICIES[mode])
+  keras.config.set_dtype_policy(_POLICIES[mode])
 
 
 def with_loss_scaling(optimizer, mode: str):
   """float16: the optimizer wrapped in Keras' dynamic LossScaleOptimizer.
-
   It starts at a scale of 2^15, halves it when a step's gradients overflow
   (and skips that step: the same on every rank, since all see the same
   averaged gradients), and doubles it after 2000 finite steps. Its scale is
@@ -160,8 +160,29 @@ def with_loss_scaling(optimizer, mode: str):
   """
   if mode != "float16":
     return optimizer
-  return tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+  return keras.optimizers.LossScaleOptimizer(optimizer)
 
 
 def scales_loss(optimizer) -> bool:
-  return isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+  return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def loss_scale(optimizer) -> tf.Variable:
+  """The loss scale of a LossScaleOptimizer (its `dynamic_scale`)."""
+  return optimizer.dynamic_scale
+
+
+def checkpointed(optimizer) -> dict:
+  """What a checkpoint keeps of `optimizer`, by name: the optimizer, and
+  under float16 the loss scale and its count of finite steps beside it
+  rather than inside it. Keras 3's LossScaleOptimizer lists its own
+  variables and its inner optimizer's in one list, so a checkpoint of it
+  would not restore into the same optimizer unwrapped: a float16 run
+  resumed in float32 or bfloat16 (which works; the other way round is
+  refused, engine/records/checkpoint.py). Call it once the optimizer is
+  built (the train step builds it)."""
+  if not scales_loss(optimizer):
+    return {"optimizer": optimizer}
+  return {"optimizer": optimizer.inner_optimizer,
+          "loss_scale": optimizer.dynamic_scale,
+          "loss_scale_steps": optimizer.step_counter}

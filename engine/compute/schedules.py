@@ -7,6 +7,7 @@ changing rate never retraces the step, and a run resumed from a checkpoint
 """
 import math
 
+import keras
 import tensorflow as tf
 
 from engine.core.errors import UserError
@@ -68,7 +69,7 @@ def check_table(table: tuple, text: str = "") -> None:
                     "peak rate)")
 
 
-class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
+class WarmupThenDecay(keras.optimizers.schedules.LearningRateSchedule):
   """Gradual warmup from base_lr to the scaled rate, then constant, step,
   table, cosine or linear decay.
 

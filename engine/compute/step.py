@@ -8,9 +8,11 @@ processes with batch B take the step one process with batch N*B would.
 """
 from typing import Optional
 
-import horovod.tensorflow as hvd
+import keras
 import tensorflow as tf
 
+from engine import distributed
+from engine.distributed import gradients as allreduce
 from engine import tasks
 from engine.compute import metrics
 from engine.compute import optimizers
@@ -18,11 +20,6 @@ from engine.compute import precision
 from engine.core.errors import UserError
 from engine.tasks import Task
 from engine.tasks.classification import Classification
-
-ALLREDUCE_OPS = ("average", "adasum")
-_HOROVOD_OPS = {"average": hvd.Average, "adasum": hvd.Adasum}
-_HOROVOD_COMPRESSIONS = {"none": hvd.Compression.none,
-                         "fp16": hvd.Compression.fp16}
 
 
 class NonFinite(Exception):
@@ -78,16 +75,22 @@ class TrainStep:
   silent, large slowdown that tests should catch.
   """
 
-  def __init__(self, *, model: tf.keras.Model,
-               optimizer: tf.keras.optimizers.Optimizer,
+  def __init__(self, *, model: keras.Model,
+               optimizer: keras.optimizers.Optimizer,
                task: Optional[Task] = None,
                allreduce_op: str = "average", compression: str = "none",
                accumulation_steps: int = 1, weight_average=None,
-               xla: bool = False, overlap_allreduce: Optional[bool] = None):
+               xla: bool = False, overlap_allreduce: Optional[bool] = None,
+               any_image_size: bool = False):
     """`task`: what is learnt (engine/tasks); by default classification
     into the model's outputs. `weight_average`: an ema.WeightAverage,
     updated after each update. `overlap_allreduce`: None, as suits the
-    device (above)."""
+    device (above). `any_image_size`: the batches' images change size
+    (--progressive_resizing), and one step a call is traced once for
+    images of any size, as a call of several steps is: traced for one
+    size, TensorFlow folds the shapes into constants, which rounds Keras
+    3's batch normalization otherwise, and the two would part by a
+    rounding."""
     self.model = model
     self.task = task or _classification_of(model)
     self._weight_average = weight_average
@@ -96,13 +99,7 @@ class TrainStep:
     self.totals = metrics.Totals("train_totals", self.task)
     self.traces = 0
     self.skipped_steps = 0  # by the float16 loss scaler; reset per epoch
-    if allreduce_op == "adasum" and not hvd.mpi_enabled():
-      raise UserError("--allreduce_op=adasum needs Horovod's MPI controller, "
-                      "and this job runs on Gloo; build Horovod with MPI and "
-                      "launch with mpirun or horovodrun --mpi (BUILD.md), or "
-                      "use --allreduce_op=average")
-    self._allreduce = dict(op=_HOROVOD_OPS[allreduce_op],
-                           compression=_HOROVOD_COMPRESSIONS[compression])
+    self._reduction = allreduce.Reduction(allreduce_op, compression)
     self._accumulation_steps = accumulation_steps
     self._compression = compression
     if overlap_allreduce is None:
@@ -123,7 +120,8 @@ class TrainStep:
                      if xla else self._forward_pass)
     # Tensors, not Python floats: a Python argument would be traced in.
     self._flags = {False: tf.constant(0.0), True: tf.constant(1.0)}
-    self._step = tf.function(self._train_step)
+    self._any_image_size = any_image_size
+    self._step = None  # traced for the first batch's shapes (_traced)
     self._steps = tf.function(self._train_steps)
 
   def start_epoch(self) -> None:
@@ -153,8 +151,19 @@ class TrainStep:
     non-finite checks: the details are read only when something was not
     finite.
     """
-    return self._read(self._step(images, labels,
-                                 self._flags[stop_requested]))
+    return self._read(self._traced(images, labels)(
+        images, labels, self._flags[stop_requested]))
+
+  def _traced(self, images, labels):
+    """The step's tf.function, for batches like these: of any image size
+    if `any_image_size`."""
+    if self._step is None:
+      signature = None
+      if self._any_image_size:
+        signature = [_of_any_size(images), _of_any_size(labels),
+                     tf.TensorSpec([], tf.float32)]
+      self._step = tf.function(self._train_step, input_signature=signature)
+    return self._step
 
   def steps(self, batches, count: int,
             stop_requested: bool = False) -> tuple[int, bool]:
@@ -206,8 +215,7 @@ class TrainStep:
       with tf.GradientTape() as tape:
         loss = self._loss(images, labels)
       shared = self._shared(stop_requested, loss)
-      tape = hvd.DistributedGradientTape(tape, **self._allreduce)
-      gradients = tape.gradient(loss, variables)
+      gradients = self._reduction.gradients_of(tape, loss, variables)
       shared = self._averaged_alone(shared)
     else:
       local, loss = self._local_gradients(images, labels, variables)
@@ -215,19 +223,18 @@ class TrainStep:
       if self._reduce_together:
         gradients, shared = self._reduced_together(local, shared)
       else:
-        gradients = hvd.grouped_allreduce(local, **self._allreduce)
+        gradients = self._reduction.grouped(local, alone_skips=False)
         shared = self._averaged_alone(shared)
     shares = self._statistics_averaged(shared)
     # The shares of ranks that asked to stop and whose loss was not finite.
     stop_share, nonfinite_loss_share = shares[0], shares[1]
-    if self._scales_loss:  # after the allreduce: it sums scaled gradients
-      gradients = self.optimizer.get_unscaled_gradients(gradients)
-    # The same on every rank: every rank holds the same averaged gradients.
+    # The same on every rank: every rank holds the same averaged gradients
+    # (under float16, scaled: finite where the unscaled ones are).
     gradients_finite = tf.stack([_is_finite(g) for g in gradients])
     finite = tf.logical_and(nonfinite_loss_share == 0,
                             tf.reduce_all(gradients_finite))
-    loss_scale = (self.optimizer.loss_scale if self._scales_loss
-                  else tf.constant(0.0))
+    loss_scale = (tf.convert_to_tensor(precision.loss_scale(self.optimizer))
+                  if self._scales_loss else tf.constant(0.0))
     with tf.control_dependencies([loss_scale]):  # the scale of this step
       self._apply(finite, gradients, variables)
     status = (tf.cast(stop_share > 0, tf.int32) * _STOP_AGREED
@@ -238,9 +245,12 @@ class TrainStep:
 
   def _apply(self, finite, gradients, variables) -> None:
     """The update, unless something was not finite. Under float16 the loss
-    scaler decides (it skips the update and lowers its scale)."""
+    scaler decides: it unscales the (allreduced) gradients, or skips the
+    update and lowers its scale; its inner optimizer's step counter then
+    stays, and ours counts the step as every skipped step is counted."""
     if self._scales_loss:
       self._update(gradients, variables)
+      _apply_if(finite, self.optimizer, lambda: None)
       return
     _apply_if(finite, self.optimizer,
               lambda: self._update(gradients, variables))
@@ -284,10 +294,7 @@ class TrainStep:
     Alone, a process skips Horovod's queue (as DistributedGradientTape
     does), which would add a cycle of its background thread to every step.
     """
-    return tf.cond(
-        hvd.size_op() > 1,
-        lambda: hvd.allreduce(shared, op=hvd.Average, name="step_flags"),
-        lambda: shared)
+    return allreduce.averaged(shared, "step_flags")
 
   def _reduced_together(self, local, shared=None):
     """The local gradients and what the step shares (`_shared`, if given),
@@ -298,10 +305,7 @@ class TrainStep:
     tensors = [tf.convert_to_tensor(local[i]) for i in present]
     if shared is not None:
       tensors.append(shared)
-    reduced = tf.cond(
-        hvd.size_op() > 1,
-        lambda: hvd.grouped_allreduce(tensors, **self._allreduce),
-        lambda: tensors)
+    reduced = self._reduction.grouped(tensors)
     gradients = list(local)  # a variable the loss does not use keeps None
     for i, gradient in zip(present, reduced):
       gradients[i] = gradient
@@ -322,10 +326,11 @@ class TrainStep:
     """What was not finite: the loss, on how many ranks, and which
     gradients (the first few variables' names)."""
     parts = []
-    ranks = round(float(outcome["nonfinite_loss_share"]) * hvd.size())
+    rank, size = distributed.rank_and_size()
+    ranks = round(float(outcome["nonfinite_loss_share"]) * size)
     if ranks:
-      parts.append(f"the loss was non-finite on {ranks} of {hvd.size()} "
-                   f"processes (rank {hvd.rank()}'s: "
+      parts.append(f"the loss was non-finite on {ranks} of {size} "
+                   f"processes (rank {rank}'s: "
                    f"{float(outcome['loss']):g})")
     finite = outcome["gradients_finite"].numpy()
     if not finite.all():
@@ -334,8 +339,7 @@ class TrainStep:
 
   def _describe_gradients(self, finite) -> str:
     """Which variables' gradients were not finite (the first few)."""
-    names = [v.name.rpartition(":")[0] or v.name
-             for v, ok in zip(self.model.trainable_variables, finite)
+    names = [v.path for v, ok in zip(self.model.trainable_variables, finite)
              if not ok]
     shown = ", ".join(names[:_NAMES_SHOWN])
     more = ", ..." if len(names) > _NAMES_SHOWN else ""
@@ -349,7 +353,7 @@ class TrainStep:
     per_example_loss, outputs, loss = self._forward(inputs, targets)
     self.totals.update(targets, outputs, per_example_loss)
     if self._scales_loss:
-      return self.optimizer.get_scaled_loss(loss)
+      return self.optimizer.scale_loss(loss)
     return loss
 
   def _forward_pass(self, images, labels):
@@ -422,8 +426,7 @@ class TaskTrainStep(TrainStep):
     averages them: each as the backward pass has it (GPU,
     hvd.DistributedGradientTape), or all in one grouped allreduce (CPU)."""
     if not self._reduce_together:
-      return hvd.DistributedGradientTape(tape, **self._allreduce).gradient(
-          loss, variables)
+      return self._reduction.gradients_of(tape, loss, variables)
     gradients, _ = self._reduced_together(tape.gradient(loss, variables))
     return gradients
 
@@ -478,7 +481,7 @@ class EvalStep:
   shifts.
   """
 
-  def __init__(self, *, model: tf.keras.Model, task: Optional[Task] = None,
+  def __init__(self, *, model: keras.Model, task: Optional[Task] = None,
                xla: bool = False, image_shape=None, flip: bool = False,
                shift: int = 0):
     """`task` defaults to classification into the model's outputs, and
@@ -524,6 +527,15 @@ class EvalStep:
     self.totals.update(labels, outputs, self.task.loss(labels, outputs))
 
 
+def _of_any_size(batch: tf.Tensor) -> tf.TensorSpec:
+  """A batch's spec with its height and width unknown (images
+  [B, H, W, C], masks [B, H, W])."""
+  shape = batch.shape.as_list()
+  if len(shape) >= 3:
+    shape[1:3] = [None, None]
+  return tf.TensorSpec(shape, batch.dtype)
+
+
 def _shifted(images: tf.Tensor, pixels: int) -> tf.Tensor:
   """A batch moved `pixels` to the right (left if negative), the edge column
   repeated into the gap."""
@@ -535,13 +547,13 @@ def _shifted(images: tf.Tensor, pixels: int) -> tf.Tensor:
 
 
 def _apply_if(finite: tf.Tensor, optimizer, update) -> None:
-  """`update()` if `finite`; else the update is skipped, and as the loss
-  scaler does, the optimizer's step counter still counts the step."""
+  """`update()` if `finite`; else the update is skipped, and the
+  optimizer's step counter still counts the step: it counts batches."""
   def apply():  # what update() returns is not an output of the cond
     update()
 
   def skip():
-    optimizer.iterations.assign_add(1, read_value=False)
+    optimizer.iterations.assign_add(1)
 
   tf.cond(finite, apply, skip)
 
@@ -565,7 +577,7 @@ def _is_finite(gradient) -> tf.Tensor:
   return tf.reduce_all(tf.math.is_finite(gradient))
 
 
-def _classification_of(model: tf.keras.Model) -> Classification:
+def _classification_of(model: keras.Model) -> Classification:
   """Classification into the model's outputs: a step built without a task
   (tests, benchmarks)."""
   return Classification(num_classes=model.output_shape[-1])

@@ -60,7 +60,8 @@ CHECKPOINT_STATE_FILE = "checkpoint"  # TensorFlow's name
 # than restored wrongly. Format 0 stands for checkpoints written before the
 # format was recorded. Raise it with any change to what a checkpoint holds.
 FORMAT_FILE = "format.json"
-CHECKPOINT_FORMAT = 1
+# Format 2: Keras 3's model and optimizers (1 was tf_keras', Keras 2's).
+CHECKPOINT_FORMAT = 2
 
 TENSORBOARD_DIR = "tensorboard"
 # The Keras TensorBoard callback's runs, which users know (engine.records.report).

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 
 from absl import logging
 import horovod.tensorflow as hvd
+import keras
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import _pywrap_util_port
@@ -239,6 +240,22 @@ def hosts() -> tuple[int, int]:
   return hvd.cross_size(), hvd.local_size()
 
 
+def start_timeline(path: str) -> None:
+  """Horovod's timeline of its collectives, into `path` (a Chrome trace),
+  from now on; the job must have been started with one (init's
+  `timeline`)."""
+  hvd.start_timeline(path)
+
+
+def stop_timeline() -> None:
+  hvd.stop_timeline()
+
+
+def rank_and_size() -> tuple[int, int]:
+  """This process's rank, and how many there are."""
+  return hvd.rank(), hvd.size()
+
+
 def is_chief() -> bool:
   """The one process that logs, writes files and owns checkpoints."""
   return hvd.rank() == 0
@@ -261,16 +278,24 @@ def max_across_ranks(value: float, name: str) -> float:
                              name=name).numpy())
 
 
+def tensorflow_variables(variables) -> list[tf.Variable]:
+  """The `tf.Variable`s behind Keras' variables, which Horovod's tape and
+  broadcast take: they key variables by `Variable.ref()`, which Keras 3's
+  variables lack (horovod/horovod#4290). On TensorFlow's backend each
+  Keras variable holds one (`value`); reads and gradients go through it."""
+  return [v.value if isinstance(v, keras.Variable) else v for v in variables]
+
+
 def broadcast_from_chief(variables) -> None:
   """Makes every rank's copy of `variables` equal to rank 0's."""
-  hvd.broadcast_variables(variables, root_rank=0)
+  hvd.broadcast_variables(tensorflow_variables(variables), root_rank=0)
 
 
 def average_across_ranks(variables) -> None:
   """Replaces each variable by its mean over ranks (in place)."""
-  for variable in variables:
+  for index, variable in enumerate(tensorflow_variables(variables)):
     variable.assign(hvd.allreduce(variable, op=hvd.Average,
-                                  name="average/" + variable.name))
+                                  name=f"average/{index}"))
 
 
 def on_chief(action: Optional[Callable[[], Any]], name: str) -> Any:

@@ -16,7 +16,7 @@ it on rank 0 (`At.is_chief`). A user's script adds its own through
 import dataclasses
 from typing import Callable, Optional
 
-import tensorflow as tf
+import keras
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +25,7 @@ class At:
   global_step: int  # steps taken over the run, the optimizer's iterations
   epoch: int        # the epoch being trained, from 0
   step: int         # steps of that epoch done
-  model: tf.keras.Model
+  model: keras.Model
   rank: int
   world_size: int   # the number of processes
   is_chief: bool    # this is rank 0, which owns model_dir

@@ -12,6 +12,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from absl import logging
+import keras
 import tensorflow as tf
 
 from engine import datasets
@@ -56,7 +57,7 @@ class TrainingParts:
   splits: datasets.Splits
   staged: Optional[dict]  # --stage_dir's record, for metrics.jsonl
   task: tasks.Task
-  model: tf.keras.Model
+  model: keras.Model
   learning_rate: schedules.WarmupThenDecay
   weight_average: Optional[ema.WeightAverage]
   optimizer: Any

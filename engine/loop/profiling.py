@@ -15,9 +15,9 @@ import time
 from typing import Optional
 
 from absl import logging
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from engine import distributed
 from engine.core import run_files
 from engine.loop import actions
 from engine.records import storage
@@ -119,7 +119,7 @@ class StepProfiler(actions.Action):
         tf.profiler.experimental.start(self._logdir)
     self._tracing = True  # (not if it failed: nothing to stop then)
     if self._timeline:
-      hvd.start_timeline(self._timeline)
+      distributed.start_timeline(self._timeline)
     logging.info("profiling steps %d to %d into %s%s", global_step,
                  self._last, self._logdir,
                  f" and {self._timeline}" if self._timeline else "")
@@ -134,4 +134,4 @@ class StepProfiler(actions.Action):
           tf.profiler.experimental.stop()
     finally:
       if self._timeline:
-        hvd.stop_timeline()
+        distributed.stop_timeline()

@@ -8,7 +8,7 @@ import sys
 import time
 
 from absl import logging
-import tensorflow as tf
+import keras
 
 MODES = ("auto", "bar", "log", "none")
 _BAR_REFRESH_SECONDS = 0.2
@@ -33,7 +33,7 @@ class Progress:
     self._first_step = self._logged = first_step
     self._start = self._shown = time.perf_counter()
     if self.mode == "bar":
-      self._bar = tf.keras.utils.Progbar(self._steps, unit_name="step")
+      self._bar = keras.utils.Progbar(self._steps, unit_name="step")
 
   def step(self, done: int) -> None:
     """`done` steps of this epoch are finished (1-based; a call of several

@@ -225,8 +225,8 @@ class RunDirectory:
         except export.UnreadableCheckpoint as e:
           logging.warning("the best checkpoint %s: exported the final model "
                           "only", e)
-    logging.info("exported SavedModels to %s (%s)", directory,
-                 ", ".join(exported))
+    logging.info("exported SavedModels and Keras models to %s (%s)",
+                 directory, ", ".join(exported))
 
   @contextlib.contextmanager
   def _writes(self):

@@ -30,6 +30,7 @@ import os
 from typing import Optional
 
 from absl import logging
+import keras
 import tensorflow as tf
 
 from engine.compute import optimizers
@@ -44,7 +45,9 @@ RESUME_MODES = ("auto", "never")
 # What finishes or evaluates a run whose checkpoints are of an earlier
 # format, by format: the engine's last revision that wrote it.
 _READERS = {0: "the engine's revision 27dc95f (82c6a49 for a novograd or "
-               "lamb run saved on TensorFlow 2.15)"}
+               "lamb run saved on TensorFlow 2.15)",
+            1: "the engine's revision 2650be9, the last on tf_keras "
+               "(Keras 2)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +62,7 @@ class Position:
   seconds: float = 0.0
 
 
-def identity(model: tf.keras.Model, info) -> str:
+def identity(model: keras.Model, info) -> str:
   """What a checkpoint's variables mean: which model, on which data."""
   labels = (f"labels {'x'.join(map(str, info.label_shape))} "
             f"{info.label_dtype}" if info.label_shape
@@ -81,7 +84,7 @@ class Checkpoints:
   resume continues.
   """
 
-  def __init__(self, model_dir: str, *, model: tf.keras.Model, optimizer,
+  def __init__(self, model_dir: str, *, model: keras.Model, optimizer,
                keep: int, identity: str,
                lr_factor: Optional[tf.Variable] = None,
                weight_average: Optional[tf.Module] = None,
@@ -108,7 +111,9 @@ class Checkpoints:
                    best_score=self._best_score,
                    identity=self._identity_variable)
     # Training's state besides the model's; evaluation restores none of it.
-    for name, saved in dict(optimizer=optimizer, lr_factor=lr_factor,
+    optimizer_objects = ({} if optimizer is None
+                         else precision.checkpointed(optimizer))
+    for name, saved in dict(**optimizer_objects, lr_factor=lr_factor,
                             stop=stop).items():
       if saved is not None:
         objects[name] = saved
@@ -322,8 +327,7 @@ def resolve(path: str) -> str:
 _IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
 _BEST_SCORE_KEY = "best_score/.ATTRIBUTES/VARIABLE_VALUE"
 _AVERAGE = "weight_average"  # the weights' average, with --ema_decay
-_LOSS_SCALE_KEY = "optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/" \
-    "VARIABLE_VALUE"
+_LOSS_SCALE_KEY = "loss_scale/.ATTRIBUTES/VARIABLE_VALUE"
 # What TensorFlow's checkpoint reader raises for truncated or garbled files.
 _DAMAGE = (tf.errors.OpError, IndexError, OSError)
 

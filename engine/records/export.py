@@ -1,5 +1,6 @@
 """SavedModels for inference: images in; what the task serves out (for
-classification: logits, probabilities, class ids and class names).
+classification: logits, probabilities, class ids and class names); and
+beside each, the Keras model as a `.keras` file.
 
 The exported signature takes images as stored (uint8, or float32 for float
 arrays; the training image shape) and applies the training set's
@@ -8,6 +9,15 @@ engine to use it correctly. Nor from the user's own model code: a
 SavedModel holds the traced graph, and `tf.saved_model.load` restores it
 without the Python classes that built it.
 
+The `.keras` file is the model as Keras saves it (`model.save`), for
+`keras.saving.load_model`: to fine-tune it, or to call it in Keras. It
+takes images normalized as in training (the SavedModel's signature does
+that itself), and a model with layers of the user's own loads where their
+classes are importable and registered (`keras.saving.
+register_keras_serializable`). A model Keras cannot save that way (a
+subclassed model or layer without `get_config`) gets the SavedModel alone,
+and a warning that says why.
+
 An export is written beside its place and moved there when complete, so a
 failed one (a full disk) leaves the previous export, not half of a new one.
 """
@@ -15,6 +25,7 @@ import contextlib
 import os
 
 from absl import logging
+import keras
 import tensorflow as tf
 
 from engine.compute import ema
@@ -23,8 +34,12 @@ from engine.records import storage
 from engine.tasks import Task
 
 
-def save(model: tf.keras.Model, task: Task, path: str) -> None:
-  """The serving function and the variables it reads, as a SavedModel.
+KERAS_SUFFIX = ".keras"
+
+
+def save(model: keras.Model, task: Task, path: str) -> None:
+  """The serving function and the variables it reads, as a SavedModel at
+  `path`; the Keras model at `path` + ".keras" (above).
 
   The Keras model itself is not saved, only captured by the function: its
   own SavedModel serialization traces every layer's call again, which took
@@ -51,9 +66,31 @@ def save(model: tf.keras.Model, task: Task, path: str) -> None:
   finally:
     storage.remove(partial)
     logging.set_verbosity(verbosity)
+  _save_keras(model, path + KERAS_SUFFIX)
 
 
-def save_checkpoint(model: tf.keras.Model, checkpoint_path: str,
+def _save_keras(model: keras.Model, path: str) -> None:
+  """`model.save(path)`, written beside and moved into place; a model Keras
+  cannot serialize is a warning, and an older file of it goes (it would
+  no longer be the model exported beside it)."""
+  partial = path.removesuffix(KERAS_SUFFIX) + ".partial" + KERAS_SUFFIX
+  try:
+    with storage.writing("Keras model", path,
+                         storage.size_of(model.variables)):
+      try:
+        model.save(partial)
+      except (NotImplementedError, TypeError, ValueError) as e:
+        storage.remove(path)
+        logging.warning("%s: not written, Keras cannot save this model "
+                        "(%s: %s); the SavedModel beside it serves it",
+                        path, type(e).__name__, first_line(e))
+        return
+      os.replace(partial, path)
+  finally:
+    storage.remove(partial)
+
+
+def save_checkpoint(model: keras.Model, checkpoint_path: str,
                     task: Task, path: str,
                     weight_average=None) -> None:
   """Exports the weights of `checkpoint_path` through `model`, whose own

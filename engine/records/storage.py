@@ -63,7 +63,8 @@ def free_space(path: str) -> int:
 
 def size_of(variables) -> int:
   """Bytes of the variables' values: about a checkpoint's size."""
-  return sum(int(np.prod(v.shape)) * v.dtype.size for v in variables)
+  return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
+             for v in variables)
 
 
 def warn_if_short_of_space(model_dir: str, *, checkpoint_size: int,

@@ -10,6 +10,7 @@ import dataclasses
 import math
 
 import numpy as np
+import keras
 import tensorflow as tf
 
 from engine.core.errors import first_line
@@ -39,11 +40,11 @@ _OWN_STEP = ("optimized_variables", "train_step")
 EXAMPLES = "examples"
 
 
-def build_model(task: Task, spec: str, build) -> tf.keras.Model:
+def build_model(task: Task, spec: str, build) -> keras.Model:
   """The task's model (`build(output_shape)` builds --model's); a failure
   of the task's own build_model is one line."""
   model = _called(f"--task={spec}", "build_model", task.build_model, build)
-  models.refuse_keras3(model, f"--task={spec}")
+  models.refuse_keras2(model, f"--task={spec}")
   return model
 
 
@@ -98,7 +99,7 @@ def _check_labels(spec: str, kind: str, info: DatasetInfo) -> None:
                     f"{info.name} gives {given}")
 
 
-def check(task: Task, spec: str, model: tf.keras.Model,
+def check(task: Task, spec: str, model: keras.Model,
           input_shape: tuple) -> None:
   """The task's methods on the model's outputs for two blank images and
   two blank labels, or a UserError naming what is wrong."""

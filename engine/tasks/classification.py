@@ -5,6 +5,7 @@ accuracy in engine.evaluate, and its image in TensorBoard). Views of the
 same images (--eval_flip, --eval_shift) are averaged as probabilities.
 """
 import numpy as np
+import keras
 import tensorflow as tf
 
 from engine.tasks.task import Task
@@ -79,7 +80,7 @@ def per_class_accuracy(counts: np.ndarray) -> np.ndarray:
 
 def cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
   """Per-example loss; logits are float32 whatever the compute dtype."""
-  return tf.keras.losses.sparse_categorical_crossentropy(
+  return keras.losses.sparse_categorical_crossentropy(
       labels, logits, from_logits=True)
 
 

@@ -12,6 +12,7 @@ set's class_names), from sums of errors, squared errors, targets and
 squared targets.
 """
 import numpy as np
+import keras
 import tensorflow as tf
 
 from engine.core.errors import UserError
@@ -52,7 +53,7 @@ class Regression(Task):
     if self.loss_name == "mae":
       each = tf.abs(error)
     elif self.loss_name == "huber":
-      each = tf.keras.losses.huber(error[..., None], 0.0)
+      each = keras.losses.huber(error[..., None], 0.0)
     else:
       each = tf.square(error)
     return tf.reduce_mean(each, axis=-1)

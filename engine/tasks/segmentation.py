@@ -9,6 +9,7 @@ positives and false negatives), whose mean over the classes present is
 mean IoU, as Keras' MeanIoU and the Cityscapes benchmark compute it.
 """
 import numpy as np
+import keras
 import tensorflow as tf
 
 from engine.tasks.classification import confusion_image
@@ -47,7 +48,7 @@ class Segmentation(Task):
 
   def loss(self, labels, outputs):
     labels, labelled = self._labelled(labels)
-    each = tf.keras.losses.sparse_categorical_crossentropy(
+    each = keras.losses.sparse_categorical_crossentropy(
         labels, outputs, from_logits=True)
     weight = tf.cast(labelled, tf.float32)
     return (tf.reduce_sum(each * weight, axis=[1, 2])

@@ -34,6 +34,7 @@ task flags (--label_smoothing, --loss, ...) its __init__ declares.
 from typing import Optional
 
 import numpy as np
+import keras
 import tensorflow as tf
 
 from engine.datasets import DatasetInfo
@@ -65,7 +66,7 @@ class Task:
 
   # The model.
 
-  def build_model(self, build) -> tf.keras.Model:
+  def build_model(self, build) -> keras.Model:
     """The model: by default --model's, `build(self.output_shape())`. A
     task with several models returns one Keras model holding them (its
     call is what evaluation runs)."""
@@ -119,12 +120,12 @@ class Task:
 
   # A train step of the task's own, for steps one loss cannot say.
 
-  def optimized_variables(self, model: tf.keras.Model) -> dict[str, list]:
+  def optimized_variables(self, model: keras.Model) -> dict[str, list]:
     """With `optimizers`: each optimizer's name -> the variables it
     updates."""
     raise NotImplementedError
 
-  def train_step(self, model: tf.keras.Model, optimizers: dict,
+  def train_step(self, model: keras.Model, optimizers: dict,
                  images: tf.Tensor, labels: tf.Tensor, step
                  ) -> tuple[tf.Tensor, dict]:
     """With `optimizers`: one step on this rank's batch, inside the
@@ -147,7 +148,7 @@ class Task:
     """What the exported SavedModel returns for a batch of outputs."""
     return {"outputs": outputs}
 
-  def serving(self, model: tf.keras.Model):
+  def serving(self, model: keras.Model):
     """The exported SavedModel's function: images as stored (uint8, or
     float32 for float arrays) in, normalized as in training, `serve` of
     the model's outputs out. A GAN's takes noise instead."""
@@ -165,7 +166,7 @@ class Task:
     3] uint8, description)}."""
     return {}
 
-  def sample_images(self, model: tf.keras.Model, images: tf.Tensor,
+  def sample_images(self, model: keras.Model, images: tf.Tensor,
                     labels: tf.Tensor) -> dict:
     """TensorBoard images of the model on a few test examples (normalized
     images and their labels, as the pipeline gives them), drawn each

@@ -10,7 +10,7 @@ with is caught here, on every rank, and described in OUT/rank<r>.json:
    exports before and after.
 3. rolled_back: the same again with --on_nonfinite=rollback; it diverges
    in epochs 2 and 3, rolls back twice, and finishes.
-4. (as root) disk_full: on a tmpfs of 11 MB, one epoch is saved, the next
+4. (as root) disk_full: on a tmpfs of 14 MB, one epoch is saved, the next
    save fails; the tmpfs is enlarged and the rerun resumes.
 5. (as root) read_only: model_dir becomes a read-only bind mount of itself
    after the first epoch's checkpoint (a remount of its file system would
@@ -36,9 +36,10 @@ from engine import train as engine_train
 from engine.core.errors import UserError
 from tests import fixtures
 
-# One epoch's checkpoint, best/ and exports fit (3.2 + 3.2 + 1.6 + 1.6
-# MB), one more checkpoint not.
-TMPFS_MEGABYTES = 11
+# One epoch's checkpoint, best/ and exports fit (3.2 + 3.2 MB, and 1.6 MB
+# for each of the two SavedModels and two .keras files), one more
+# checkpoint not.
+TMPFS_MEGABYTES = 14
 
 
 def config(data_dir, model_dir, epochs=1, **changes):

@@ -67,6 +67,7 @@ from absl import app
 from absl import flags
 import h5py
 import numpy as np
+import keras
 import tensorflow as tf
 
 from engine import cli
@@ -934,7 +935,7 @@ def run_engine(args: list[str], directory: str) -> EngineRun:
       escaped = (f"{type(e).__name__}: {message[:300]} (at "
                  f"{frame.filename}:{frame.lineno})")
       code = 1
-  tf.keras.backend.clear_session()
+  keras.backend.clear_session()
   outputs = {}
   for name in ("stdout", "stderr"):
     with open(os.path.join(directory, name), "rb") as f:

@@ -22,6 +22,7 @@ import sys
 
 import horovod.tensorflow as hvd
 import numpy as np
+import keras
 import tensorflow as tf
 
 from engine import datasets, distributed
@@ -110,13 +111,13 @@ def data_parallel_steps(out_dir: str, name: str = "plain",
   rng = np.random.default_rng(0)
   images = rng.normal(size=(STEPS, GLOBAL_BATCH, 28, 28, 1)).astype("float32")
   labels = rng.integers(0, 10, (STEPS, GLOBAL_BATCH))
-  tf.keras.utils.set_random_seed(hvd.rank())  # different inits, then broadcast
+  keras.utils.set_random_seed(hvd.rank())  # different inits, then broadcast
   precision.set_policy(mixed_precision)
   model = models.build("cnn", input_shape=(28, 28, 1), num_classes=10,
                        filters=4, dropout=0.0, weight_decay=1e-4)
   precision.set_policy("none")
   optimizer = precision.with_loss_scaling(
-      tf.keras.optimizers.SGD(0.1, momentum=0.9), mixed_precision)
+      keras.optimizers.SGD(0.1, momentum=0.9), mixed_precision)
   train_step = steps.TrainStep(model=model, optimizer=optimizer, **options)
   distributed.broadcast_from_chief(model.variables)
   per_rank = GLOBAL_BATCH // hvd.size()

@@ -1,0 +1,135 @@
+"""A model file written as Keras 3's guides write it (`import keras`, no
+engine import), and a `keras.applications` network, under `horovodrun -np
+2`: trained, resumed by the same command with more epochs, and exported
+as a SavedModel and a .keras file that load in a process without the
+engine."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests import fixtures
+from tests import timeouts
+
+# Keras' own guides' idioms: a layer of one's own, registered so that a
+# saved model finds it again; the functional API; a kernel regularizer;
+# BatchNormalization; the logits in float32.
+GUIDE_MODEL = '''
+import keras
+
+
+@keras.saving.register_keras_serializable(package="guide")
+class Residual(keras.layers.Layer):
+  """x + conv(x): a layer of its own, with its own weights and config."""
+
+  def __init__(self, filters, **kwargs):
+    super().__init__(**kwargs)
+    self.filters = filters
+    self.conv = keras.layers.Conv2D(filters, 3, padding="same")
+    self.norm = keras.layers.BatchNormalization()
+
+  def call(self, x, training=False):
+    return x + keras.ops.relu(self.norm(self.conv(x), training=training))
+
+  def get_config(self):
+    return dict(super().get_config(), filters=self.filters)
+
+
+def build(input_shape, num_classes, weight_decay=0.0):
+  inputs = keras.Input(shape=input_shape)
+  x = keras.layers.Conv2D(
+      8, 3, padding="same", activation="relu",
+      kernel_regularizer=keras.regularizers.L2(1e-4))(inputs)
+  x = Residual(8)(x)
+  x = keras.layers.GlobalAveragePooling2D()(x)
+  outputs = keras.layers.Dense(num_classes, dtype="float32")(x)
+  return keras.Model(inputs, outputs, name="guide_model")
+'''
+
+# Loads each export in a process that imports neither the engine nor (for
+# the SavedModel) the model's file, and classifies two blank images.
+LOAD_EXPORTS = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+import keras
+code_dir, export_dir = sys.argv[1:]
+saved = tf.saved_model.load(export_dir).signatures["serving_default"]
+spec = saved.structured_input_signature[1]["images"]
+served = saved(images=tf.zeros([2, *spec.shape[1:]], spec.dtype))
+if code_dir:  # the model's own layers: its module imported, as Keras needs
+  sys.path.insert(0, code_dir)
+  import guide_model  # noqa: F401
+model = keras.saving.load_model(export_dir + ".keras")
+logits = model(np.zeros((2, *spec.shape[1:]), "float32"))
+assert "engine" not in sys.modules
+print(json.dumps({"class_names": [n.decode() for n in
+                                  served["class_names"].numpy()],
+                  "keras_outputs": list(logits.shape),
+                  "model": model.name}))
+"""
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return fixtures.write_fashion_mnist(str(tmp_path_factory.mktemp("fm")),
+                                      301, 51)
+
+
+def train_twice(data_dir, model_dir, model, *flags):
+  """The same command, run for 1 epoch, then again for 2: (first, second)
+  runs' stderr."""
+  outputs = []
+  for epochs in (1, 2):
+    result = fixtures.launch(
+        ["-m", "engine.train", f"--data_dir={data_dir}", f"--model={model}",
+         f"--epochs={epochs}", "--batch_size=8", f"--model_dir={model_dir}",
+         "--progress=none", *flags], processes=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs.append(result.stderr)
+  return outputs
+
+
+def epochs_of(model_dir):
+  return [json.loads(line)["epoch"] for line in
+          (model_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def load_exports(code_dir, export_dir):
+  result = subprocess.run(
+      [fixtures.PYTHON, "-c", LOAD_EXPORTS, code_dir, str(export_dir)],
+      cwd="/", capture_output=True, text=True, timeout=timeouts.bound(300),
+      env={"PATH": os.environ["PATH"], "TF_CPP_MIN_LOG_LEVEL": "2",
+           "KERAS_BACKEND": "tensorflow"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout)
+
+
+def test_a_model_file_as_keras_guides_write_it(data_dir, tmp_path):
+  code_dir = tmp_path / "code"
+  code_dir.mkdir()
+  (code_dir / "guide_model.py").write_text(GUIDE_MODEL)
+  model_dir = tmp_path / "run"
+  first, second = train_twice(
+      data_dir, model_dir, f"{code_dir}/guide_model.py:build",
+      "--steps_per_epoch=4")
+  assert "model guide_model:" in first
+  assert f"resuming {model_dir} at epoch" in second
+  assert epochs_of(model_dir) == [1, 2]  # epoch 1 not trained again
+  for which in ("final", "best"):
+    loaded = load_exports(str(code_dir), model_dir / "export" / which)
+    assert loaded["model"] == "guide_model"
+    assert loaded["keras_outputs"] == [2, 10]
+    assert len(loaded["class_names"]) == 2
+
+
+def test_a_keras_applications_network(data_dir, tmp_path):
+  model_dir = tmp_path / "run"
+  train_twice(data_dir, model_dir,
+              "examples/keras_applications.py:mobilenet_v2",
+              "--steps_per_epoch=2")
+  assert epochs_of(model_dir) == [1, 2]
+  loaded = load_exports("", model_dir / "export" / "final")
+  assert loaded["model"] == "mobilenet_v2"
+  assert loaded["keras_outputs"] == [2, 10]
