@@ -45,12 +45,11 @@ if [ ! -x "$py" ]; then
 fi
 
 stamp=$venv/.requirements.sha256
-want=$(cat requirements.txt requirements-no-deps.txt | sha256sum | cut -d' ' -f1)
+want=$(sha256sum < requirements.txt | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "installing requirements.txt and requirements-no-deps.txt"
+  say "installing requirements.txt"
   "$py" -m pip install --quiet --upgrade "pip==24.3.1"
   "$py" -m pip install --quiet -r requirements.txt
-  "$py" -m pip install --quiet --no-deps -r requirements-no-deps.txt
   echo "$want" > "$stamp"
   rm -f "$venv/.horovod-built"   # a new TensorFlow needs a new Horovod build
 fi
