@@ -69,7 +69,6 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import horovod.tensorflow.keras as hvd
 import numpy as np
-import keras
 import tensorflow as tf
 
 FLAGS = flags.FLAGS
@@ -233,9 +232,9 @@ def dataset(files, parse, *, training: bool) -> tf.data.Dataset:
 
 # --- Model ----------------------------------------------------------------
 
-def build_model(shape, targets) -> keras.Model:
-  layers = keras.layers
-  model = keras.Sequential([keras.Input(shape)])
+def build_model(shape, targets) -> tf.keras.Model:
+  layers = tf.keras.layers
+  model = tf.keras.Sequential([tf.keras.Input(shape)])
   blocks = max(1, min(5, int(np.log2(min(shape[:3]))) - 1))
   for i in range(blocks):
     model.add(layers.Conv3D(FLAGS.filters * 2 ** i, FLAGS.kernel_size,
@@ -259,15 +258,15 @@ def learning_rate(steps_per_epoch: int):
   warmup = round(FLAGS.warmup_epochs * steps_per_epoch)
   total = FLAGS.epochs * steps_per_epoch
   if FLAGS.lr_schedule == "cosine":
-    return keras.optimizers.schedules.CosineDecay(
+    return tf.keras.optimizers.schedules.CosineDecay(
         FLAGS.base_lr if warmup else peak, total - warmup,
         warmup_target=peak if warmup else None, warmup_steps=warmup)
-  decay = keras.optimizers.schedules.PolynomialDecay(
+  decay = tf.keras.optimizers.schedules.PolynomialDecay(
       peak, total - warmup, 0.0) if FLAGS.lr_schedule == "linear" else None
   if not warmup and decay is None:
     return peak
 
-  class WarmupThen(keras.optimizers.schedules.LearningRateSchedule):
+  class WarmupThen(tf.keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
       step = tf.cast(step, tf.float32)
       warm = FLAGS.base_lr + (peak - FLAGS.base_lr) * step / max(warmup, 1)
@@ -279,7 +278,7 @@ def learning_rate(steps_per_epoch: int):
 
 # --- Evaluation and records -----------------------------------------------
 
-class EvaluateAndRecord(keras.callbacks.Callback):
+class EvaluateAndRecord(tf.keras.callbacks.Callback):
   """After each epoch: the whole validation set's MAE, RMSE and R² (each
   rank its shard, sums across ranks), and rank 0's record."""
 
@@ -338,7 +337,7 @@ def main(argv):
   if hvd.rank() == 0 and len(argv) > 1:
     print("keras_cosmoflow: the engine's flags ignored: "
           + " ".join(argv[1:]), flush=True)
-  keras.utils.set_random_seed(FLAGS.seed)
+  tf.keras.utils.set_random_seed(FLAGS.seed)
   shape, targets = read_spec(FLAGS.data_dir)
   train_files, validation_files = split_files("train"), split_files(
       "validation")
@@ -351,10 +350,10 @@ def main(argv):
   validation = dataset(validation_files, parse, training=False)
 
   if FLAGS.mixed_precision == "bfloat16":
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
   model = build_model(shape, targets)
-  optimizer = (keras.optimizers.SGD(0.0, momentum=FLAGS.momentum)
-               if FLAGS.optimizer == "sgd" else keras.optimizers.Adam(0.0))
+  optimizer = (tf.keras.optimizers.SGD(0.0, momentum=FLAGS.momentum)
+               if FLAGS.optimizer == "sgd" else tf.keras.optimizers.Adam(0.0))
   # hvd.DistributedOptimizer rebuilds the optimizer from its config, which
   # carries no schedule object of our own: the rate is set on the rebuilt.
   optimizer = hvd.DistributedOptimizer(optimizer, num_groups=FLAGS.num_groups)

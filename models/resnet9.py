@@ -20,6 +20,7 @@ BatchNorm picks the minimum where its scale is negative).
 import keras
 
 from engine.core.errors import UserError
+from models import batch_norm
 from models import whitening
 
 layers = keras.layers
@@ -37,7 +38,7 @@ def build(*, input_shape, num_classes, filters=16, weight_decay=0.0,
                       kernel_regularizer=regularizer)(x)
     if pool and pool_first:
       x = layers.MaxPooling2D()(x)
-    x = layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
+    x = batch_norm.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
     x = layers.ReLU()(x)
     return layers.MaxPooling2D()(x) if pool and not pool_first else x
 

@@ -12,6 +12,7 @@ import functools
 import keras
 
 from engine.core.errors import UserError
+from models import batch_norm
 
 layers = keras.layers
 
@@ -27,17 +28,17 @@ def build(*, input_shape, num_classes, depth=16, width=10, dropout=0.0,
   conv = functools.partial(layers.Conv2D, padding="same", use_bias=False,
                            kernel_initializer="he_normal",
                            kernel_regularizer=regularizer)
-  batch_norm = functools.partial(layers.BatchNormalization, momentum=0.9,
+  normalized = functools.partial(batch_norm.BatchNormalization, momentum=0.9,
                                  epsilon=1e-5)
 
   def block(x, channels, stride):
-    activated = layers.ReLU()(batch_norm()(x))
+    activated = layers.ReLU()(normalized()(x))
     if stride == 1 and x.shape[-1] == channels:
       shortcut = x
     else:
       shortcut = conv(channels, 1, strides=stride)(activated)
     y = conv(channels, 3, strides=stride)(activated)
-    y = layers.ReLU()(batch_norm()(y))
+    y = layers.ReLU()(normalized()(y))
     if dropout:
       y = layers.Dropout(dropout)(y)
     y = conv(channels, 3)(y)
@@ -50,7 +51,7 @@ def build(*, input_shape, num_classes, depth=16, width=10, dropout=0.0,
   for group, channels in enumerate((16 * width, 32 * width, 64 * width)):
     for index in range((depth - 4) // 6):
       x = block(x, channels, stride=2 if group and not index else 1)
-  x = layers.ReLU()(batch_norm()(x))
+  x = layers.ReLU()(normalized()(x))
   x = layers.GlobalAveragePooling2D()(x)
   logits = layers.Dense(num_classes, kernel_regularizer=regularizer,
                         dtype="float32", name="logits")(x)
