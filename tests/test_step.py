@@ -153,6 +153,8 @@ def test_float16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
   assert float(precision.loss_scale(optimizer)) == 2.0 ** 14
   for old, new in zip(before, model.trainable_weights):
     np.testing.assert_array_equal(old, new.numpy())
+  # The skipped step is counted: the step counter counts batches.
+  assert int(optimizer.iterations) == 2
   assert step.traces == 1
 
 

@@ -12,11 +12,11 @@ import keras
 import tensorflow as tf
 
 from engine import distributed
-from engine.distributed import gradients as allreduce
 from engine import tasks
 from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute import precision
+from engine.distributed import gradients as allreduce
 from engine.core.errors import UserError
 from engine.tasks import Task
 from engine.tasks.classification import Classification
@@ -247,10 +247,11 @@ class TrainStep:
     """The update, unless something was not finite. Under float16 the loss
     scaler decides: it unscales the (allreduced) gradients, or skips the
     update and lowers its scale; its inner optimizer's step counter then
-    stays, and ours counts the step as every skipped step is counted."""
+    stays, and is counted here as every skipped step is."""
     if self._scales_loss:
+      applied = self.optimizer.check_finite(gradients)  # its own decision
       self._update(gradients, variables)
-      _apply_if(finite, self.optimizer, lambda: None)
+      _count_if_skipped(applied, self.optimizer)
       return
     _apply_if(finite, self.optimizer,
               lambda: self._update(gradients, variables))
@@ -552,10 +553,16 @@ def _apply_if(finite: tf.Tensor, optimizer, update) -> None:
   def apply():  # what update() returns is not an output of the cond
     update()
 
-  def skip():
-    optimizer.iterations.assign_add(1)
+  tf.cond(finite, apply, lambda: _count_skipped(optimizer))
 
-  tf.cond(finite, apply, skip)
+
+def _count_if_skipped(applied: tf.Tensor, optimizer) -> None:
+  """The step counter counts a step whose update was not `applied`."""
+  tf.cond(applied, lambda: None, lambda: _count_skipped(optimizer))
+
+
+def _count_skipped(optimizer) -> None:
+  optimizer.iterations.assign_add(1)
 
 
 _FLAGS = 2  # _step_flags' length
