@@ -5,10 +5,12 @@ import pytest
 import keras
 import tensorflow as tf
 
+from engine import build as engine_build
 from engine import distributed
 from engine.compute import optimizers, schedules
 from engine.core.errors import UserError
 import models
+from tests import fixtures
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -53,8 +55,13 @@ def test_adamw_decays_the_weights_itself_decoupled_from_the_gradient():
   # A zero gradient: Adam's step is 0, the decay lr * weight_decay * w.
   optimizer.apply_gradients([(tf.zeros(2), variable)])
   np.testing.assert_allclose(variable.numpy(), [0.95, -1.9], rtol=1e-6)
-  # The other optimizers leave decay to the models' L2 term.
-  assert optimizers.DECOUPLED_DECAY == ("adamw",)
+  # Under adamw the models add no L2 term; the others leave decay to it.
+  for name, model_decay in (("adamw", 0.0), ("sgd", 5e-4), ("adam", 5e-4)):
+    config = fixtures.train_config(optimization=dict(optimizer=name),
+                                   model=dict(params=dict(
+                                       fixtures.train_config().model.params,
+                                       weight_decay=5e-4)))
+    assert engine_build._model_params(config)["weight_decay"] == model_decay
 
 
 def test_unknown_optimizer():

@@ -14,7 +14,6 @@ from engine import distributed
 from engine.core.errors import UserError
 
 OPS = ("average", "adasum")
-COMPRESSIONS = ("none", "fp16")
 _OPS = {"average": hvd.Average, "adasum": hvd.Adasum}
 _COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 
