@@ -1,23 +1,36 @@
 """(worker) Times Horovod allreduces of float32 messages, one size at a time.
 
 Launched on every host by bench/allreduce_link.py, under horovodrun --gloo
-or MPI. Pins itself to its host's core first (bench/host_core.py), before
-TensorFlow or Horovod start a thread, so that every thread they start
-stays there; one intra-op and one inter-op thread. For each --sizes
-(bytes): --warmup allreduces, an allreduce of a scalar that starts every
-process together, then the timed allreduces one after the other, each
-timed on its own.
+or MPI. Pins itself to its host's core first, before TensorFlow or
+Horovod start a thread, so that every thread they start stays there: on
+tests/simulated_hosts.py's hosts, named `host<i>`, host i's process goes
+to core i (modulo the cores it may use), as `taskset -c i` would;
+elsewhere nothing is pinned. One intra-op and one inter-op thread.
+For each --sizes (bytes): --warmup allreduces, an allreduce of a scalar
+that starts every process together, then the timed allreduces one after
+the other, each timed on its own.
 Rank 0 prints one line per size, `ALLREDUCE {json}`: the bytes and every
 time, and a last line with the controller and each rank's cores.
 """
 import json
 import os
+import re
+import socket
 import sys
 import time
 
-from bench import host_core
 
-CORES = host_core.pin()
+def pin() -> list[int]:
+  """This process (and every thread it starts later) on its host's core;
+  the cores it may use after."""
+  match = re.fullmatch(r"host(\d+)", socket.gethostname())
+  if match:
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[int(match.group(1)) % len(cores)]})
+  return sorted(os.sched_getaffinity(0))
+
+
+CORES = pin()
 
 # pylint: disable=wrong-import-position
 from absl import app
