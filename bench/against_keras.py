@@ -29,7 +29,6 @@ configuration race in the same rounds); the first variant is the one the
 others are divided by. Each run also reports the 1-minute load average
 before and after it, and every epoch's images/s.
 """
-import json
 import os
 import shutil
 import statistics
@@ -89,53 +88,50 @@ def variants() -> dict:
 def run(label: str, config: str, extra: list, seed: int) -> dict:
   model_dir = os.path.join(FLAGS.out_dir, f"{label}_{seed}")
   shutil.rmtree(model_dir, ignore_errors=True)
-  load_before = os.getloadavg()[0]
+  load_before = interleaved.load()
   interleaved.launch([
       interleaved.HOROVODRUN, f"--{FLAGS.controller}",
       "-np", str(FLAGS.processes),
       interleaved.PYTHON, "-m", CONFIGS[config], f"--flagfile={FLAGS.recipe}",
       *extra, f"--seed={seed}", f"--model_dir={model_dir}",
       "--progress=none"], **dict(pair.split("=", 1) for pair in FLAGS.env))
-  load_after = os.getloadavg()[0]
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f
-               if line.strip() and "event" not in line]
-  return {"config": label, "seed": seed,
-          "images_per_sec": statistics.median(
-              r["images_per_sec"] for r in records[1:]),
+  load_after = interleaved.load()
+  records = interleaved.epochs(model_dir)
+  return {"images_per_sec": statistics.median(interleaved.measured(records)),
           "epochs": [r["images_per_sec"] for r in records],
           **{figure: records[-1][figure] for figure in FLAGS.figures},
           "seconds": records[-1]["cumulative_seconds"],
           "load": (load_before, load_after)}
 
 
+def _line(label: str, seed: int, result: dict) -> str:
+  return (f"  seed {seed} {label}: {result['images_per_sec']:.1f} img/s, "
+          + ", ".join(f"{figure} {result[figure]:.4f}"
+                      for figure in FLAGS.figures)
+          + f", {result['seconds']:.1f} s; epochs "
+          + " ".join(f"{r:.0f}" for r in result["epochs"])
+          + "; load %.2f -> %.2f" % result["load"])
+
+
 def main(argv):
   del argv
   chosen = variants()
   labels = list(chosen)
-  results = []
-  for seed in range(FLAGS.repeats):
-    order = labels[::-1] if seed % 2 else labels
-    for label in order:
-      result = run(label, *chosen[label], seed)
-      results.append(result)
-      print(f"  seed {seed} {label}: {result['images_per_sec']:.1f} img/s, "
-            + ", ".join(f"{figure} {result[figure]:.4f}"
-                        for figure in FLAGS.figures)
-            + f", {result['seconds']:.1f} s; epochs "
-            + " ".join(f"{r:.0f}" for r in result["epochs"])
-            + "; load %.2f -> %.2f" % result["load"], flush=True)
+  # Round r is seed r, for every configuration.
+  results = interleaved.rounds(
+      labels, lambda label, seed: run(label, *chosen[label], seed),
+      FLAGS.repeats, show=_line)
   decides = FLAGS.figures[0]
   for label in labels:
-    mine = [r for r in results if r["config"] == label]
+    mine = results[label]
     values = [r[decides] for r in mine]
     print(f"{label}: median "
           f"{statistics.median(r['images_per_sec'] for r in mine):.1f} "
           f"img/s; {decides} median {statistics.median(values):.4f} "
           f"(seeds {min(values):.4f}-{max(values):.4f})")
-  first = [r for r in results if r["config"] == labels[0]]
+  first = results[labels[0]]
   for label in labels[1:]:
-    other = [r for r in results if r["config"] == label]
+    other = results[label]
     ratios = [a["images_per_sec"] / b["images_per_sec"]
               for a, b in zip(first, other)]
     print(f"{labels[0]} / {label} img/s by seed: "

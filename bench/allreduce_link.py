@@ -28,9 +28,7 @@ hosts' namespaces at the end, also on a failure.
 """
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 
@@ -152,10 +150,17 @@ def print_summary(summary: dict) -> None:
 
 
 def machine() -> dict:
-  lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-  model = re.search(r"^Model name:\s*(.+)$", lscpu, re.MULTILINE)
-  return {"cpu": model.group(1).strip() if model else "unknown",
-          "cores": os.cpu_count(), "kernel": os.uname().release}
+  return {"cpu": interleaved.cpu(), "cores": os.cpu_count(),
+          "kernel": os.uname().release}
+
+
+def _line(name: str, round_: int, found: dict) -> str:
+  gbits = [ring_allreduce.busbw(int(b), statistics.median(t),
+                                found["processes"]) * 8 / 1e9
+           for b, t in found["times"].items()]
+  return (f"  round {round_ + 1} {name}: busbw Gbit/s "
+          + " ".join(f"{g:.2f}" for g in gbits)
+          + f" (load {interleaved.load():.2f})")
 
 
 def main(argv):
@@ -165,29 +170,24 @@ def main(argv):
     sys.exit(f"allreduce_link: {reason}")
   for link in FLAGS.links:
     shaped_links.link_rate(link)  # a bad entry: one line, before any run
-  configs = [(link, c) for link in FLAGS.links for c in FLAGS.controllers]
-  runs = {config: [] for config in configs}
+  configs = {f"{link} {c}": (link, c)
+             for link in FLAGS.links for c in FLAGS.controllers}
   about = {"machine": machine(), "command": sys.argv,
-           "load_before": os.getloadavg(), "started": time.time()}
+           "load_before": interleaved.load(), "started": time.time()}
   print(f"{about['machine']['cpu']}, {about['machine']['cores']} cores; "
-        f"load {about['load_before'][0]:.2f}", flush=True)
+        f"load {about['load_before']:.2f}", flush=True)
   with simulated_hosts.SimulatedHosts(FLAGS.hosts) as hosts:
-    for round_ in range(FLAGS.repeats):
-      for link, controller in configs[::-1] if round_ % 2 else configs:
-        found = run(hosts, link, controller)
-        runs[(link, controller)].append(found)
-        gbits = [ring_allreduce.busbw(int(b), statistics.median(t),
-                                      found["processes"]) * 8 / 1e9
-                 for b, t in found["times"].items()]
-        print(f"  round {round_ + 1} {link} {controller}: busbw Gbit/s "
-              + " ".join(f"{g:.2f}" for g in gbits)
-              + f" (load {os.getloadavg()[0]:.2f})", flush=True)
-  about["load_after"] = os.getloadavg()
-  summaries = [summarize(link, c, runs[(link, c)]) for link, c in configs]
+    found = interleaved.rounds(
+        list(configs), lambda name, _: run(hosts, *configs[name]),
+        FLAGS.repeats, show=_line)
+  runs = {configs[name]: found_by_round
+          for name, found_by_round in found.items()}
+  about["load_after"] = interleaved.load()
+  summaries = [summarize(link, c, runs[(link, c)]) for link, c in runs]
   for summary in summaries:
     print_summary(summary)
-  print(f"\nload average (1 min) {about['load_before'][0]:.2f} before, "
-        f"{about['load_after'][0]:.2f} after")
+  print(f"\nload average (1 min) {about['load_before']:.2f} before, "
+        f"{about['load_after']:.2f} after")
   if FLAGS.out:
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
     with open(FLAGS.out, "w") as f:

@@ -16,7 +16,7 @@ and `auto` (engine/compute/communication.py). Variants alternate over
 per model whether `auto` ran at least as fast as the better of the two
 forced ones.
 """
-import json
+import functools
 import os
 import shutil
 import statistics
@@ -25,6 +25,7 @@ from absl import app
 from absl import flags
 
 from bench import interleaved
+from engine.core import run_files
 
 FLAGS = flags.FLAGS
 MODELS = {
@@ -63,47 +64,39 @@ def run(model: str, variant: str, round_: int) -> dict:
       "--progress=none", f"--model_dir={model_dir}"])
   found = {"images_per_sec": statistics.median(
       interleaved.images_per_sec(model_dir))}
-  recorded = os.path.join(model_dir, record)
-  if os.path.exists(recorded):
-    with open(recorded) as f:
-      choice = json.load(f)
+  choice = run_files.read_record(model_dir, record, dict, "auto's choice")
+  if choice:
     found.update(mode=choice[key], measured=choice["images_per_sec"],
                  seconds=choice["seconds"])
   return found
 
 
+def _line(model: str, variant: str, round_: int, found: dict) -> str:
+  return (f"  {model} round {round_ + 1} {variant}: "
+          f"{found['images_per_sec']:.0f} img/s"
+          + (f"; chose {found['mode']}, measured "
+             + ", ".join(f"{m} {r:.0f}" for m, r in found["measured"].items())
+             + f" in {found['seconds']:.1f} s"
+             if "mode" in found else "")
+          + f"; load {interleaved.load():.1f}")
+
+
 def main(argv):
   del argv
   _, variants, _, _ = OPTIONS[FLAGS.option]
-  results = {}
-  print(f"{FLAGS.option}: CPU {_cpu()}; load {os.getloadavg()}", flush=True)
-  for model in FLAGS.models:
-    for round_ in range(FLAGS.repeats):
-      for variant in variants[::-1] if round_ % 2 else variants:
-        found = run(model, variant, round_)
-        results.setdefault((model, variant), []).append(found)
-        print(f"  {model} round {round_ + 1} {variant}: "
-              f"{found['images_per_sec']:.0f} img/s"
-              + (f"; chose {found['mode']}, measured "
-                 + ", ".join(f"{m} {r:.0f}" for m, r in
-                             found["measured"].items())
-                 + f" in {found['seconds']:.1f} s"
-                 if "mode" in found else "")
-              + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+  print(f"{FLAGS.option}: CPU {interleaved.cpu()}; load "
+        f"{interleaved.load():.2f}", flush=True)
+  results = {model: interleaved.rounds(
+      variants, functools.partial(run, model), FLAGS.repeats,
+      show=functools.partial(_line, model)) for model in FLAGS.models}
   for model in FLAGS.models:
     medians = {variant: statistics.median(
-        r["images_per_sec"] for r in results[model, variant])
+        r["images_per_sec"] for r in results[model][variant])
         for variant in variants}
     better = max(medians[variant] for variant in variants[:-1])
     print(f"{model}: " + ", ".join(f"{v} {m:.0f}" for v, m in
                                    medians.items())
           + f" img/s; auto / better forced {medians['auto'] / better:.3f}")
-
-
-def _cpu() -> str:
-  with open("/proc/cpuinfo") as f:
-    return next((line.split(":", 1)[1].strip() for line in f
-                 if line.startswith("model name")), "unknown")
 
 
 if __name__ == "__main__":

@@ -151,11 +151,11 @@ def threads() -> None:
       for bind, intra, inter in ((True, share, 1), (True, 2 * share, 1),
                                  (True, share, 2), (False, share, 1),
                                  (False, 2 * share, 1))}
-  figures = interleaved.rounds(
+  figures = interleaved.pooled(interleaved.rounds(
       list(settings),
       lambda variant, round_: _whole_run("threads", variant, round_,
                                          settings[variant]),
-      FLAGS.rounds)
+      FLAGS.rounds))
   _table(f"{PROCESSES} processes, the engine's defaults, images/s of epochs "
          f"2-{FLAGS.epochs} (intra-op x inter-op threads per process)",
          figures, reference=list(settings)[0])
@@ -185,12 +185,12 @@ def cycle() -> None:
           flush=True)
   variants = {f"{ms} ms": ms for ms in FLAGS.cycle_ms}
   engine_flags = [*workload.engine_flags("synthetic"), "--batch_size=128"]
-  figures = interleaved.rounds(
+  figures = interleaved.pooled(interleaved.rounds(
       list(variants),
       lambda variant, round_: _whole_run(
           "cycle", variant, round_, engine_flags,
           HOROVOD_CYCLE_TIME=variants[variant]),
-      FLAGS.rounds)
+      FLAGS.rounds))
   _table(f"{PROCESSES} processes, the throughput workload on synthetic "
          f"data, images/s of epochs 2-{FLAGS.epochs}, by HOROVOD_CYCLE_TIME",
          figures, reference=list(variants)[0])
@@ -199,11 +199,11 @@ def cycle() -> None:
 def kernels() -> None:
   """oneDNN's kernels against Eigen's, for each of --kernels_models."""
   for model in FLAGS.kernels_models:
-    figures = interleaved.rounds(
+    figures = interleaved.pooled(interleaved.rounds(
         list(KERNELS),
         lambda variant, round_, model=model: [_step_run(
             model, "float32", TF_ENABLE_ONEDNN_OPTS=KERNELS[variant])],
-        FLAGS.rounds)
+        FLAGS.rounds))
     _table(_step_title(model, "TF_ENABLE_ONEDNN_OPTS=0 (eigen) or 1 "
                        "(onednn)"), figures, reference="eigen",
            batch_size=STEP_MODELS[model].batch_size)
@@ -212,10 +212,10 @@ def kernels() -> None:
 def precision() -> None:
   """The precision and XLA options, for each of --precision_models."""
   for model in FLAGS.precision_models:
-    figures = interleaved.rounds(
+    figures = interleaved.pooled(interleaved.rounds(
         list(OPTIONS),
         lambda variant, round_, model=model: [_step_run(model, variant)],
-        FLAGS.rounds)
+        FLAGS.rounds))
     _table(_step_title(model, "the kernels the engine chooses"), figures,
            reference="float32", batch_size=STEP_MODELS[model].batch_size)
 

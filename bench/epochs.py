@@ -2,9 +2,9 @@
 
 The engine writes model_dir/metrics.jsonl itself; the bench workers write
 the same keys (`epoch`, 1-based, `images_per_sec` over all processes,
-`world_size`) with `EpochTimer`, so the orchestrator reads every runner's
-figures one way. Epoch 1 includes tracing and warm-up: `measured` leaves it
-out.
+`world_size`) into their --records, model_dir/metrics.jsonl too, with
+`EpochTimer`, so the orchestrator reads every runner's figures one way
+(bench/interleaved.py, through engine.core.run_files).
 """
 import json
 import time
@@ -36,13 +36,3 @@ class EpochTimer:
               "train_seconds": seconds, **self._fixed}
     with open(self._path, "a") as f:
       f.write(json.dumps(record) + "\n")
-
-
-def read(path: str) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def measured(records: list[dict]) -> list[float]:
-  """Images per second of every epoch after the first."""
-  return [r["images_per_sec"] for r in records if r["epoch"] > 1]

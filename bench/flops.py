@@ -19,15 +19,11 @@ import tensorflow as tf
 from tensorflow.python.profiler import option_builder
 
 from bench import workload
-from engine.compute import optimizers
 
 
 def training_flops_per_image(info, batch_size: int) -> dict[str, float]:
   model = workload.build_model(info)
-  optimizer = optimizers.build("adam", learning_rate=workload.BASE_LR,
-                               momentum=0.0, nesterov=False)
-  optimizers.build_state(optimizer, model.trainable_variables)
-  step = workload.train_step(model, optimizer).get_concrete_function(
+  step = workload.train_step(model).get_concrete_function(
       tf.TensorSpec([batch_size, *info.image_shape], tf.float32),
       tf.TensorSpec([batch_size], tf.int64))
   return {"profiled": _profiled(step.graph) / batch_size,

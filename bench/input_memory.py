@@ -27,9 +27,8 @@ of the smaller's, per rank.
 """
 import json
 import os
+import shutil
 import statistics
-import subprocess
-import sys
 
 from absl import app
 from absl import flags
@@ -100,11 +99,7 @@ def run(data_flags: list, data_path: str, run_dir: str,
              "--mixed_precision=none",
              *data_flags, f"--data_dir={data_path}",
              f"--model_dir={run_dir}", "--resume=never"]
-  result = subprocess.run(command, cwd=interleaved.REPO,
-                          env=interleaved.engine_env(), capture_output=True,
-                          text=True, check=False)
-  if result.returncode:
-    sys.exit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+  interleaved.launch(command)
   peaks = []
   for rank in (0, 1):
     with open(f"{prefix}.rank{rank}") as f:
@@ -120,17 +115,25 @@ def main(argv):
     for size in sizes:
       data[fmt, size] = write(fmt, size, os.path.join(
           FLAGS.out_dir, f"{fmt}-{size}"))
-  runs = []
-  for repeat in range(FLAGS.repeats):
-    for (fmt, size), (path, data_flags) in data.items():
-      run_dir = os.path.join(FLAGS.out_dir, "runs", f"{fmt}-{size}-r{repeat}")
-      subprocess.run(["rm", "-rf", run_dir], check=True)
-      peaks = run(data_flags, path, run_dir, epochs=max(sizes) // size)
-      runs.append({"format": fmt, "size": size, "repeat": repeat,
-                   "peak_rss_mb": peaks})
-      print(f"{fmt:12} {size:6d} images, round {repeat + 1}: peak RSS "
-            f"{peaks[0]:.0f} MB (rank 0), {peaks[1]:.0f} MB (rank 1)",
-            flush=True)
+  names = {f"{fmt}-{size}": (fmt, size) for fmt, size in data}
+
+  def measure(name: str, round_: int) -> list[float]:
+    fmt, size = names[name]
+    run_dir = os.path.join(FLAGS.out_dir, "runs", f"{name}-r{round_}")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    path, data_flags = data[fmt, size]
+    return run(data_flags, path, run_dir, epochs=max(sizes) // size)
+
+  def line(name: str, round_: int, peaks: list[float]) -> str:
+    fmt, size = names[name]
+    return (f"{fmt:12} {size:6d} images, round {round_ + 1}: peak RSS "
+            f"{peaks[0]:.0f} MB (rank 0), {peaks[1]:.0f} MB (rank 1)")
+
+  found = interleaved.rounds(list(names), measure, FLAGS.repeats, show=line)
+  runs = [{"format": fmt, "size": size, "repeat": repeat,
+           "peak_rss_mb": peaks}
+          for name, (fmt, size) in names.items()
+          for repeat, peaks in enumerate(found[name])]
   print(f"\n| format | {' | '.join(f'{s} images' for s in sizes)} | growth "
         "| verdict |")
   print(f"|---|{'---|' * len(sizes)}---|---|")

@@ -21,9 +21,8 @@ cores, where decoding and training share the cores.
 """
 import json
 import os
+import shutil
 import statistics
-import subprocess
-import sys
 import time
 
 from absl import app
@@ -79,14 +78,9 @@ print(count * 128 / (time.perf_counter() - start))
 
 
 def pipeline_rate(fmt: str) -> float:
-  result = subprocess.run(
+  return float(interleaved.launch(
       [interleaved.PYTHON, "-c", PIPELINE, str(FLAGS.pipeline_batches),
-       *data_flags(fmt)],
-      cwd=interleaved.REPO, env=interleaved.engine_env(),
-      capture_output=True, text=True, check=False)
-  if result.returncode:
-    sys.exit(result.stderr[-3000:])
-  return float(result.stdout.split()[-1])
+       *data_flags(fmt)]).split()[-1])
 
 
 def input_share(fmt: str, model: str, run_dir: str) -> list[tuple]:
@@ -99,15 +93,27 @@ def input_share(fmt: str, model: str, run_dir: str) -> list[tuple]:
              f"--steps_per_epoch={FLAGS.run_steps}",
              f"--epochs={FLAGS.run_epochs}", "--progress=none",
              f"--model_dir={run_dir}", "--resume=never"]
-  result = subprocess.run(
-      command, cwd=interleaved.REPO, env=interleaved.engine_env(),
-      capture_output=True, text=True, check=False)
-  if result.returncode:
-    sys.exit(f"{' '.join(command)}:\n{result.stderr[-3000:]}")
-  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
+  interleaved.launch(command)
   return [(r["input_seconds"] / r["epoch_seconds"], r["images_per_sec"])
-          for r in records[1:]]
+          for r in interleaved.epochs(run_dir)[1:]]
+
+
+def measure(fmt: str, round_: int) -> dict:
+  """The pipeline's images/s alone, and each model's epochs."""
+  found = {"pipeline": pipeline_rate(fmt)}
+  for model in FLAGS.models:
+    run_dir = os.path.join(FLAGS.out_dir, "runs", f"{fmt}-{model}-r{round_}")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    found[model] = input_share(fmt, model, run_dir)
+  return found
+
+
+def _lines(fmt: str, round_: int, found: dict) -> str:
+  return "\n".join(
+      [f"round {round_ + 1} {fmt:12}: pipeline {found['pipeline']:.0f} img/s"]
+      + [f"round {round_ + 1} {fmt:12}: {model}: " + ", ".join(
+          f"{share:.1%} input wait at {ips:.0f} img/s"
+          for share, ips in found[model]) for model in FLAGS.models])
 
 
 def main(argv):
@@ -120,29 +126,15 @@ def main(argv):
     print(f"wrote {FLAGS.images} JPEG images in "
           f"{time.perf_counter() - start:.0f}s", flush=True)
   start = time.perf_counter()
-  subprocess.run([interleaved.PYTHON, "-m", "engine.tools.to_tfrecords",
-                  f"--from={folder}", f"--to={records}", "--shards=16"],
-                 cwd=interleaved.REPO, env=interleaved.engine_env(),
-                 check=True, capture_output=True)
+  interleaved.launch([interleaved.PYTHON, "-m", "engine.tools.to_tfrecords",
+                      f"--from={folder}", f"--to={records}", "--shards=16"])
   print(f"converted to TFRecords in {time.perf_counter() - start:.0f}s "
         "(or found them converted)", flush=True)
-  figures = {fmt: {"pipeline": [], **{m: [] for m in FLAGS.models}}
-             for fmt in FORMATS}
-  for repeat in range(FLAGS.repeats):
-    for fmt in FORMATS:
-      rate = pipeline_rate(fmt)
-      figures[fmt]["pipeline"].append(rate)
-      print(f"round {repeat + 1} {fmt:12}: pipeline {rate:.0f} img/s",
-            flush=True)
-      for model in FLAGS.models:
-        run_dir = os.path.join(FLAGS.out_dir, "runs",
-                               f"{fmt}-{model}-r{repeat}")
-        subprocess.run(["rm", "-rf", run_dir], check=True)
-        epochs = input_share(fmt, model, run_dir)
-        figures[fmt][model].append(epochs)
-        print(f"round {repeat + 1} {fmt:12}: {model}: " + ", ".join(
-            f"{share:.1%} input wait at {ips:.0f} img/s"
-            for share, ips in epochs), flush=True)
+  by_round = interleaved.rounds(list(FORMATS), measure, FLAGS.repeats,
+                                show=_lines)
+  figures = {fmt: {key: [found[key] for found in found_by_round]
+                   for key in ("pipeline", *FLAGS.models)}
+             for fmt, found_by_round in by_round.items()}
   print("\n| format | pipeline alone, img/s (every run) | "
         + " | ".join(f"{m}: input wait per epoch, img/s" for m in
                      FLAGS.models) + " |")

@@ -21,7 +21,6 @@ from absl import flags
 
 from bench import epochs
 from bench import workload
-from engine.compute import optimizers
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
 from engine.input import data
@@ -43,10 +42,7 @@ def main(argv):
   splits = workload.load(FLAGS.dataset)
   info = splits.info
   model = workload.build_model(info)
-  optimizer = optimizers.build("adam", learning_rate=workload.BASE_LR,
-                               momentum=0.0, nesterov=False)
-  optimizers.build_state(optimizer, model.trainable_variables)
-  step = workload.train_step(model, optimizer)
+  step = workload.train_step(model)
   batches = iter(data.train_stream(
       splits.train, info, shard=Shard(0, 1),
       epochs=Epochs(batch_size=FLAGS.batch_size, steps=FLAGS.steps_per_epoch,

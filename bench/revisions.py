@@ -23,7 +23,6 @@ revisions alike. It prints each run's figures, each revision's median,
 and after / before per round: a change that costs speed shows in every
 round, the machine's drift in some.
 """
-import json
 import os
 import shutil
 import statistics
@@ -34,6 +33,7 @@ from absl import app
 from absl import flags
 
 from bench import interleaved
+from engine.core import run_files
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("before", "", "The revision to compare against.")
@@ -76,11 +76,9 @@ def virtualenv_bin(tree: str) -> str:
 
 def last_figure(model_dir: str) -> str:
   """The deciding figure of a finished run's last epoch, as `name value`."""
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f if line.strip()]
-  last = [r for r in records if "event" not in r][-1]
-  name = last.get("best_metric", "val_accuracy:max").split(":")[0]
-  return f"{name} {last[name]:.4f}"
+  records = interleaved.epochs(model_dir)
+  name, _ = run_files.decided_by(records)
+  return f"{name} {records[-1][name]:.4f}"
 
 
 def main(argv):
@@ -118,19 +116,14 @@ def main(argv):
   print(f"{FLAGS.before} {FLAGS.before_flags} (before) and {FLAGS.after} "
         f"{FLAGS.after_flags} (after), {FLAGS.processes} processes: "
         f"{' '.join(engine_flags)}")
-  per_round = {name: [] for name in trees}
-
-  def measured(name: str, round_: int) -> list[float]:
-    found = measure(name, round_)
-    per_round[name].append(statistics.median(found))
-    return found
-
-  figures = interleaved.rounds(list(trees), measured, FLAGS.repeats)
-  for name, found in figures.items():
+  per_round = interleaved.rounds(list(trees), measure, FLAGS.repeats)
+  for name, found in interleaved.pooled(per_round).items():
     print(f"{name}: median {statistics.median(found):.0f} img/s over "
           f"{len(found)} epochs")
+  medians = {name: [statistics.median(found) for found in by_round]
+             for name, by_round in per_round.items()}
   ratios = [after / before for before, after in
-            zip(per_round["before"], per_round["after"])]
+            zip(medians["before"], medians["after"])]
   print("after / before by round: " + ", ".join(f"{r:.3f}" for r in ratios)
         + f"; geometric mean {statistics.geometric_mean(ratios):.3f}")
 

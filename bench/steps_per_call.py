@@ -14,7 +14,6 @@ input seconds) / train seconds: Python, the host's reads, the loop's
 bookkeeping), medians of the epochs after the first; then each variant's
 median over rounds and its ratio to K = 1 at the same processes.
 """
-import json
 import os
 import shutil
 import statistics
@@ -53,9 +52,7 @@ def run(variant: str, round_: int) -> dict:
       f"--epochs={FLAGS.epochs}", f"--steps_per_epoch={FLAGS.steps}",
       "--eval_every_epochs=1000", "--progress=none",
       f"--model_dir={model_dir}"])
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    epochs = [json.loads(line) for line in f if line.strip()]
-  epochs = [r for r in epochs if "event" not in r][1:]
+  epochs = interleaved.epochs(model_dir)[1:]
   train_seconds = [r["train_examples"] / r["images_per_sec"] for r in epochs]
   return {"images_per_sec": statistics.median(
               r["images_per_sec"] for r in epochs),
@@ -64,15 +61,14 @@ def run(variant: str, round_: int) -> dict:
               for r, seconds in zip(epochs, train_seconds))}
 
 
+def _line(variant: str, round_: int, found: dict) -> str:
+  return (f"  round {round_ + 1} {variant}: {found['images_per_sec']:.0f} "
+          f"img/s, {found['outside']:.1%} outside the calls")
+
+
 def main(argv):
   del argv
-  results = {variant: [] for variant in VARIANTS}
-  for round_ in range(FLAGS.repeats):
-    for variant in VARIANTS[::-1] if round_ % 2 else VARIANTS:
-      found = run(variant, round_)
-      results[variant].append(found)
-      print(f"  round {round_ + 1} {variant}: {found['images_per_sec']:.0f} "
-            f"img/s, {found['outside']:.1%} outside the calls", flush=True)
+  results = interleaved.rounds(VARIANTS, run, FLAGS.repeats, show=_line)
   for variant in VARIANTS:
     rate = statistics.median(r["images_per_sec"] for r in results[variant])
     one = statistics.median(r["images_per_sec"] for r in

@@ -40,11 +40,11 @@ from typing import Optional
 from absl import app
 from absl import flags
 
-from bench import epochs
 from bench import flops
 from bench import interleaved
 from bench import workload
 from engine import distributed
+from engine.core import run_files
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("epochs", 4, "Epochs per run; the first is warm-up and "
@@ -68,9 +68,6 @@ flags.DEFINE_list("only", [], "Configurations to run, as npN-DATA (np2-"
                   "synthetic, np1-real, ...); empty: all. Ratios need both "
                   "runners of a configuration.")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTHON = os.path.join(REPO, ".venv", "bin", "python")
-HOROVODRUN = os.path.join(REPO, ".venv", "bin", "horovodrun")
 RUNNERS = ("engine", "keras_fit", "plain_loop")
 PROCESSES = (1, 2)
 # Matmuls of this size reach the same FLOP/s as 4096 here, in a tenth of
@@ -165,7 +162,7 @@ def measure(settings: dict) -> dict:
   for i, run in enumerate(plan, 1):
     print(f"[{i}/{len(plan)}] {run.name}: ", end="", flush=True)
     result = _launch(run, settings)
-    rates = epochs.measured(result["records"])
+    rates = interleaved.measured(result["records"])
     print(f"{statistics.median(rates):.0f} images/s (epochs 2-"
           f"{settings['epochs']}: {' '.join(f'{r:.0f}' for r in rates)}), "
           f"{result['wall_seconds']:.0f} s, other load "
@@ -201,10 +198,7 @@ def _round(repeat: int, only: list[str]) -> list[Run]:
 
 
 def _machine() -> dict:
-  lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-  model = re.search(r"^Model name:\s*(.+)$", lscpu, re.MULTILINE)
-  return {"cpu": model.group(1).strip() if model else platform.processor(),
-          "cores": distributed.available_cores(),
+  return {"cpu": interleaved.cpu(), "cores": distributed.available_cores(),
           "python": platform.python_version()}
 
 
@@ -213,7 +207,7 @@ def _launch(run: Run, settings: dict) -> dict:
   run_dir = os.path.join(settings["out_dir"], run.name)
   shutil.rmtree(run_dir, ignore_errors=True)
   os.makedirs(run_dir)
-  command, records_path = _command(run, settings, run_dir)
+  command, model_dir = _command(run, settings, run_dir)
   log_path = os.path.join(run_dir, "log.txt")
   images = (settings["epochs"] * settings["steps_per_epoch"] *
             settings["batch_size"] * run.processes)
@@ -224,8 +218,7 @@ def _launch(run: Run, settings: dict) -> dict:
   wall = time.perf_counter() - start
   # Cores kept busy by anything but this run, on average over it.
   other_load = max(0.0, (_busy_cpu() - busy) - (_children_cpu() - ours)) / wall
-  records = (epochs.read(records_path)
-             if os.path.exists(records_path) else [])
+  records, _, _ = run_files.epochs_and_events(model_dir)
   if returncode != 0 or len(records) != settings["epochs"]:
     with open(log_path) as f:
       tail = f.read()[-3000:]
@@ -256,26 +249,28 @@ def _children_cpu() -> float:
 
 def _command(run: Run, settings: dict,
              run_dir: str) -> tuple[list[str], str]:
-  """The run's command line and the file its epoch records land in."""
+  """The run's command line and the directory whose metrics.jsonl its
+  epoch records land in (every runner's in the engine's shape)."""
   dataset = workload.DATASETS[run.data]
   sizes = [f"--batch_size={settings['batch_size']}",
            f"--epochs={settings['epochs']}",
            f"--steps_per_epoch={settings['steps_per_epoch']}"]
+  model_dir = os.path.join(run_dir, "model")
   if run.runner == "engine":
-    records = os.path.join(run_dir, "model", "metrics.jsonl")
-    args = ["-m", "engine.train", f"--model_dir={os.path.dirname(records)}",
+    args = ["-m", "engine.train", f"--model_dir={model_dir}",
             *workload.engine_flags(dataset), *sizes]
   else:
-    records = os.path.join(run_dir, "records.jsonl")
+    os.makedirs(model_dir)
     args = ["-m", f"bench.{run.runner}", f"--dataset={dataset}", *sizes,
-            f"--records={records}"]
+            f"--records={os.path.join(model_dir, run_files.METRICS_FILE)}"]
   if run.runner == "plain_loop":
     # What the engine's set-up gives one process (see plain_loop.py).
     intra, inter = distributed.cpu_threads(distributed.available_cores(), 1)
-    return [PYTHON, *args, f"--intra_op_threads={intra}",
-            f"--inter_op_threads={inter}"], records
-  return ([HOROVODRUN, "--gloo", "-np", str(run.processes), PYTHON, *args],
-          records)
+    return [interleaved.PYTHON, *args, f"--intra_op_threads={intra}",
+            f"--inter_op_threads={inter}"], model_dir
+  return ([interleaved.HOROVODRUN, "--gloo", "-np", str(run.processes),
+           interleaved.PYTHON, *args],
+          model_dir)
 
 
 def _run(command: list[str], log, timeout: float) -> int:
@@ -285,7 +280,7 @@ def _run(command: list[str], log, timeout: float) -> int:
   os.environ carries engine/__init__.py's settings (imported with
   engine.distributed), so every runner gets the engine's oneDNN kernels.
   """
-  process = subprocess.Popen(command, cwd=REPO,
+  process = subprocess.Popen(command, cwd=interleaved.REPO,
                              env=interleaved.engine_env(), stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
   try:
@@ -328,7 +323,7 @@ def summarize(results: dict) -> dict:
     key = (run["runner"], run["processes"], run["data"])
     entry = pooled.setdefault(key, {"rates": [], "threads": run["threads"],
                                     "other_load": 0.0})
-    entry["rates"] += epochs.measured(run["records"])
+    entry["rates"] += interleaved.measured(run["records"])
     entry["other_load"] = max(entry["other_load"], run["other_load"])
 
   def order(item):
@@ -388,7 +383,8 @@ def summarize(results: dict) -> dict:
 def _by_round(runs: list[dict]) -> dict[str, list[float]]:
   """engine / keras_fit in each round, of the two runs' medians."""
   median = {(r["runner"], r["processes"], r["data"], r["repeat"]):
-            statistics.median(epochs.measured(r["records"])) for r in runs}
+            statistics.median(interleaved.measured(r["records"]))
+            for r in runs}
   pairs = {}
   for (runner, n, data, repeat), engine in sorted(median.items()):
     keras = median.get(("keras_fit", n, data, repeat))

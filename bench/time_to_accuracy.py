@@ -1,6 +1,7 @@
 r"""Time to accuracy: the engine's fastest recipe against its rivals.
 
-Runs, interleaved round by round, on real Fashion-MNIST with --processes:
+Runs, in interleaved rounds (bench/interleaved.py), on real Fashion-MNIST
+with --processes:
 - `engine`: the engine with the recipe (--recipe, a flagfile);
 - `engine_lab`: the engine with the recipe's model, data and epochs but the
   Horovod lab's method: SGD with momentum 0.9, the rate 0.01 scaled
@@ -101,12 +102,16 @@ def main(argv):
                            f"from {sorted(CONFIGS)}")
     os.makedirs(FLAGS.out_dir, exist_ok=True)
     results = []
-    for round_ in range(FLAGS.repeats):
-      for config in FLAGS.configs:
-        results.append(_run(config, seed=round_))
-        print(_run_line(results[-1]), flush=True)
-        with open(runs_path, "w") as f:
-          json.dump(results, f, indent=1)
+
+    def measure(config: str, seed: int) -> dict:
+      results.append(_run(config, seed=seed))
+      with open(runs_path, "w") as f:  # every run kept as it ends
+        json.dump(results, f, indent=1)
+      return results[-1]
+
+    # Round r is seed r, for every configuration.
+    interleaved.rounds(FLAGS.configs, measure, FLAGS.repeats,
+                       show=lambda config, seed, run: _run_line(run))
   table = _table(results)
   print("\n" + table)
   _plot(results)

@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from engine import datasets
+from engine.compute import optimizers
 from engine.datasets import Splits
 import models
 
@@ -59,12 +60,16 @@ def build_model(info: datasets.DatasetInfo) -> keras.Model:
                       num_classes=info.num_classes, filters=FILTERS)
 
 
-def train_step(model: keras.Model, optimizer):
-  """A plain compiled step: the engine's math with no Horovod in it.
+def train_step(model: keras.Model):
+  """A plain compiled step: the engine's math with no Horovod in it, its
+  Adam at BASE_LR (one process) built here.
 
   plain_loop runs it, and bench/flops.py counts the floating-point
   operations of its graph.
   """
+  optimizer = optimizers.build("adam", learning_rate=BASE_LR, momentum=0.0,
+                               nesterov=False)
+  optimizers.build_state(optimizer, model.trainable_variables)
 
   @tf.function
   def step(images, labels):
