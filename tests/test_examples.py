@@ -1,4 +1,6 @@
-"""examples/ runs as README shows it, on small generated data."""
+"""examples/ runs as README shows it, on small generated data (the
+keras.applications example: tests/test_keras_models.py, which shares its
+run)."""
 import json
 import os
 
@@ -18,20 +20,6 @@ def data_dir(tmp_path_factory):
 def epochs_of(model_dir):
   return [json.loads(line)["epoch"] for line in
           (model_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_a_keras_applications_model_from_its_own_file(data_dir, tmp_path):
-  model_dir = tmp_path / "run"
-  result = fixtures.launch(
-      ["-m", "engine.train", f"--data_dir={data_dir}",
-       "--model=examples/keras_applications.py:mobilenet_v2",
-       "--dropout=0.2", "--epochs=1", "--steps_per_epoch=2",
-       "--batch_size=8", f"--model_dir={model_dir}"], processes=2)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "model mobilenet_v2:" in result.stderr
-  assert "threads per process, oneDNN kernels" in result.stderr
-  assert epochs_of(model_dir) == [1]
-  assert (model_dir / "export" / "final" / "saved_model.pb").exists()
 
 
 def test_a_script_with_its_own_model_and_data_then_evaluate(data_dir,

@@ -5,6 +5,7 @@ as a SavedModel and a .keras file that load in a process without the
 engine."""
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -124,11 +125,40 @@ def test_a_model_file_as_keras_guides_write_it(data_dir, tmp_path):
     assert len(loaded["class_names"]) == 2
 
 
-def test_a_keras_applications_network(data_dir, tmp_path):
-  model_dir = tmp_path / "run"
-  train_twice(data_dir, model_dir,
-              "examples/keras_applications.py:mobilenet_v2",
-              "--steps_per_epoch=2")
+@pytest.fixture(scope="module")
+def mobilenet_run(data_dir, tmp_path_factory):
+  """examples/keras_applications.py's MobileNetV2, trained by one command
+  for 1 epoch and again for 2: (the run's model_dir, a copy of it after the
+  first command, the first command's stderr). Two tests read it, as
+  README's example and as a keras.applications network resumed and
+  exported: one MobileNetV2 run serves both (its export alone takes most
+  of a minute)."""
+  model_dir = tmp_path_factory.mktemp("mobilenet") / "run"
+  first_dir = model_dir.parent / "after_the_first_command"
+  outputs = []
+  for epochs in (1, 2):
+    result = fixtures.launch(
+        ["-m", "engine.train", f"--data_dir={data_dir}",
+         "--model=examples/keras_applications.py:mobilenet_v2",
+         "--dropout=0.2", f"--epochs={epochs}", "--steps_per_epoch=2",
+         "--batch_size=8", f"--model_dir={model_dir}"], processes=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs.append(result.stderr)
+    if epochs == 1:
+      shutil.copytree(model_dir, first_dir)
+  return model_dir, first_dir, outputs[0]
+
+
+def test_a_keras_applications_model_from_its_own_file(mobilenet_run):
+  _, model_dir, stderr = mobilenet_run
+  assert "model mobilenet_v2:" in stderr
+  assert "threads per process, oneDNN kernels" in stderr
+  assert epochs_of(model_dir) == [1]
+  assert (model_dir / "export" / "final" / "saved_model.pb").exists()
+
+
+def test_a_keras_applications_network(mobilenet_run):
+  model_dir, _, _ = mobilenet_run
   assert epochs_of(model_dir) == [1, 2]
   loaded = load_exports("", model_dir / "export" / "final")
   assert loaded["model"] == "mobilenet_v2"
