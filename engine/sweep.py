@@ -67,11 +67,13 @@ flags.DEFINE_string("study_name", "", "The study's name in --storage. "
 flags.DEFINE_enum("sampler", "tpe", studies.SAMPLERS,
                   "Optuna's sampler: tpe (Tree-structured Parzen "
                   "Estimator), random, or grid (every combination of "
-                  "choice and int parameters).")
+                  "choice and int parameters).",
+                  case_sensitive=False)
 flags.DEFINE_enum("pruner", "asha", studies.PRUNERS,
                   "Optuna's pruner, judging each trial after each epoch: "
                   "asha (successive halving at epochs 1, 3, 9, ...), "
-                  "median, or none.")
+                  "median, or none.",
+                  case_sensitive=False)
 flags.DEFINE_integer("sampler_seed", 0, "The sampler's seed.")
 flags.DEFINE_integer("processes", 2, "Processes per trial.", lower_bound=1)
 flags.DEFINE_integer("parallel", 1, "Trials at once on this machine "
@@ -79,7 +81,8 @@ flags.DEFINE_integer("parallel", 1, "Trials at once on this machine "
                      "at once.", lower_bound=1)
 flags.DEFINE_enum("launcher", "local", ["local", "slurm"],
                   "local: horovodrun --gloo on this machine; slurm: each "
-                  "trial a job of scripts/slurm/train.sbatch.")
+                  "trial a job of scripts/slurm/train.sbatch.",
+                  case_sensitive=False)
 flags.DEFINE_bool("best", False, "Print the best trial's flagfile, ready "
                   "to run with --flagfile, and exit.")
 
