@@ -35,13 +35,13 @@ from engine import distributed
 from engine.compute import metrics
 from engine.compute import schedules
 from engine.compute import step as steps
-from engine.core.config import config_from_flags
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.core.errors import WriteFailed
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
 from engine.input import data
+from flags import config_from_flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("min_lr", 1e-5, "The range test's first rate (the rate "

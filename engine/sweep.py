@@ -38,7 +38,6 @@ from absl import flags
 import sqlalchemy.exc
 
 from engine import cli
-from engine.core import config as config_lib
 from engine.core.errors import UserError
 from engine.sweeps import space as spaces
 from engine.sweeps import study as studies
@@ -193,7 +192,7 @@ def _deciding_metric(base_flags: list[str]) -> str:
     FLAGS([sys.argv[0], *base_flags])
   except flags.Error as e:
     raise UserError(f"the engine's flags after --: {e}") from None
-  config = config_lib.config_from_flags()
+  config = engine_flags.config_from_flags()
   task = tasks.task_class(config.task.name)
   best_metric = config.task.best_metric
   return str(tasks.Decider.of(best_metric or task.best_metric, task,

@@ -1,5 +1,5 @@
 """The recipes parse, and the CPU recipe is what the flags' defaults say;
-the TrainConfig they become (engine.core.config)."""
+the TrainConfig they become (flags.config_from_flags, engine.core.config)."""
 import ast
 import dataclasses
 import glob
@@ -10,10 +10,9 @@ import pytest
 
 from engine import build
 from engine import datasets
-from engine.core import config as engine_config
 from engine.core.errors import UserError
 from tests import fixtures
-import flags as engine_flags  # noqa: F401 pylint: disable=unused-import
+import flags as engine_flags
 
 FLAGS = flags.FLAGS
 RECIPES = sorted(glob.glob(os.path.join(fixtures.REPO, "flags", "*.cfg")))
@@ -24,7 +23,7 @@ def parsed():
   def parse(*args):
     FLAGS.unparse_flags()
     FLAGS(["engine.train", *args])
-    return engine_config.config_from_flags()
+    return engine_flags.config_from_flags()
   yield parse
   FLAGS.unparse_flags()
 
