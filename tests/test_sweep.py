@@ -15,6 +15,8 @@ from engine.core.errors import UserError
 from engine.sweeps import space as spaces
 from engine.sweeps import study as studies
 from engine.sweeps import trials
+from engine.sweeps.sweeper import Budget
+from engine.sweeps.sweeper import Sweeper
 from tests import fixtures
 from tests import timeouts
 
@@ -186,6 +188,64 @@ def test_the_runs_table_shows_a_trial_as_its_study_has_it(tmp_path):
   assert read["trials/0001"].flags == {"base_lr": "0.5"}
   table = runs.table(read)
   assert "complete" in table and "failed: --target" in table
+
+
+# --- The sweeper and its budget ----------------------------------------------
+
+class EndedTrial:
+  """A trial whose run has ended."""
+  attrs = {}
+
+  def poll(self):
+    return 0
+
+  def stop(self):
+    pass
+
+
+class AtOnce:
+  """A launcher whose trials end as they start: one epoch each, its
+  val_accuracy the trial's --base_lr."""
+  where = "here"
+
+  def start(self, model_dir, args):
+    value = float(next(arg for arg in args if arg.startswith("--base_lr="))
+                  .partition("=")[2])
+    write_run(model_dir, [epoch(1, value, epochs=1)])
+    return EndedTrial()
+
+  def adopt(self, attrs):
+    del attrs
+
+
+def test_a_sweeper_starts_trials_while_the_budget_it_is_given_lasts(
+    tmp_path):
+  sweep = studies.Sweep(
+      storage=studies.default_storage(str(tmp_path)), study_name="s",
+      space=tuple(spaces.parse({"base_lr": {"uniform": [0.0, 1.0]}}, "s")),
+      base_flags=(), metric="val_accuracy:max", sampler="random",
+      pruner="none", seed=0, processes=1)
+  storage = studies.storage(sweep.storage)
+  study = studies.open_study(sweep, storage, create=True)
+  handlers = {signum: signal.getsignal(signum)
+              for signum in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    # Counted over every start of the sweep; no time left, none started.
+    for budget, parallel, total in ((Budget(trials=3), 2, 3),
+                                    (Budget(trials=5), 1, 5),
+                                    (Budget(hours=1e-9), 2, 5)):
+      assert Sweeper(sweep=sweep, storage=storage, study=study,
+                     launcher=AtOnce(), study_dir=str(tmp_path),
+                     budget=budget, parallel=parallel).run() == 0
+      assert len(study.get_trials()) == total
+  finally:
+    for signum, handler in handlers.items():
+      signal.signal(signum, handler)
+  values = [t.value for t in study.get_trials()]
+  assert [t.state.name for t in study.get_trials()] == ["COMPLETE"] * 5
+  assert studies.best_trial(study).value == max(values)
+  assert trials.read(studies.trial_dir(str(tmp_path), 4))["state"] == (
+      trials.COMPLETE)
 
 
 # --- Bad input: one line, nothing written ------------------------------------
