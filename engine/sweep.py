@@ -21,8 +21,9 @@ that ended are kept, trials a stopped sweep left running are started
 again from their checkpoints, or watched again if their SLURM jobs are
 still queued or running), then trials started while the budget lasts,
 each told to the study as it ends (engine/sweeps/sweeper.py): complete
-with its figure, pruned, or failed with its one-line reason. SIGTERM or Ctrl-C stops the running
-trials at their next step, saved; the same command continues the study.
+with its figure, pruned, or failed with its one-line reason. SIGTERM or
+Ctrl-C stops the running trials at their next step, saved; the same
+command continues the study.
 The study is kept in SQLite in the study directory, or in a database that
 sweeps on several hosts share (--storage=postgresql://...). docs/sweeps.md
 has a worked example.
