@@ -9,7 +9,7 @@ before its layers) is written once.
 import functools
 import os
 import time
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from absl import logging
 import keras
@@ -43,17 +43,51 @@ ADAPTED_IMAGES = 1024
 ADAPTED_PIXELS = 1 << 20
 
 
-def prepare(config: TrainConfig, measure_auto: bool = True
-            ) -> tuple[distributed.World, precision.Choice,
-                       communication.Choice, datasets.Splits, tasks.Task,
-                       keras.Model]:
+class Prepared(NamedTuple):
+  """What training, evaluation and the range test share: the processes,
+  the precision and gradient compression (as asked, or auto's choices),
+  the data, the task, the model, and the validation figure that decides
+  best/, early stopping and --target (build.decider)."""
+  world: distributed.World
+  precision: precision.Choice
+  communication: communication.Choice
+  splits: datasets.Splits
+  task: tasks.Task
+  model: keras.Model
+  decider: tasks.Decider
+
+
+def prepare(config: TrainConfig, measure_auto: bool = True) -> Prepared:
   """Distributed setup, the data set, the task, the precision, the
-  gradient compression and the model: what training and evaluation share.
-  Returns (world, precision choice, compression choice, splits, task,
-  model): the mode and compression the flags ask for, or auto's choices:
-  the run's first start's (model_dir), or measured now (engine/measure.py;
-  unless `measure_auto` is false: engine.evaluate takes the hardware's
-  preferred mode and no compression for a run that recorded none)."""
+  gradient compression and the model. Auto's choices are the run's first
+  start's (model_dir), or measured now (engine/measure.py; unless
+  `measure_auto` is false: engine.evaluate takes the hardware's preferred
+  mode and no compression for a run that recorded none)."""
+  world = start_processes(config)
+  # The mode asked for; under auto, the hardware's preferred one until
+  # auto_choices chooses.
+  choice = precision.Choice(*precision.resolve(
+      config.performance.mixed_precision))
+  # A user's data, task or model may fail on one rank alone (a file missing
+  # on one host): all ranks stop with its line rather than wait for it. Not
+  # under --elastic, whose workers meet first inside the train loop.
+  splits, task, builder, model, decides = distributed.agree(
+      functools.partial(data_task_and_model, config, choice.mode),
+      name="prepare", collective=not config.faults.elastic)
+  chosen, sent = auto_choices(config, world, choice, splits, task, builder,
+                              measure_auto=measure_auto)
+  if (chosen.mode != choice.mode or chosen.figures.get("images_per_sec")
+      or sent.figures.get("images_per_sec")):
+    # In another mode, or after models of their own were measured: built
+    # again as if it were the first, Keras' names afresh.
+    keras.backend.clear_session()
+    model = builder.model(chosen.mode)
+  return Prepared(world, chosen, sent, splits, task, model, decides)
+
+
+def start_processes(config: TrainConfig) -> distributed.World:
+  """Horovod, this process's device and cores, and the chief's logging;
+  says what it started."""
   devices = config.devices
   world = distributed.init(intra_op_threads=devices.intra_op_threads,
                            inter_op_threads=devices.inter_op_threads,
@@ -69,68 +103,80 @@ def prepare(config: TrainConfig, measure_auto: bool = True
     logging.warning("%s", distributed.MPI_FROZEN_PROCESS)
   if world.device == "CPU" and kernels_advice:
     logging.warning("%s", kernels_advice)
-  # The mode asked for; under auto, the hardware's preferred one until
-  # measure.precision_choice chooses among its native `candidates`.
-  asked = config.performance.mixed_precision
-  choice = precision.Choice(*precision.resolve(asked))
-  candidates = precision.native()[0] if asked == "auto" else ()
+  return world
 
-  def data_task_and_model():
-    splits = datasets.load(
-        config.data.name, data_dir=config.data.dir,
-        model_dir=config.training.model_dir,
-        normalization=config.data.normalization,
-        labels=getattr(tasks.task_class(config.task.name), "labels", "any"),
-        **config.data.params)
-    task = tasks.build(config.task.name, splits.info, **config.task.params)
-    def flags_model(output_shape):  # --model's, for the task's outputs
-      return models.build(config.model.name,
-                          input_shape=splits.info.image_shape,
-                          num_classes=output_shape[-1],
-                          output_shape=output_shape, **_model_params(config))
 
-    first_images = functools.cache(lambda: _first_images(splits))
+def data_task_and_model(config: TrainConfig, mode: str) -> tuple[
+    datasets.Splits, tasks.Task, "ModelBuilder", keras.Model, tasks.Decider]:
+  """The data set, the task, the builder of its models and the model in
+  precision `mode`, checked against each other and the flags, and the
+  figure that decides the run: a --best_metric the task cannot give
+  fails here, before anything is measured."""
+  splits = datasets.load(
+      config.data.name, data_dir=config.data.dir,
+      model_dir=config.training.model_dir,
+      normalization=config.data.normalization,
+      labels=getattr(tasks.task_class(config.task.name), "labels", "any"),
+      **config.data.params)
+  task = tasks.build(config.task.name, splits.info, **config.task.params)
+  builder = ModelBuilder(config=config, splits=splits, task=task)
+  model = builder.model(mode)
+  tasks.check(task, config.task.name, model, splits.info.image_shape)
+  _check_resizing(config, splits.info, task, model)
+  return splits, task, builder, model, decider(config, task)
 
-    def model_of(mode):
-      precision.set_policy(mode)
-      # The same seed everywhere, then rank 0's weights win anyway.
-      keras.utils.set_random_seed(config.training.seed)
-      model = tasks.build_model(task, config.task.name, flags_model)
-      whitening.adapt(model, first_images)  # (a resume restores over it)
-      return model
 
-    model = model_of(choice.mode)
-    tasks.check(task, config.task.name, model, splits.info.image_shape)
-    _check_resizing(config, splits.info, task, model)
-    decider(config, task)  # a --best_metric the task cannot give: now
-    return splits, task, model, model_of
+class ModelBuilder:
+  """The task's model built afresh in a precision mode: the run's, and one
+  for each mode or compression measured (measure.py)."""
 
-  # A user's data, task or model may fail on one rank alone (a file missing
-  # on one host): all ranks stop with its line rather than wait for it. Not
-  # under --elastic, whose workers meet first inside the train loop.
-  splits, task, model, model_of = distributed.agree(
-      data_task_and_model, name="prepare",
-      collective=not config.faults.elastic)
+  def __init__(self, *, config: TrainConfig, splits: datasets.Splits,
+               task: tasks.Task):
+    self._config, self._splits, self._task = config, splits, task
+    # The same images for every model built (measured, then the run's).
+    self._first_images = functools.cache(functools.partial(_first_images,
+                                                           splits))
 
-  def step_of(mode, compression):  # a step measured, on a model of its own
-    return optimizer_and_step(config, mode, compression, task, model_of(mode),
-                              learning_rate=0.0)[1]
+  def model(self, mode: str) -> keras.Model:
+    precision.set_policy(mode)
+    # The same seed everywhere, then rank 0's weights win anyway.
+    keras.utils.set_random_seed(self._config.training.seed)
+    model = tasks.build_model(self._task, self._config.task.name,
+                              self._flags_model)
+    whitening.adapt(model, self._first_images)  # (a resume restores over it)
+    return model
 
-  measured = False
-  if candidates and not config.faults.elastic:
-    chosen = measure.precision_choice(config, choice, candidates, world,
-                                      splits, task, step_of,
+  def measured_step(self, mode: str, compression: str) -> steps.TrainStep:
+    """A train step on a model of its own, to time (measure.py)."""
+    return optimizer_and_step(self._config, mode, compression, self._task,
+                              self.model(mode), learning_rate=0.0)[1]
+
+  def _flags_model(self, output_shape: tuple) -> keras.Model:
+    """--model's, for the task's outputs."""
+    return models.build(self._config.model.name,
+                        input_shape=self._splits.info.image_shape,
+                        num_classes=output_shape[-1],
+                        output_shape=output_shape,
+                        **_model_params(self._config))
+
+
+def auto_choices(config: TrainConfig, world: distributed.World,
+                 choice: precision.Choice, splits: datasets.Splits,
+                 task: tasks.Task, builder: ModelBuilder, measure_auto: bool
+                 ) -> tuple[precision.Choice, communication.Choice]:
+  """The precision and compression the flags ask for, or auto's: recorded
+  by the run's first start, or measured among the hardware's native modes
+  (not under --elastic, whose workers meet inside the train loop)."""
+  if (config.performance.mixed_precision == "auto"
+      and not config.faults.elastic):
+    choice = measure.precision_choice(config, choice, precision.native()[0],
+                                      world, splits, task,
+                                      builder.measured_step,
                                       measure=measure_auto)
-    measured = (chosen.mode != choice.mode
-                or bool(chosen.figures.get("images_per_sec")))
-    choice = chosen
   sent = measure.compression_choice(config, choice.mode, world, splits,
-                                    step_of, measure=measure_auto)
-  if measured or sent.figures.get("images_per_sec"):
-    # Built again as if it were the first: Keras' names start afresh.
-    keras.backend.clear_session()
-    model = model_of(choice.mode)
-  return world, choice, sent, splits, task, model
+                                    builder.measured_step,
+                                    measure=measure_auto)
+  return choice, sent
 
 
 def _first_images(splits: datasets.Splits):
@@ -331,16 +377,16 @@ def describe_numerics(config: TrainConfig, choice: precision.Choice,
 
 def _warn_about_slow_options_on_cpu(config: TrainConfig,
                                     choice: precision.Choice) -> None:
-  """GPU options that cost a CPU run dearly (bench/cpu_defaults.py on an
-  AMD EPYC with AVX512-BF16: the cnn and WRN-16-2; bench/RESULTS.md)."""
+  """GPU options that cost a CPU run dearly (measured by
+  bench/cpu_defaults.py: bench/RESULTS.md)."""
   if choice.mode == "float16":
-    logging.warning("--mixed_precision=float16 on CPU: no float16 "
-                    "arithmetic, steps were 66-74x slower than float32 "
-                    "there; use bfloat16 (1.34x faster on CPUs with "
+    logging.warning("--mixed_precision=float16 on CPU: CPUs have no float16 "
+                    "arithmetic, and emulating it makes steps many times "
+                    "slower than float32; use bfloat16 (faster on CPUs with "
                     "AVX512-BF16) or none")
   if config.performance.xla:
-    logging.warning("--xla on CPU: steps were 1.7-4.7x slower than "
-                    "TensorFlow's oneDNN kernels there")
+    logging.warning("--xla on CPU: steps are slower than with TensorFlow's "
+                    "oneDNN kernels")
 
 
 def _describe(world: distributed.World, kernels: str) -> str:
@@ -357,7 +403,7 @@ def training_parts(config: TrainConfig) -> TrainingParts:
   began = time.time()  # MLPerf's init_start (--mlperf_log)
   # Distributed setup (Horovod, this process's device and cores), the data
   # set every rank reads its own shard of, and the model.
-  world, choice, sent, splits, task, model = prepare(config)
+  world, choice, sent, splits, task, model, decides = prepare(config)
   # With --stage_dir, each rank reads its files from node-local copies.
   splits, staged = stage(config, world, splits)
   info = splits.info
@@ -376,8 +422,6 @@ def training_parts(config: TrainConfig) -> TrainingParts:
   optimizer, train_step = optimizer_and_step(config, choice.mode,
                                              sent.compression, task, model,
                                              learning_rate, weight_average)
-  # The validation figure that decides best/, early stopping and --target.
-  decides = decider(config, task)
   parts = TrainingParts(
       config=config, world=world, precision=choice, communication=sent,
       splits=splits, staged=staged, task=task,

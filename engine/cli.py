@@ -30,7 +30,7 @@ from engine.datasets import record_features
 from engine.distributed import liveness
 from engine.loop import preemption
 # The engine's flags, defined for the commands that parse them here.
-import flags as engine_flags  # noqa: F401 pylint: disable=unused-import
+import flags as engine_flags
 
 FLAGS = flags.FLAGS
 Result = TypeVar("Result")
@@ -94,7 +94,7 @@ def train_or_exit(train: Callable[[config_lib.TrainConfig], Result],
   (engine.core.errors), a preemption with 128 + the signal's number."""
   try:
     refuse_arguments(argv)
-    config = config_lib.config_from_flags()
+    config = engine_flags.config_from_flags()
     return train(config)
   except UserError as e:
     exit_with_error(str(e), e.exit_code)

@@ -23,7 +23,6 @@ from engine import distributed
 from engine.compute import ema
 from engine.compute import step as steps
 from engine.core import run_files
-from engine.core.config import config_from_flags
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.datasets import Shard
@@ -32,6 +31,7 @@ from engine.records import checkpoint
 from engine.records import report
 from engine.tasks.classification import Classification
 from engine.tasks.classification import per_class_accuracy
+from flags import config_from_flags
 
 FLAGS = flags.FLAGS
 PROGRAM = "engine.evaluate"  # what its error lines start with
@@ -43,8 +43,8 @@ flags.DEFINE_string("checkpoint", "latest",
 def evaluate(config: TrainConfig, which: str):
   """Returns (checkpoint path, metrics.Result, and for classification the
   per-class accuracy and class names, else None) on every rank."""
-  world, _, _, splits, task, model = build.prepare(config,
-                                                   measure_auto=False)
+  world, _, _, splits, task, model, _ = build.prepare(config,
+                                                      measure_auto=False)
   # The run evaluated with its weights' average: so does this.
   weight_average = ema.maybe_average(model, config.optimization.ema_decay)
   model_dir = config.training.model_dir

@@ -35,13 +35,13 @@ from engine import distributed
 from engine.compute import metrics
 from engine.compute import schedules
 from engine.compute import step as steps
-from engine.core.config import config_from_flags
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.core.errors import WriteFailed
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
 from engine.input import data
+from flags import config_from_flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("min_lr", 1e-5, "The range test's first rate (the rate "
@@ -98,7 +98,7 @@ def range_test(config: TrainConfig, *, min_lr: float,
   if not 0 < min_lr < max_lr:
     raise UserError(f"--min_lr={min_lr:g} and --max_lr={max_lr:g}: the "
                     "range needs 0 < --min_lr < --max_lr")
-  world, choice, sent, splits, task, model = build.prepare(config)
+  world, choice, sent, splits, task, model, _ = build.prepare(config)
   rate = ExponentialRange(min_lr, max_lr, range_steps)
   _, train_step = build.optimizer_and_step(config, choice.mode,
                                            sent.compression, task, model,

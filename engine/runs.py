@@ -56,6 +56,9 @@ RUNNING_GRACE_SECONDS = 120
 REASON_CHARS = 50
 # Flags every run has a different value of, which only say where it is.
 UNCOMPARED_FLAGS = ("model_dir", "trial_number", "trial_study_dir")
+# The table's columns that hold numbers, aligned right.
+NUMERIC_COLUMNS = {"epochs", "best", "final", "s to target", "img/s",
+                   "procs", "speedup", "efficiency", "ckpt format"}
 
 
 @dataclasses.dataclass
@@ -70,7 +73,12 @@ class Run:
   checkpoint_format: Optional[int] = None
 
   def planned_epochs(self) -> Optional[int]:
-    return _planned_epochs(self.records, self.flags)
+    """The last record's `epochs` (a resume may change them); before the
+    first, --epochs; None for a trial that failed before writing its
+    flags."""
+    if self.records:
+      return self.records[-1]["epochs"]
+    return int(self.flags["epochs"]) if "epochs" in self.flags else None
 
   def target_set(self) -> bool:
     """Whether it ran with a --target or --target_accuracy (0, the
@@ -103,8 +111,7 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
     run_flags = {**{name: str(value) for name, value in
                     trial.get("params", {}).items()}, **run_flags}
   records, events, end = run_files.epochs_and_events(path)
-  state = _state(records, events, end, _planned_epochs(records, run_flags),
-                 time.time() if now is None else now)
+  state = _state(records, events, end, time.time() if now is None else now)
   if trial and trial.get("state") in ("complete", "pruned", "failed"):
     # A sweep's trial: as its study has it (a failure with its reason).
     state = trial["state"] + (f": {_shortened(str(trial['reason']))}"
@@ -159,70 +166,90 @@ def table(runs: dict[str, Run], *, scaling: bool = False) -> str:
 
   Of the flags, only those whose values differ between the runs get a
   column (headed --name): they are what the comparison is about. A flag a
-  run does not have (written by an older engine) shows as "-", an empty
-  value as ''. Best and final are of the figure that decided each run's
-  best epoch: validation accuracy, or (in a column of its own when some
-  run has another) the task's (val_mae). Each run's checkpoint format
-  gets a column when some run's is not this engine's.
+  run has no value of (a trial that failed before writing its flags) shows
+  as "-", an empty value as ''. Best and final are of the figure that
+  decided each run's best epoch: validation accuracy, or (in a column of
+  its own when some run has another) the task's (val_mae). Each run's
+  checkpoint format gets a column when some run's is not this engine's.
 
   `scaling` adds a scaling study's figures against the run with the
   fewest processes: speedup (its img/s over that run's) and efficiency
   (the speedup over the ratio of processes; 100% is linear scaling).
   """
-  flag_names = _differing_flags(list(runs.values()))
   summaries = {label: run_files.summary(run.records)
                for label, run in runs.items()}
   if scaling:
     runs = dict(sorted(runs.items(), key=lambda item: (
         summaries[item[0]]["world_size"] or 0, item[0])))
-    speedups = _speedups(summaries)
-  show_metric = any(figures["metric"] != "val_accuracy"
-                    for figures in summaries.values())
-  show_target = any(run.target_set() or any(
-      "target_accuracy_first_seconds" in r for r in run.records)
-                    for run in runs.values())
-  show_format = any(run.checkpoint_format not in (
-      None, run_files.CHECKPOINT_FORMAT) for run in runs.values())
-  header = ["run", *(f"--{name}" for name in flag_names), "epochs"]
-  header += ["metric"] if show_metric else []
-  header += ["best", "final"]
-  header += ["s to target"] if show_target else []
-  header += ["img/s", "procs"]
-  header += ["speedup", "efficiency"] if scaling else []
-  header += ["ckpt format"] if show_format else []
-  header += ["state"]
-  rows = []
-  for label, run in runs.items():
-    figures = summaries[label]
-    metric = figures["metric"]
-    planned = run.planned_epochs()
-    row = [label]
-    row += [_shown_flag(run.flags.get(name)) for name in flag_names]
-    row += [f"{figures['epochs']}/{'?' if planned is None else planned}"]
-    row += [metric] if show_metric else []
+  columns = _Columns.of(runs, summaries, scaling)
+  speedups = _speedups(summaries) if scaling else {}
+  return _aligned(columns.header(), [
+      columns.row(label, run, summaries[label], speedups.get(label))
+      for label, run in runs.items()])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Columns:
+  """Which of the table's optional columns the runs get: a column no run
+  has a value for is left out."""
+  flag_names: list[str]  # the flags whose values differ
+  metric: bool           # some run is decided by a figure other than accuracy
+  target: bool           # some run has a --target
+  scaling: bool
+  checkpoint_format: bool  # some run's checkpoints are not this engine's
+
+  @classmethod
+  def of(cls, runs: dict[str, Run], summaries: dict[str, dict],
+         scaling: bool) -> "_Columns":
+    return cls(
+        flag_names=_differing_flags(list(runs.values())),
+        metric=any(figures["metric"] != "val_accuracy"
+                   for figures in summaries.values()),
+        target=any(run.target_set() or any(
+            "target_accuracy_first_seconds" in r for r in run.records)
+                   for run in runs.values()),
+        scaling=scaling,
+        checkpoint_format=any(run.checkpoint_format not in (
+            None, run_files.CHECKPOINT_FORMAT) for run in runs.values()))
+
+  def header(self) -> list[str]:
+    return ["run", *(f"--{name}" for name in self.flag_names), "epochs",
+            *(["metric"] if self.metric else []), "best", "final",
+            *(["s to target"] if self.target else []), "img/s", "procs",
+            *(["speedup", "efficiency"] if self.scaling else []),
+            *(["ckpt format"] if self.checkpoint_format else []), "state"]
+
+  def row(self, label: str, run: Run, figures: dict,
+          speedup: Optional[tuple[float, float]]) -> list[str]:
+    """The run's cells, in header()'s order."""
+    metric, planned = figures["metric"], run.planned_epochs()
+    row = [label, *(_shown_flag(run.flags.get(name))
+                    for name in self.flag_names),
+           f"{figures['epochs']}/{'?' if planned is None else planned}"]
+    row += [metric] if self.metric else []
     row += [_number(figures[f"best_{metric}"], ".4f"),
             _number(figures[f"final_{metric}"], ".4f")]
-    if show_target:
+    if self.target:
       row.append(_number(figures["seconds_to_target"], ".1f"))
     row += [_number(figures["images_per_sec"], ".0f"),
             _number(figures["world_size"])]
-    if scaling:
-      speedup, efficiency = speedups.get(label, (None, None))
-      row += [_number(speedup, ".2f") + ("x" if speedup else ""),
+    if self.scaling:
+      times, efficiency = speedup or (None, None)
+      row += [_number(times, ".2f") + ("x" if times else ""),
               _number(efficiency, ".0%")]
-    row += [_number(run.checkpoint_format)] if show_format else []
-    row += [run.state]
-    rows.append(row)
-  numeric = {"epochs", "best", "final", "s to target", "img/s", "procs",
-             "speedup", "efficiency", "ckpt format"}
+    row += [_number(run.checkpoint_format)] if self.checkpoint_format else []
+    return row + [run.state]
+
+
+def _aligned(header: list[str], rows: list[list[str]]) -> str:
+  """The header and rows as text columns: numbers right, the rest left."""
   widths = [max(len(row[i]) for row in [header, *rows])
             for i in range(len(header))]
-  lines = []
-  for row in [header, *rows]:
-    cells = [cell.rjust(width) if name in numeric else cell.ljust(width)
-             for name, cell, width in zip(header, row, widths)]
-    lines.append("  ".join(cells).rstrip())
-  return "\n".join(lines)
+  return "\n".join(
+      "  ".join(cell.rjust(width) if name in NUMERIC_COLUMNS
+                else cell.ljust(width)
+                for name, cell, width in zip(header, row, widths)).rstrip()
+      for row in [header, *rows])
 
 
 def _speedups(summaries: dict[str, dict]) -> dict[str, tuple[float, float]]:
@@ -258,10 +285,8 @@ def plot(runs: dict[str, Run], path: str) -> None:
   metrics = {run_files.decided_by(run.records)[0] for run in runs.values()}
   for label, run in runs.items():
     metric = run_files.decided_by(run.records)[0]
-    points = [(r["cumulative_seconds"], r[metric])
-              for r in run.records
-              if run_files.is_finite(r.get("cumulative_seconds"))
-              and run_files.is_finite(r.get(metric))]
+    points = [(r["cumulative_seconds"], r[metric]) for r in run.records
+              if run_files.is_finite(r.get(metric))]
     if points:
       seconds, values = zip(*points)
       axes.plot(seconds, values, marker="o", label=(
@@ -287,20 +312,8 @@ def plot(runs: dict[str, Run], path: str) -> None:
 # Reading a run's files.
 
 
-def _planned_epochs(records: list[dict],
-                    run_flags: dict[str, str]) -> Optional[int]:
-  """The last record's `epochs`; runs written before records had it give
-  their --epochs (flags.latest.txt's, after a resume)."""
-  if records and run_files.is_int(records[-1].get("epochs")):
-    return records[-1]["epochs"]
-  try:
-    return int(run_flags["epochs"])
-  except (KeyError, ValueError):
-    return None
-
-
 def _state(records: list[dict], events: list[dict], end: Optional[dict],
-           planned_epochs: Optional[int], now: float) -> str:
+           now: float) -> str:
   """Finished, ended otherwise (`end`: the end record, if it is the run's
   last word), or not ended: running if its last record is recent, else
   probably killed, since a run stopped any other way records its end."""
@@ -314,18 +327,13 @@ def _state(records: list[dict], events: list[dict], end: Optional[dict],
   if not records:
     return "starting"
   last = records[-1]
-  if last.get("stopped_early") is True or (
-      planned_epochs is not None and last["epoch"] >= planned_epochs):
+  if last.get("stopped_early") is True or last["epoch"] >= last["epochs"]:
     return "finished"
-  times = [r["time"] for r in records + events
-           if run_files.is_finite(r.get("time"))]
-  if not times:
-    return "running?"  # an engine that did not record times
-  longest_epoch = max((r["epoch_seconds"] for r in records
-                       if run_files.is_finite(r.get("epoch_seconds"))),
-                      default=0)
-  if max(times) > now - (RUNNING_EPOCHS * longest_epoch +
-                         RUNNING_GRACE_SECONDS):
+  # Every epoch's record has its time; a rollback's event has none.
+  written = max(r["time"] for r in records + events if "time" in r)
+  longest_epoch = max(r["epoch_seconds"] for r in records)
+  if written > now - (RUNNING_EPOCHS * longest_epoch +
+                      RUNNING_GRACE_SECONDS):
     return "running"
   return "no end recorded (killed?)"
 

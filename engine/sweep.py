@@ -20,9 +20,10 @@ Read `main()` to follow a sweep: the study opened (or continued: trials
 that ended are kept, trials a stopped sweep left running are started
 again from their checkpoints, or watched again if their SLURM jobs are
 still queued or running), then trials started while the budget lasts,
-each told to the study as it ends: complete with its figure, pruned, or
-failed with its one-line reason. SIGTERM or Ctrl-C stops the running
-trials at their next step, saved; the same command continues the study.
+each told to the study as it ends (engine/sweeps/sweeper.py): complete
+with its figure, pruned, or failed with its one-line reason. SIGTERM or
+Ctrl-C stops the running trials at their next step, saved; the same
+command continues the study.
 The study is kept in SQLite in the study directory, or in a database that
 sweeps on several hosts share (--storage=postgresql://...). docs/sweeps.md
 has a worked example.
@@ -30,7 +31,6 @@ has a worked example.
 import os
 import signal
 import sys
-import time
 from typing import Optional
 
 from absl import app
@@ -38,12 +38,14 @@ from absl import flags
 import sqlalchemy.exc
 
 from engine import cli
-from engine.core import config as config_lib
 from engine.core.errors import UserError
 from engine.sweeps import space as spaces
 from engine.sweeps import study as studies
 from engine.sweeps import trials
 from engine.sweeps.study import Sweep
+from engine.sweeps.sweeper import Budget
+from engine.sweeps.sweeper import Sweeper
+from engine.sweeps.sweeper import where_it_stands
 import flags as engine_flags
 
 FLAGS = flags.FLAGS
@@ -67,11 +69,13 @@ flags.DEFINE_string("study_name", "", "The study's name in --storage. "
 flags.DEFINE_enum("sampler", "tpe", studies.SAMPLERS,
                   "Optuna's sampler: tpe (Tree-structured Parzen "
                   "Estimator), random, or grid (every combination of "
-                  "choice and int parameters).")
+                  "choice and int parameters).",
+                  case_sensitive=False)
 flags.DEFINE_enum("pruner", "asha", studies.PRUNERS,
                   "Optuna's pruner, judging each trial after each epoch: "
                   "asha (successive halving at epochs 1, 3, 9, ...), "
-                  "median, or none.")
+                  "median, or none.",
+                  case_sensitive=False)
 flags.DEFINE_integer("sampler_seed", 0, "The sampler's seed.")
 flags.DEFINE_integer("processes", 2, "Processes per trial.", lower_bound=1)
 flags.DEFINE_integer("parallel", 1, "Trials at once on this machine "
@@ -79,16 +83,13 @@ flags.DEFINE_integer("parallel", 1, "Trials at once on this machine "
                      "at once.", lower_bound=1)
 flags.DEFINE_enum("launcher", "local", ["local", "slurm"],
                   "local: horovodrun --gloo on this machine; slurm: each "
-                  "trial a job of scripts/slurm/train.sbatch.")
+                  "trial a job of scripts/slurm/train.sbatch.",
+                  case_sensitive=False)
 flags.DEFINE_bool("best", False, "Print the best trial's flagfile, ready "
                   "to run with --flagfile, and exit.")
 
 # What the sweep sets for each trial: a space or base flag cannot.
 SET_BY_THE_SWEEP = ("model_dir", "trial_study_dir", "trial_number")
-# How often the sweep looks at its running trials, in seconds.
-POLL_SECONDS = 1.0
-# How long a stopping sweep waits for its trials to save.
-STOP_WAIT_SECONDS = 120
 
 
 def main(argv):
@@ -103,9 +104,20 @@ def main(argv):
     study = studies.open_study(sweep, storage, create=True)
     studies.write_sweep(FLAGS.study_dir, sweep)
     try:
-      Sweeper(sweep, storage, study, launcher(sweep)).run()
+      stopped_by = Sweeper(
+          sweep=sweep, storage=storage, study=study,
+          launcher=launcher(sweep), study_dir=FLAGS.study_dir,
+          budget=Budget(trials=FLAGS.trials, hours=FLAGS.hours),
+          parallel=FLAGS.parallel).run()
+      if not stopped_by:
+        print(where_it_stands(study, sweep, FLAGS.study_dir), flush=True)
     except sqlalchemy.exc.SQLAlchemyError as e:
       raise studies.database_error(sweep.storage, e) from None
+    if stopped_by:
+      print(f"engine.sweep: stopped by {signal.Signals(stopped_by).name}; "
+            "the running trials saved; run the same command again to "
+            "continue the study", file=sys.stderr, flush=True)
+      sys.exit(128 + stopped_by)
   except UserError as e:
     cli.exit_with_error(str(e), e.exit_code, program="engine.sweep")
 
@@ -190,7 +202,7 @@ def _deciding_metric(base_flags: list[str]) -> str:
     FLAGS([sys.argv[0], *base_flags])
   except flags.Error as e:
     raise UserError(f"the engine's flags after --: {e}") from None
-  config = config_lib.config_from_flags()
+  config = engine_flags.config_from_flags()
   task = tasks.task_class(config.task.name)
   best_metric = config.task.best_metric
   return str(tasks.Decider.of(best_metric or task.best_metric, task,
@@ -205,199 +217,6 @@ def launcher(sweep: Sweep):
   return trials.Local(sweep.processes)
 
 
-# --- The sweep: trials started, watched and told ---------------------------
-
-class Sweeper:
-  """Starts the study's trials while its budget lasts and tells the study
-  how each ended."""
-
-  def __init__(self, sweep: Sweep, storage, study, trial_launcher):
-    self._sweep = sweep
-    self._storage = storage
-    self._study = study
-    self._launcher = trial_launcher
-    self._study_dir = os.path.abspath(FLAGS.study_dir)
-    # This sweep's trials among a shared study's: this host's (or SLURM
-    # cluster's), this dir's.
-    self._worker = f"{trial_launcher.where}:{self._study_dir}"
-    shared = not sweep.storage.startswith("sqlite")
-    study.sampler = studies.sampler(
-        sweep, drawn=len(study.get_trials(deepcopy=False)),
-        worker=self._worker if shared else "")
-    self._running = {}  # number -> (handle, model_dir, params)
-    self._stopping = 0  # the signal that stops the sweep
-
-  def run(self) -> None:
-    for signum in (signal.SIGTERM, signal.SIGINT):
-      signal.signal(signum, self._stop)
-    began = time.monotonic()
-    self._resume_unfinished()
-    while True:
-      self._tell_ended()
-      if self._stopping:
-        break
-      while (len(self._running) < FLAGS.parallel
-             and self._budget_left(began)):
-        self._start_new()
-      if not self._running and not self._budget_left(began):
-        break
-      time.sleep(POLL_SECONDS)
-    if self._stopping:
-      self._stop_trials()
-    self._say_where_it_stands()
-
-  def _budget_left(self, began: float) -> bool:
-    if FLAGS.hours and time.monotonic() - began > FLAGS.hours * 3600:
-      return False
-    if self._sweep.sampler == "grid" and \
-        self._study.sampler.is_exhausted(self._study):
-      return False
-    return not FLAGS.trials or len(self._study.get_trials(
-        deepcopy=False)) < FLAGS.trials
-
-  def _resume_unfinished(self) -> None:
-    """Trials this sweep left running when it was stopped: watched again
-    where the launcher can (a SLURM job still queued or running); told, if
-    their runs ended meanwhile (finished, or pruned before the sweep could
-    tell it); else started again, resuming from their checkpoints. Each is
-    counted once: it keeps its number."""
-    import optuna  # pylint: disable=g-import-not-at-top
-    for frozen in self._study.get_trials(
-        deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-      if frozen.user_attrs.get("worker") != self._worker:
-        continue  # another host's, or another directory's
-      model_dir = studies.trial_dir(self._study_dir, frozen.number)
-      handle = self._launcher.adopt(frozen.user_attrs)
-      if handle is not None:
-        print(f"engine.sweep: trial {frozen.number} still running: watched "
-              "again", flush=True)
-        self._running[frozen.number] = (handle, model_dir, frozen.params)
-        continue
-      ending = trials.ending(model_dir, self._sweep.figure,
-                             self._sweep.minimize, exit_code=None)
-      if ending.state != trials.RUNNING:
-        self._ended(frozen.number, model_dir, frozen.params, ending)
-        continue
-      print(f"engine.sweep: trial {frozen.number} resumed", flush=True)
-      self._launch(frozen.number, frozen.params)
-
-  def _start_new(self) -> None:
-    trial = self._study.ask()
-    params = {parameter.flag: parameter.suggest(trial)
-              for parameter in self._sweep.space}
-    self._launch(trial.number, params)
-    print(f"engine.sweep: trial {trial.number} started: "
-          + " ".join(spaces.as_flags(params)), flush=True)
-
-  def _launch(self, number: int, params: dict) -> None:
-    model_dir = studies.trial_dir(self._study_dir, number)
-    os.makedirs(model_dir, exist_ok=True)
-    trials.write(model_dir, dict(number=number, params=params,
-                                 state=trials.RUNNING))
-    # Its worker first: a trial whose start fails is this sweep's to resume.
-    studies.set_trial_attr(self._storage, self._sweep, number, "worker",
-                           self._worker)
-    handle = self._launcher.start(model_dir, [
-        *self._sweep.base_flags, *spaces.as_flags(params),
-        f"--model_dir={model_dir}", f"--trial_study_dir={self._study_dir}",
-        f"--trial_number={number}"])
-    for key, value in handle.attrs.items():
-      studies.set_trial_attr(self._storage, self._sweep, number, key, value)
-    self._running[number] = (handle, model_dir, params)
-
-  def _tell_ended(self) -> None:
-    for number, (handle, model_dir, params) in list(self._running.items()):
-      exit_code = handle.poll()
-      if exit_code is None:
-        continue
-      del self._running[number]
-      ending = trials.ending(model_dir, self._sweep.figure,
-                             self._sweep.minimize, exit_code)
-      if ending.state == trials.RUNNING and not self._stopping:
-        ending = trials.Ending(trials.FAILED, ending.value, ending.epochs,
-                               ending.reason or "stopped by a signal")
-      self._ended(number, model_dir, params, ending)
-
-  def _ended(self, number: int, model_dir: str, params: dict,
-             ending: trials.Ending) -> None:
-    """Tells the study how trial `number` ended, records it in its
-    trial.json and says it."""
-    self._tell(number, ending)
-    trials.write(model_dir, dict(number=number, params=params,
-                                 state=ending.state, value=ending.value,
-                                 epochs=ending.epochs, reason=ending.reason))
-    self._say(number, ending)
-
-  def _tell(self, number: int, ending: trials.Ending) -> None:
-    import optuna  # pylint: disable=g-import-not-at-top
-    state = optuna.trial.TrialState
-    if ending.state == trials.RUNNING:
-      return  # stopped with the sweep: the next start resumes it
-    if ending.state == trials.FAILED:
-      studies.set_trial_attr(self._storage, self._sweep, number, "reason",
-                             ending.reason)
-    try:
-      if ending.state == trials.COMPLETE:
-        self._study.tell(number, ending.value)
-      else:
-        self._study.tell(number, state=(
-            state.PRUNED if ending.state == trials.PRUNED else state.FAIL))
-    except (ValueError, RuntimeError) as e:  # told already (a restart)
-      print(f"engine.sweep: trial {number}: {e}", flush=True)
-
-  def _say(self, number: int, ending: trials.Ending) -> None:
-    figure = (f"{self._sweep.figure} {ending.value:.4f}"
-              if ending.value is not None else "no figure")
-    words = {trials.COMPLETE: f"complete: {figure}",
-             trials.PRUNED: f"pruned: {figure}",
-             trials.FAILED: f"failed: {ending.reason}",
-             trials.RUNNING: "stopped, saved; the next start resumes it"}
-    print(f"engine.sweep: trial {number} {words[ending.state]} after "
-          f"{ending.epochs} epochs", flush=True)
-
-  def _stop(self, signum, frame) -> None:
-    del frame
-    self._stopping = self._stopping or signum
-    for handle, _, _ in self._running.values():
-      handle.stop()
-
-  def _stop_trials(self) -> None:
-    trials.wait_all([h for h, _, _ in self._running.values()],
-                    timeout=STOP_WAIT_SECONDS)
-    self._tell_ended()
-    print(f"engine.sweep: stopped by {signal.Signals(self._stopping).name}; "
-          "the running trials saved; run the same command again to "
-          "continue the study", file=sys.stderr, flush=True)
-    sys.exit(128 + self._stopping)
-
-  def _say_where_it_stands(self) -> None:
-    print(where_it_stands(self._study, self._sweep, FLAGS.study_dir),
-          flush=True)
-
-
-def where_it_stands(study, sweep: Sweep, study_dir: str) -> str:
-  """A line: the trials by state, and the best."""
-  counts = {}
-  for frozen in study.get_trials(deepcopy=False):
-    counts[frozen.state.name.lower()] = counts.get(
-        frozen.state.name.lower(), 0) + 1
-  line = "engine.sweep: " + ", ".join(f"{n} {state}"
-                                      for state, n in sorted(counts.items()))
-  best = _best_trial(study)
-  if best:
-    line += (f"; best: trial {best.number}, {sweep.figure} "
-             f"{best.value:.4f} (python -m engine.sweep --study_dir="
-             f"{study_dir} --best)")
-  return line
-
-
-def _best_trial(study):
-  import optuna  # pylint: disable=g-import-not-at-top
-  complete = study.get_trials(deepcopy=False,
-                              states=(optuna.trial.TrialState.COMPLETE,))
-  return study.best_trial if complete else None
-
-
 def best_flagfile(study_dir: str) -> str:
   """The best complete trial's flags, as a flagfile."""
   if not study_dir:
@@ -406,7 +225,7 @@ def best_flagfile(study_dir: str) -> str:
   if sweep is None:
     raise UserError(f"--study_dir={study_dir}: no sweep there "
                     f"({studies.SWEEP_FILE} is missing)")
-  best = _best_trial(studies.open_study(sweep))
+  best = studies.best_trial(studies.open_study(sweep))
   if best is None:
     raise UserError(f"--study_dir={study_dir}: no trial has completed yet")
   return "\n".join([

@@ -6,7 +6,8 @@ from engine.records import checkpoint
 flags.DEFINE_enum("resume", "auto", checkpoint.RESUME_MODES,
                   "auto: a model_dir holding checkpoints continues from the "
                   "latest readable one. never: refuse to start in a "
-                  "model_dir that holds an earlier run.")
+                  "model_dir that holds an earlier run.",
+                  case_sensitive=False)
 flags.DEFINE_string("resume_from", "",
                     "Start this (new) model_dir from another run's "
                     "checkpoint: a model_dir, its checkpoints/ directory, or "

@@ -90,7 +90,8 @@ flags.register_validator("image_size", lambda size: size == 0 or size >= 8,
 flags.DEFINE_enum("channels", "3", ["1", "3"],
                   "image_folder: channels to decode every image to "
                   "(grayscale, RGB and RGBA files may be mixed; alpha is "
-                  "dropped); synthetic: channels to generate.")
+                  "dropped); synthetic: channels to generate.",
+                  case_sensitive=False)
 flags.DEFINE_float("validation_split", 0.0,
                    "image_folder without a validation/ folder: the fraction "
                    "of each class's files held out for validation, chosen "
@@ -140,7 +141,8 @@ flags.DEFINE_string(
 flags.DEFINE_enum("tfrecord_compression", "auto",
                   ["auto", "none", "gzip", "zlib"],
                   "tfrecord: how the files are compressed; auto: detected "
-                  "from the first file's first bytes.")
+                  "from the first file's first bytes.",
+                  case_sensitive=False)
 flags.DEFINE_bool("log_transform", False,
                   "tfrecord with declared features: each stored value x "
                   "becomes log(1 + x) before normalization (CosmoFlow's "

@@ -9,7 +9,8 @@ flags.DEFINE_enum("on_nonfinite", "stop", NONFINITE_ACTIONS,
                   "end the run with exit code 3, saving nothing after the "
                   "last good checkpoint. rollback: go back to the last good "
                   "checkpoint with the learning rate times "
-                  "--rollback_lr_factor, at most --max_rollbacks times.")
+                  "--rollback_lr_factor, at most --max_rollbacks times.",
+                  case_sensitive=False)
 flags.DEFINE_float("rollback_lr_factor", 0.5,
                    "Multiplies the learning rate at each rollback; kept in "
                    "checkpoints, so a resumed run keeps the lowered rate.",

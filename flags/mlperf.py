@@ -21,14 +21,17 @@ flags.DEFINE_string(
 flags.DEFINE_enum("mlperf_benchmark", "cosmoflow", BENCHMARKS,
                   "--mlperf_log: the benchmark the run is of "
                   "(submission_benchmark); CosmoFlow's rules are the ones "
-                  "followed.")
+                  "followed.",
+                  case_sensitive=False)
 flags.DEFINE_enum("mlperf_division", "closed", DIVISIONS,
                   "--mlperf_log: the division (closed: the reference's "
                   "hyperparameters only, e.g. --optimizer=sgd for "
-                  "cosmoflow).")
+                  "cosmoflow).",
+                  case_sensitive=False)
 flags.DEFINE_enum("mlperf_status", "onprem", STATUSES,
                   "--mlperf_log: the system's availability "
-                  "(submission_status).")
+                  "(submission_status).",
+                  case_sensitive=False)
 flags.DEFINE_string("mlperf_org", "unspecified",
                     "--mlperf_log: the submitting organization "
                     "(submission_org).")

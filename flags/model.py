@@ -31,7 +31,8 @@ flags.DEFINE_enum("stem", "conv", resnet9.STEMS,
                   "whitens the images' patches, computed from the first "
                   "training images before training, then ReLU (Jordan's "
                   "airbench): the first epochs learn faster, and it is "
-                  "cheaper.")
+                  "cheaper.",
+                  case_sensitive=False)
 flags.DEFINE_bool("pool_first", False,
                   "resnet9: max-pool each stage right after its "
                   "convolution, before BatchNorm and ReLU (airbench), "

@@ -11,14 +11,16 @@ flags.DEFINE_enum(
     "normalized per layer with the gradient; for lamb it passes through "
     "LAMB's per-layer trust ratio. adamw decays the weights itself, "
     "decoupled from the gradient (Loshchilov and Hutter), by weight_decay "
-    "x the learning rate a step.")
+    "x the learning rate a step.",
+    case_sensitive=False)
 flags.DEFINE_float("base_lr", 0.001,
                    "Learning rate of one process; scaled by --lr_scaling.",
                    lower_bound=0.0)
 flags.DEFINE_enum("lr_scaling", "linear", schedules.SCALINGS,
                   "How the rate grows with N processes (the global batch "
                   "grows N-fold): linear, base_lr x N; sqrt, base_lr x "
-                  "sqrt(N); none.")
+                  "sqrt(N); none.",
+                  case_sensitive=False)
 flags.DEFINE_float("warmup_epochs", 0.0,
                    "Epochs over which the rate rises, per step, from base_lr "
                    "to the scaled rate (Goyal et al. 2017).",
@@ -28,7 +30,8 @@ flags.DEFINE_enum("lr_schedule", "constant", schedules.DECAYS,
                   "of --lr_decay_epochs); table (x the factor of "
                   "--lr_decay_table's last epoch before this one, "
                   "MLPerf HPC CosmoFlow's); cosine or linear (to 0 at the "
-                  "last step; after warmup, linear is one-cycle's shape).")
+                  "last step; after warmup, linear is one-cycle's shape).",
+                  case_sensitive=False)
 flags.DEFINE_list("lr_decay_epochs", ["15", "25", "35"],
                   "step schedule: epochs (counted from the start) at which "
                   "the rate is multiplied by --lr_decay_factor.")

@@ -33,7 +33,8 @@ flags.DEFINE_enum("mixed_precision", "auto", precision.MODES,
                   "model_dir/precision.json, which a resume and "
                   "engine.evaluate reuse. float32 alone, unmeasured, on "
                   "other hardware. A run resumed under auto keeps the "
-                  "mode of its first start. Logits and loss stay float32.")
+                  "mode of its first start. Logits and loss stay float32.",
+                  case_sensitive=False)
 flags.DEFINE_bool("xla", False,
                   "Compile the forward and backward pass (and a Keras "
                   "optimizer's update) with XLA. Horovod's allreduce stays "
@@ -47,7 +48,8 @@ flags.DEFINE_enum("gradient_compression", "none", communication.MODES,
                   "and rank 0's figures choose fp16 if it beats none by 5%; "
                   "recorded in model_dir/communication.json (with "
                   "Horovod's fusion threshold and cycle), which a resume "
-                  "reuses. A process alone runs none, unmeasured.")
+                  "reuses. A process alone runs none, unmeasured.",
+                  case_sensitive=False)
 flags.register_multi_flags_validator(
     ["gradient_compression", "elastic"],
     lambda values: not (values["gradient_compression"] == "auto"
@@ -59,7 +61,8 @@ flags.DEFINE_enum("allreduce_op", "average", gradients.OPS,
                   "(Maleki et al. 2020), which needs Horovod built with MPI "
                   "and launched with it (BUILD.md); with adasum the learning "
                   "rate usually needs less scaling (--lr_scaling=none on "
-                  "CPU).")
+                  "CPU).",
+                  case_sensitive=False)
 flags.DEFINE_integer("grad_accum_steps", 1,
                      "Accumulate gradients over this many micro-batches of "
                      "--batch_size before one allreduce and one update: "

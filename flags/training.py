@@ -39,4 +39,5 @@ flags.DEFINE_integer("seed", 0,
 flags.DEFINE_enum("progress", "auto", progress.MODES,
                   "Progress within an epoch, on rank 0: a bar, log lines "
                   "(one per tenth of an epoch), or none. auto: a bar on a "
-                  "terminal, log lines otherwise (as under horovodrun).")
+                  "terminal, log lines otherwise (as under horovodrun).",
+                  case_sensitive=False)

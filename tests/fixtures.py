@@ -165,12 +165,11 @@ def train_config(**changes):
   `changes` by section, as TrainConfig.replace takes them:
   `train_config(training=dict(epochs=2), model=dict(name="wrn"))`."""
   from absl import flags  # pylint: disable=import-outside-toplevel
-  from engine.core import config  # pylint: disable=import-outside-toplevel
-  # pylint: disable-next=import-outside-toplevel,unused-import
-  import flags as engine_flags  # noqa: F401  (defines the engine's flags)
+  # pylint: disable-next=import-outside-toplevel
+  import flags as engine_flags  # (defines the engine's flags)
   if not flags.FLAGS.is_parsed():
     flags.FLAGS(["tests", *ENGINE_FLAGS])
-  return config.config_from_flags().replace(**changes)
+  return engine_flags.config_from_flags().replace(**changes)
 
 
 def write_tfrecords(directory: str, *, num_files: int = 3,

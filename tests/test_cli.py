@@ -111,6 +111,8 @@ def test_corrupt_gzip(data_dir, tmp_path, fails_with):
 @pytest.mark.parametrize("flag, message", [
     ("--model=resnet9000", "flag --model=resnet9000: value should be one of"),
     ("--dataset=mnist3d", "flag --dataset=mnist3d: value should be one of"),
+    ("--tfrecord_compression=xz", "flag --tfrecord_compression=xz: value "
+     "should be one of <auto|none|gzip|zlib>"),
     ("--batch_size=0", "flag --batch_size=0: 0 is not a positive integer"),
     ("--batch_size=-4", "flag --batch_size=-4"),
     ("--profile_steps=5,2", "flag --profile_steps=5,2: must be START,END"),

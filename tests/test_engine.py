@@ -1,9 +1,10 @@
 """`import engine` (engine/__init__.py): the settings TensorFlow reads once,
 made before it reads them, and its import without the notices that
-TF_CPP_MIN_LOG_LEVEL hides; and how engine/'s modules import each other:
-no cycles, and its packages in layers."""
+TF_CPP_MIN_LOG_LEVEL hides; and how the tree's modules (engine/, flags/,
+models/) import each other: no cycles, and their packages in layers."""
 import ast
 import os
+import shutil
 import subprocess
 
 from tests import fixtures
@@ -42,18 +43,24 @@ def test_tensorflows_import_prints_nothing_that_its_log_level_hides():
   assert "oneDNN custom operations are on" in everything.stderr
 
 
-def engine_imports(root: str, *, in_functions: bool = False
-                   ) -> dict[str, set[str]]:
-  """Each of the engine's modules -> the engine's modules it imports when
-  imported (module-level imports; those inside functions run later), and
-  with `in_functions` also those its functions import."""
+# The tree's packages whose imports are checked: the engine, its flags and
+# its models.
+PACKAGES = ("engine", "flags", "models")
+
+
+def tree_imports(root: str, *, in_functions: bool = False
+                 ) -> dict[str, set[str]]:
+  """Each module of the PACKAGES under `root` -> the modules of theirs it
+  imports when imported (module-level imports; those inside functions run
+  later), and with `in_functions` also those its functions import."""
   modules = {}
-  for directory, _, files in os.walk(os.path.join(root, "engine")):
-    for name in files:
-      if name.endswith(".py"):
-        path = os.path.join(directory, name)
-        module = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
-        modules[module.removesuffix(".__init__")] = path
+  for package in PACKAGES:
+    for directory, _, files in os.walk(os.path.join(root, package)):
+      for name in files:
+        if name.endswith(".py"):
+          path = os.path.join(directory, name)
+          module = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+          modules[module.removesuffix(".__init__")] = path
   graph = {}
   for module, path in modules.items():
     with open(path) as f:
@@ -96,7 +103,7 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_the_engines_modules_import_each_other_without_cycles(tmp_path):
-  graph = engine_imports(fixtures.REPO)
+  graph = tree_imports(fixtures.REPO)
   assert len(graph) > 40 and graph["engine.train"] >= {"engine.loop.actions",
                                                         "engine.build"}
   assert import_cycle(graph) == []
@@ -104,24 +111,29 @@ def test_the_engines_modules_import_each_other_without_cycles(tmp_path):
   (tmp_path / "engine").mkdir()
   (tmp_path / "engine" / "a.py").write_text("from engine import b\n")
   (tmp_path / "engine" / "b.py").write_text("import os\nimport engine.a\n")
-  assert import_cycle(engine_imports(str(tmp_path))) == [
+  assert import_cycle(tree_imports(str(tmp_path))) == [
       "engine.a", "engine.b", "engine.a"]
 
 
-# engine/'s packages from the bottom up (README's layout table): a module
-# imports from its own package and those below it. The commands above them
-# (engine/*.py: train, build, evaluate, ...) and engine/tools/ may import
-# any.
-LAYERS = ("core", "sweeps", "distributed", "datasets", "input", "tasks", "compute",
-          "records", "loop")
+# The tree's packages from the bottom up (README's layout table): a module
+# imports from its own package and those below it. models/ sits on core/
+# alone: a model is Keras, with the engine's errors and registry, and the
+# tasks build models. flags/ sits above engine/'s packages, whose choices
+# its flags name, and turns the parsed flags into core's TrainConfig for
+# the commands above it (engine/*.py: train, build, evaluate, ...), which
+# with engine/tools/ may import any.
+LAYERS = ("core", "models", "sweeps", "distributed", "datasets", "input",
+          "tasks", "compute", "records", "loop", "flags")
 COMMANDS = "commands"
 
 
 def layer_of(module: str) -> str:
-  """The layer of engine module `module` (engine.loop.loop -> "loop").
-  `engine` itself, which every import of the engine runs first, counts
-  as the bottom layer's."""
+  """The layer of module `module` (engine.loop.loop -> "loop", models.wrn
+  -> "models"). `engine` itself, which every import of the engine runs
+  first, counts as the bottom layer's."""
   parts = module.split(".")
+  if parts[0] != "engine":
+    return parts[0]
   if len(parts) == 1:
     return LAYERS[0]
   return parts[1] if len(parts) > 2 or parts[1] in LAYERS else COMMANDS
@@ -140,7 +152,7 @@ def back_arrows(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_engines_packages_import_only_from_layers_below_their_own(
     tmp_path):
-  graph = engine_imports(fixtures.REPO, in_functions=True)
+  graph = tree_imports(fixtures.REPO, in_functions=True)
   packages = {layer_of(module) for module in graph} - {COMMANDS}
   # Each package has its place: a new one must be given one here.
   assert packages == set(LAYERS) | {"tools"}
@@ -154,5 +166,28 @@ def test_the_engines_packages_import_only_from_layers_below_their_own(
       "def f():\n  from engine import train\n")
   (tmp_path / "engine" / "train.py").write_text(
       "from engine.core import errors\n")
-  assert back_arrows(engine_imports(str(tmp_path), in_functions=True)) == [
+  assert back_arrows(tree_imports(str(tmp_path), in_functions=True)) == [
       "engine.core.errors -> engine.train"]
+
+
+def test_flags_and_models_sit_in_the_layers_and_a_planted_upward_import_fails(
+    tmp_path):
+  graph = tree_imports(fixtures.REPO, in_functions=True)
+  assert graph["flags"] >= {"flags.data", "engine.core.config"}
+  assert "engine.core.errors" in graph["models.wrn"]
+  assert graph["engine.tasks"] >= {"models"}
+  # A copy of the tree, with an upward import planted in each of its
+  # bottom layers: found, and nothing else.
+  for package in PACKAGES:
+    shutil.copytree(os.path.join(fixtures.REPO, package), tmp_path / package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+  planted = {"engine/core/config.py": "import flags\n",
+             "engine/core/errors.py": "def f():\n  import engine.loop\n",
+             "models/wrn.py": "from engine import distributed\n",
+             "flags/data.py": "from engine import train\n"}
+  for path, line in planted.items():
+    with open(tmp_path / path, "a") as f:
+      f.write(line)
+  assert back_arrows(tree_imports(str(tmp_path), in_functions=True)) == [
+      "engine.core.config -> flags", "engine.core.errors -> engine.loop",
+      "flags.data -> engine.train", "models.wrn -> engine.distributed"]

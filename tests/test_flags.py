@@ -1,5 +1,6 @@
 """The recipes parse, and the CPU recipe is what the flags' defaults say;
-the TrainConfig they become (engine.core.config)."""
+the TrainConfig they become (flags.config_from_flags, engine.core.config)."""
+import ast
 import dataclasses
 import glob
 import os
@@ -9,10 +10,9 @@ import pytest
 
 from engine import build
 from engine import datasets
-from engine.core import config as engine_config
 from engine.core.errors import UserError
 from tests import fixtures
-import flags as engine_flags  # noqa: F401 pylint: disable=unused-import
+import flags as engine_flags
 
 FLAGS = flags.FLAGS
 RECIPES = sorted(glob.glob(os.path.join(fixtures.REPO, "flags", "*.cfg")))
@@ -23,7 +23,7 @@ def parsed():
   def parse(*args):
     FLAGS.unparse_flags()
     FLAGS(["engine.train", *args])
-    return engine_config.config_from_flags()
+    return engine_flags.config_from_flags()
   yield parse
   FLAGS.unparse_flags()
 
@@ -125,3 +125,46 @@ def test_replace_changes_fields_by_section_and_refuses_unknown_ones(parsed):
   assert changed.data == config.data and config.training.epochs != 3
   with pytest.raises(TypeError, match="epochs"):
     config.replace(data=dict(epochs=3))
+
+
+def test_every_enum_flag_takes_any_case_of_its_choices():
+  # TensorFlow spells compressions "GZIP"; a flag of the engine's keeps its
+  # own spelling whatever the case it was given in.
+  enums = [flag for module, defined in FLAGS.flags_by_module_dict().items()
+           if module.split(".")[0] == "flags" for flag in defined
+           if isinstance(flag, flags.EnumFlag)]
+  assert len(enums) >= 15
+  assert [flag.name for flag in enums if flag.parser.case_sensitive] == []
+
+
+@pytest.mark.parametrize("given", ["GZIP", "Gzip", "gzip"])
+def test_an_enum_flag_given_in_another_case_is_its_own_spelling(given,
+                                                                 parsed):
+  config = parsed(f"--tfrecord_compression={given}",
+                  "--mixed_precision=BFloat16")
+  assert config.data.params["tfrecord_compression"] == "gzip"
+  assert config.performance.mixed_precision == "bfloat16"
+  assert "--tfrecord_compression=gzip" in config.command_line.splitlines()
+
+
+def test_a_wrong_enum_value_is_one_line_naming_the_choices(parsed):
+  with pytest.raises(flags.IllegalFlagValueError) as raised:
+    parsed("--tfrecord_compression=xz")
+  assert str(raised.value) == ("flag --tfrecord_compression=xz: value should "
+                               "be one of <auto|none|gzip|zlib>")
+
+
+def test_the_commands_enum_flags_take_any_case_too():
+  # engine.sweep's and the tools' own flags, defined where they run.
+  calls = []
+  for directory in ("engine", "flags"):
+    for path in glob.glob(os.path.join(fixtures.REPO, directory, "**", "*.py"),
+                          recursive=True):
+      with open(path) as f:
+        calls += [(path, node) for node in ast.walk(ast.parse(f.read()))
+                  if isinstance(node, ast.Call)
+                  and getattr(node.func, "attr", "") == "DEFINE_enum"]
+  assert len(calls) >= 19
+  assert [os.path.relpath(path, fixtures.REPO) for path, call in calls
+          if not any(k.arg == "case_sensitive" and k.value.value is False
+                     for k in call.keywords)] == []

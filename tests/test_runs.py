@@ -133,14 +133,6 @@ def test_finished_when_the_last_epoch_is_the_planned_one(tmp_path):
   assert state_of(tmp_path, three_epochs()) == "finished"
 
 
-def test_planned_epochs_from_the_flags_without_an_epochs_key(tmp_path):
-  records = three_epochs()
-  for record in records:
-    del record["epochs"], record["time"]
-  assert state_of(tmp_path, records, {"epochs": "3"}) == "finished"
-  assert state_of(tmp_path, records, {"epochs": "5"}) == "running?"
-
-
 def test_early_stopped_is_finished(tmp_path):
   records = three_epochs(epochs=10)
   records[-1]["stopped_early"] = True

@@ -1,6 +1,7 @@
 """engine.sweep: the search space, how a trial ended, bad input in one
 line, and a real study of 2-process trials that prunes, records a failing
 trial, resumes after the sweep is killed and picks the best."""
+import functools
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ from engine.core.errors import UserError
 from engine.sweeps import space as spaces
 from engine.sweeps import study as studies
 from engine.sweeps import trials
+from engine.sweeps.sweeper import Budget
+from engine.sweeps.sweeper import Sweeper
 from tests import fixtures
 from tests import timeouts
 
@@ -186,6 +189,117 @@ def test_the_runs_table_shows_a_trial_as_its_study_has_it(tmp_path):
   assert read["trials/0001"].flags == {"base_lr": "0.5"}
   table = runs.table(read)
   assert "complete" in table and "failed: --target" in table
+
+
+# --- The sweeper and its budget ----------------------------------------------
+
+class EndedTrial:
+  """A trial whose run has ended."""
+  attrs = {}
+
+  def poll(self):
+    return 0
+
+  def stop(self):
+    pass
+
+
+class AtOnce:
+  """A launcher whose trials end as they start: one epoch each, its
+  val_accuracy the trial's --base_lr."""
+  where = "here"
+
+  def start(self, model_dir, args):
+    value = float(next(arg for arg in args if arg.startswith("--base_lr="))
+                  .partition("=")[2])
+    write_run(model_dir, [epoch(1, value, epochs=1)])
+    return EndedTrial()
+
+  def adopt(self, attrs):
+    del attrs
+
+
+class SavedWhenStopped:
+  """A trial that runs until the sweep stops it, then saves, as the
+  engine's run does on SIGTERM; polling it the first time sends the
+  sweep's process SIGTERM."""
+  attrs = {}
+
+  def __init__(self, model_dir):
+    self._model_dir = model_dir
+    self._exit_code = None
+
+  def poll(self):
+    if self._exit_code is None:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return self._exit_code
+
+  def stop(self):
+    write_run(self._model_dir, [epoch(1, 0.5), {
+        "event": "end", "state": "stopped", "signal": "SIGTERM"}])
+    self._exit_code = 0
+
+
+class UntilStopped(AtOnce):
+  def start(self, model_dir, args):
+    del args
+    return SavedWhenStopped(model_dir)
+
+
+def sweeper_and_study(study_dir):
+  """A Sweeper of a new study in `study_dir` (given a launcher, a budget
+  and the trials at once), and the study."""
+  sweep = studies.Sweep(
+      storage=studies.default_storage(str(study_dir)), study_name="s",
+      space=tuple(spaces.parse({"base_lr": {"uniform": [0.0, 1.0]}}, "s")),
+      base_flags=(), metric="val_accuracy:max", sampler="random",
+      pruner="none", seed=0, processes=1)
+  storage = studies.storage(sweep.storage)
+  study = studies.open_study(sweep, storage, create=True)
+  return functools.partial(Sweeper, sweep=sweep, storage=storage,
+                           study=study, study_dir=str(study_dir)), study
+
+
+@pytest.fixture
+def signal_handlers():
+  """SIGTERM's and SIGINT's handlers as they were, after the sweeper's."""
+  handlers = {signum: signal.getsignal(signum)
+              for signum in (signal.SIGTERM, signal.SIGINT)}
+  yield
+  for signum, handler in handlers.items():
+    signal.signal(signum, handler)
+
+
+@pytest.mark.usefixtures("signal_handlers")
+def test_a_sweeper_starts_trials_while_the_budget_it_is_given_lasts(
+    tmp_path):
+  sweeper, study = sweeper_and_study(tmp_path)
+  # Counted over every start of the sweep; no time left, none started.
+  for budget, parallel, total in ((Budget(trials=3), 2, 3),
+                                  (Budget(trials=5), 1, 5),
+                                  (Budget(hours=1e-9), 2, 5)):
+    assert sweeper(launcher=AtOnce(), budget=budget,
+                   parallel=parallel).run() == 0
+    assert len(study.get_trials()) == total
+  values = [t.value for t in study.get_trials()]
+  assert [t.state.name for t in study.get_trials()] == ["COMPLETE"] * 5
+  assert studies.best_trial(study).value == max(values)
+  assert trials.read(studies.trial_dir(str(tmp_path), 4))["state"] == (
+      trials.COMPLETE)
+
+
+@pytest.mark.usefixtures("signal_handlers")
+def test_a_stopped_sweeper_returns_the_signal_and_its_next_start_resumes(
+    tmp_path):
+  sweeper, study = sweeper_and_study(tmp_path)
+  assert sweeper(launcher=UntilStopped(), budget=Budget(trials=2),
+                 parallel=2).run() == signal.SIGTERM
+  assert [t.state.name for t in study.get_trials()] == ["RUNNING"] * 2
+  # The same trials, resumed, end; none is drawn anew.
+  assert sweeper(launcher=AtOnce(), budget=Budget(trials=2),
+                 parallel=2).run() == 0
+  assert [(t.number, t.state.name) for t in study.get_trials()] == [
+      (0, "COMPLETE"), (1, "COMPLETE")]
 
 
 # --- Bad input: one line, nothing written ------------------------------------

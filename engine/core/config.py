@@ -1,9 +1,9 @@
 """The run's configuration: what the user asked for, as plain values.
 
-absl's FLAGS are read here and only here (and by the entry points that
-parse them, engine.cli): everything below the entry point takes a
-TrainConfig, so a test or a script builds one without a command line, and
-two runs differ only by the values they were given.
+The command line's flags (flags/, whose config_from_flags reads absl's
+FLAGS for the entry points) become a TrainConfig: everything below the
+entry point takes one, so a test or a script builds one without a command
+line, and two runs differ only by the values they were given.
 
 A TrainConfig is nested by concern, one frozen section per module of
 flags/ (elastic training's two flags sit with the faults it survives, and
@@ -22,11 +22,6 @@ import dataclasses
 import os
 from typing import Optional
 
-from absl import flags
-
-from engine.core.errors import UserError
-
-FLAGS = flags.FLAGS
 # The config and each of its sections: frozen, since what a run was asked
 # for does not change while it runs (TrainConfig.replace makes another);
 # keyword-only, since a section of eleven values is read by name.
@@ -226,140 +221,9 @@ class TrainConfig:
         seed=training.seed)
 
 
-def config_from_flags() -> TrainConfig:
-  """The parsed flags as a TrainConfig, or a UserError for flags that
-  contradict each other."""
-  # Imported here, not above: the flags' modules import the engine's (and
-  # so TensorFlow) for their choices, and the flags are defined by now.
-  import flags as engine_flags  # pylint: disable=import-outside-toplevel
-  if FLAGS.target and FLAGS.target_accuracy:
-    raise UserError("--target and --target_accuracy: give one (--target is "
-                    "for any figure, --target_accuracy for val_accuracy)")
-  if FLAGS.mlperf_log and FLAGS.elastic:
-    raise UserError("--mlperf_log with --elastic: an MLPerf run keeps its "
-                    "processes, and rank 0 writes its log; log without "
-                    "--elastic")
-  if bool(FLAGS.trial_study_dir) != (FLAGS.trial_number >= 0):
-    raise UserError("--trial_study_dir and --trial_number: give both "
-                    "(engine.sweep does, for each trial it starts) or "
-                    "neither")
-  return TrainConfig(
-      data=DataConfig(
-          name=FLAGS.dataset, dir=FLAGS.data_dir,
-          params=_data_params_from_flags(),
-          normalization=_normalization_from_flags(),
-          random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
-          random_transpose=FLAGS.random_transpose,
-          progressive_resizing=engine_flags.data.resizing_stages(
-              FLAGS.progressive_resizing),
-          eval_flip=FLAGS.eval_flip, eval_shift=FLAGS.eval_shift,
-          stage_dir=FLAGS.stage_dir),
-      model=ModelConfig(
-          name=FLAGS.model,
-          params=dict(depth=FLAGS.depth, width=FLAGS.width,
-                      filters=FLAGS.filters, conv_layers=FLAGS.conv_layers,
-                      kernel_size=FLAGS.kernel_size,
-                      stem=FLAGS.stem, pool_first=FLAGS.pool_first,
-                      dropout=FLAGS.dropout,
-                      weight_decay=FLAGS.weight_decay)),
-      task=TaskConfig(
-          name=FLAGS.task,
-          params=dict(label_smoothing=FLAGS.label_smoothing,
-                      loss=FLAGS.loss, ignore_label=FLAGS.ignore_label,
-                      noise=FLAGS.noise, seed=FLAGS.seed,
-                      standardize_targets=FLAGS.standardize_targets),
-          best_metric=FLAGS.best_metric),
-      optimization=OptimizationConfig(
-          optimizer=FLAGS.optimizer, base_lr=FLAGS.base_lr,
-          lr_scaling=FLAGS.lr_scaling, warmup_epochs=FLAGS.warmup_epochs,
-          lr_schedule=FLAGS.lr_schedule,
-          lr_decay_epochs=tuple(int(e) for e in FLAGS.lr_decay_epochs),
-          lr_decay_factor=FLAGS.lr_decay_factor,
-          lr_decay_table=engine_flags.optimization.decay_table(
-              FLAGS.lr_decay_table),
-          momentum=FLAGS.momentum,
-          nesterov=FLAGS.nesterov, label_smoothing=FLAGS.label_smoothing,
-          ema_decay=FLAGS.ema_decay),
-      training=TrainingConfig(
-          batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
-          steps_per_epoch=FLAGS.steps_per_epoch,
-          target=FLAGS.target or FLAGS.target_accuracy,
-          target_accuracy=bool(FLAGS.target_accuracy),
-          patience=FLAGS.patience, seed=FLAGS.seed,
-          model_dir=FLAGS.model_dir or default_model_dir(FLAGS.dataset,
-                                                         FLAGS.model),
-          progress=FLAGS.progress,
-          summary_every_steps=FLAGS.summary_every_steps,
-          eval_every_epochs=FLAGS.eval_every_epochs),
-      checkpoints=CheckpointConfig(
-          resume=FLAGS.resume, resume_from=FLAGS.resume_from,
-          keep_checkpoints=FLAGS.keep_checkpoints,
-          checkpoint_every_steps=FLAGS.checkpoint_every_steps),
-      faults=FaultConfig(
-          on_nonfinite=FLAGS.on_nonfinite,
-          rollback_lr_factor=FLAGS.rollback_lr_factor,
-          max_rollbacks=FLAGS.max_rollbacks,
-          elastic=FLAGS.elastic, commit_every_steps=FLAGS.commit_every_steps),
-      devices=DeviceConfig(
-          intra_op_threads=FLAGS.intra_op_threads,
-          inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
-          deterministic=FLAGS.deterministic),
-      performance=PerformanceConfig(
-          mixed_precision=FLAGS.mixed_precision, xla=FLAGS.xla,
-          gradient_compression=FLAGS.gradient_compression,
-          allreduce_op=FLAGS.allreduce_op,
-          grad_accum_steps=FLAGS.grad_accum_steps,
-          steps_per_call=FLAGS.steps_per_call),
-      profiling=ProfilingConfig(
-          profile_steps=tuple(int(step)
-                              for step in FLAGS.profile_steps.split(",")
-                              if FLAGS.profile_steps),
-          profile_all_ranks=FLAGS.profile_all_ranks,
-          horovod_timeline=FLAGS.horovod_timeline),
-      mlperf=MLPerfConfig(
-          log=FLAGS.mlperf_log, benchmark=FLAGS.mlperf_benchmark,
-          division=FLAGS.mlperf_division, status=FLAGS.mlperf_status,
-          org=FLAGS.mlperf_org, platform=FLAGS.mlperf_platform,
-          cache_clear=FLAGS.mlperf_cache_clear),
-      trial=TrialConfig(study_dir=FLAGS.trial_study_dir,
-                        number=FLAGS.trial_number),
-      command_line=engine_flags.as_flagfile())
-
-
 def default_model_dir(dataset: str, model: str) -> str:
   """runs/<dataset>_<model>, a user's module:function by its function's
   name."""
   def short(name):
     return name.rpartition(":")[2]
   return os.path.join("runs", f"{short(dataset)}_{short(model)}")
-
-
-def _data_params_from_flags() -> dict:
-  """What the data flags give loaders (each takes those it declares)."""
-  return dict(image_size=FLAGS.image_size, num_classes=FLAGS.num_classes,
-              channels=int(FLAGS.channels), label_offset=FLAGS.label_offset,
-              train_examples=FLAGS.train_examples,
-              test_examples=FLAGS.test_examples,
-              validation_split=FLAGS.validation_split,
-              skip_bad_files=FLAGS.skip_bad_files,
-              array_keys=tuple(FLAGS.array_keys),
-              tfrecord_features=FLAGS.tfrecord_features,
-              tfrecord_compression=FLAGS.tfrecord_compression,
-              log_transform=FLAGS.log_transform,
-              cache_records=FLAGS.cache_records)
-
-
-def _normalization_from_flags() -> Optional[tuple]:
-  if not FLAGS.image_mean:
-    return None
-  try:
-    mean, std = (tuple(float(v) for v in values)
-                 for values in (FLAGS.image_mean, FLAGS.image_std))
-  except ValueError:
-    raise UserError(f"--image_mean={','.join(FLAGS.image_mean)} "
-                    f"--image_std={','.join(FLAGS.image_std)}: give numbers, "
-                    "one per channel") from None
-  if len(mean) != len(std) or min(std) <= 0:
-    raise UserError("--image_mean and --image_std: give one mean and one "
-                    "positive std per channel")
-  return mean, std

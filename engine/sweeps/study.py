@@ -254,3 +254,11 @@ def set_trial_attr(where, sweep: Sweep, number: int, key: str,
   """A user attribute of trial `number`: which sweep runs it, its host
   and process or job, why it failed."""
   where.set_trial_user_attr(trial_id_of(where, sweep, number), key, value)
+
+
+def best_trial(study):
+  """The study's best complete trial (Optuna's FrozenTrial), or None."""
+  import optuna  # pylint: disable=g-import-not-at-top
+  complete = study.get_trials(deepcopy=False,
+                              states=(optuna.trial.TrialState.COMPLETE,))
+  return study.best_trial if complete else None

@@ -74,7 +74,8 @@ def _define_flags() -> None:
                        "non-negative.")
   flags.DEFINE_enum("compression", "gzip", ["gzip", "zlib", "none"],
                     "How the TFRecord files are compressed (CosmoFlow's: "
-                    "gzip).")
+                    "gzip).",
+                    case_sensitive=False)
 
 
 @dataclasses.dataclass(frozen=True)
