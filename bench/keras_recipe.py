@@ -51,17 +51,19 @@ from engine import distributed
 from engine.compute import optimizers
 from engine.compute import step as steps
 from engine.core import run_files
-from engine.core.config import config_from_flags
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
 from engine.input import data
 from engine.tasks import Regression, Segmentation
+from flags import config_from_flags
 
 
 def main(argv):
   del argv
   config = config_from_flags()
-  world, _, _, splits, task, model = build.prepare(config)
+  prepared = build.prepare(config)
+  world, splits, task, model = (prepared.world, prepared.splits,
+                                prepared.task, prepared.model)
   info = splits.info
   training, optimization = config.training, config.optimization
   steps_per_epoch = data.steps_per_epoch(
