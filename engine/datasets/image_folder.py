@@ -61,7 +61,7 @@ def load(*, data_dir: str, image_size: int, channels: int,
       skip_bad_files=skip_bad_files)
   image_shape = (image_size, image_size, channels)
   splits = [ImageFiles(tuple(p for p, _ in files),
-                       np.array([l for _, l in files], np.int64), channels)
+                       np.array([l for _, l in files], np.int64))
             for files in (train, validation)]
   mean, std = normalization or _statistics(splits[0], image_shape)
   info = DatasetInfo(
@@ -128,7 +128,7 @@ def _masks_splits(data_dir: str, image_shape, normalization) -> Splits:
   splits = []
   for split_dir in (train_dir, validation_dir):
     images, masks = zip(*_mask_pairs(split_dir))
-    splits.append(ImageFiles(images, np.array(masks), image_shape[-1]))
+    splits.append(ImageFiles(images, np.array(masks)))
   mean, std = normalization or _statistics(splits[0], image_shape)
   info = DatasetInfo(
       name=os.path.basename(os.path.abspath(data_dir)),

@@ -204,13 +204,12 @@ class ArrayRows(_ByRows):
 class ImageFiles(_ByIndex):
   """One split as image files (JPEG, PNG, BMP, GIF), one example each.
 
-  Decoded to `channels` channels and resized to the image shape as they
+  Decoded to the image shape's channels and resized to its size as they
   are read; labels are int64 [N], in the order of `paths`, or for
   segmentation the paths of their masks (PNG files, decoded as read).
   """
   paths: tuple[str, ...]
   labels: np.ndarray
-  channels: int
 
   def _read_training(self, indices: tf.data.Dataset, info: DatasetInfo,
                      augmented, batch_size: int) -> tf.data.Dataset:
@@ -254,7 +253,7 @@ def decode(path: tf.Tensor, image_shape) -> tf.Tensor:
   """An image file as float32 [H, W, C] on the 0-255 scale, resized.
 
   Any of the four formats, with 1 to 4 channels: alpha is dropped, and
-  grayscale and color are converted to `channels`.
+  grayscale and color are converted to the image shape's channels.
   """
   height, width, channels = image_shape
   image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
