@@ -1,17 +1,20 @@
 """What every data set loader returns: `Splits`, the engine's contract.
 
 A loader (built in, or a user's `--dataset=package.module:function`) returns
-`Splits(train, test, info)`. Each split is a `Source`, one of four kinds
+`Splits(train, test, info)`. Each split is a `Source`, one of five kinds
 (engine/datasets/sources.py, record_files.py), and each kind knows how it
 is read, for training and for evaluation; the input pipeline
-(engine/input/data.py) asks any of them for batches the same way:
+(engine/input/data.py) asks any of them for batches the same way, and
+normalizes what they give:
 
 * `Examples`: arrays in memory (small data sets).
 * `ArrayRows`: arrays on disk, read a batch of rows at a time (.npy, .npz,
   HDF5; engine/datasets/arrays.py), so no rank holds the whole data set.
 * `ImageFiles`: one image file per example, decoded as it is read
   (engine/datasets/image_folder.py).
-* `RecordFiles`: TFRecord files, streamed file by file.
+* `ImageRecords`, `FeatureRecords`: TFRecord files, streamed file by
+  file: ImageNet's layout of encoded images, or declared features such
+  as CosmoFlow's volumes.
 
 `DatasetInfo` says what the model, the task and the export need to know:
 the image shape and dtype, the labels' shape and dtype, the classes and
@@ -124,12 +127,13 @@ class Source(abc.ABC):
                     augmentation: Augmentation, first_epoch: int,
                     first_step: int) -> tf.data.Dataset:
     """This rank's training batches from `first_step` of `first_epoch` on,
-    augmented and normalized: (images, labels)."""
+    augmented, as stored: (images, labels). The input pipeline normalizes
+    them (engine/input/data.py), whatever the kind."""
 
   @abc.abstractmethod
   def eval_batches(self, info: DatasetInfo, *, shard: Shard,
                    batch_size: int) -> tf.data.Dataset:
-    """This rank's share of the split, (images, labels), normalized: no
+    """This rank's share of the split, (images, labels) as stored: no
     padding and no repetition, so the last batch may be short and ranks
     may hold unequal shares."""
 
