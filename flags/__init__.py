@@ -21,10 +21,12 @@ def as_flagfile() -> str:
   """The engine's flags with their current values, as a flagfile's lines.
 
   Only the engine's own flags: absl's logging and debugging flags are not
-  part of what a run is.
+  part of what a run is; nor the augmentation flags not given, whose
+  defaults the task decides (data.TASK_DEFAULTS).
   """
   values = absl_flags.FLAGS
   lines = [flag.serialize()
            for module in MODULES
-           for flag in values.get_flags_for_module(module.__name__)]
+           for flag in values.get_flags_for_module(module.__name__)
+           if flag.present or flag.name not in data.TASK_DEFAULTS]
   return "\n".join(lines) + "\n"

@@ -44,6 +44,10 @@ class DataConfig:
   random_flip: bool
   random_shift: float  # a fraction of the width
   random_transpose: bool  # volumes: a random order of their axes
+  # Those of the three above the command line (or a flagfile) gives: a
+  # task whose targets do not follow its images gets only these
+  # (engine/datasets/augmentation.py).
+  given_augmentation: tuple = ()
   # ((side, last epoch), ...): smaller training images for the first epochs
   progressive_resizing: tuple
   eval_flip: bool
@@ -250,6 +254,9 @@ def config_from_flags() -> TrainConfig:
           normalization=_normalization_from_flags(),
           random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
           random_transpose=FLAGS.random_transpose,
+          given_augmentation=tuple(
+              name for name in engine_flags.data.TASK_DEFAULTS
+              if FLAGS[name].present),
           progressive_resizing=engine_flags.data.resizing_stages(
               FLAGS.progressive_resizing),
           eval_flip=FLAGS.eval_flip, eval_shift=FLAGS.eval_shift,

@@ -83,8 +83,8 @@ def angles(splits: Splits) -> Splits:
   """Fashion-MNIST for regression: each image turned about its centre by
   an angle drawn uniformly from +-MAX_ANGLE degrees (from a fixed seed per
   split: the same angles on every rank and rerun), the angle its target.
-  The corners come in black, as the background. Flips negate an angle:
-  train without --random_flip."""
+  The corners come in black, as the background. Flips negate an angle,
+  which is why the regression task takes none unless asked."""
   def turned(examples: Examples, seed: int) -> Examples:
     count, height, width, _ = examples.images.shape
     degrees = np.random.default_rng(seed).uniform(-MAX_ANGLE, MAX_ANGLE,

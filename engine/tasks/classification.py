@@ -15,6 +15,8 @@ class Classification(Task):
   """Integer class labels [batch]; float32 logits [batch, classes]."""
 
   best_metric = "accuracy:max"
+  # A flip or a shift keeps an image's class.
+  augmentation_keeps_targets = True
   labels = "classes"
 
   def __init__(self, info=None, *, label_smoothing: float = 0.0,

@@ -27,6 +27,13 @@ class Regression(Task):
   best_metric = "mae:min"
   labels = "targets"
 
+  @property
+  def augmentation_keeps_targets(self) -> bool:
+    """Volumes' targets are kept: parameters of a box of matter, which its
+    flips and axis orders change none of (CosmoFlow's). An image's targets
+    may be a position or an angle, which a flip or a shift changes."""
+    return len(self.info.image_shape) == 4
+
   def __init__(self, info, *, loss: str = "",
                standardize_targets: bool = True):
     """`loss` (--loss): mse (the default), mae or huber (quadratic within

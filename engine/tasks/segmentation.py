@@ -26,6 +26,8 @@ class Segmentation(Task):
   """Integer masks [batch, H, W]; float32 logits [batch, H, W, classes]."""
 
   best_metric = "mean_iou:max"
+  # Masks are flipped and shifted with their images (engine/datasets).
+  augmentation_keeps_targets = True
   labels = "masks"
 
   def __init__(self, info, *, ignore_label: int = -1):

@@ -52,6 +52,13 @@ class Task:
   # image), "targets" (float values, [k] per image), "masks" (a class id
   # per pixel, [H, W] per image), or "any".
   labels = "any"
+  # Whether flips, shifts and a volume's axis orders (--random_flip,
+  # --random_shift, --random_transpose) keep the targets right: they do
+  # not change with them (a class) or move with the images (masks, which
+  # the engine moves too; a reconstruction's images). A task that does not
+  # say so trains without them unless a flag asks, with a warning: they
+  # would move an image and leave its position or angle targets behind.
+  augmentation_keeps_targets = False
   # A task with a train step of its own names the optimizers it applies
   # (a GAN: "generator", "discriminator"); the engine builds each from the
   # optimizer flags, and checkpoints and broadcasts them.
