@@ -88,3 +88,27 @@ def test_synthetic_makes_the_counts_it_is_given():
                          num_classes=3, train_examples=12, test_examples=5)
   assert (splits.info.num_train, splits.info.num_test) == (12, 5)
   assert len(splits.train.labels) == 12 and len(splits.test.labels) == 5
+
+
+def test_the_label_kind_is_decided_once_by_the_loader_and_carried(
+    data_dir, tmp_path):
+  kinds = {labels: datasets.load("fashion_mnist", data_dir,
+                                 labels=labels).info.label_kind
+           for labels in ("classes", "targets", "masks", "any")}
+  assert kinds == {"classes": datasets.LabelKind.CLASSES,
+                   "targets": datasets.LabelKind.TARGETS,
+                   "masks": datasets.LabelKind.MASKS,
+                   "any": datasets.LabelKind.CLASSES}
+  # A user's loader that does not say: decided from the labels' shape.
+  def info(label_shape, label_dtype):
+    return datasets.DatasetInfo(
+        name="mine", image_shape=(8, 8, 1), num_classes=2, num_train=1,
+        num_test=1, mean=(0.0,), std=(1.0,), label_shape=label_shape,
+        label_dtype=label_dtype).label_kind
+  assert info((), "int64") == datasets.LabelKind.CLASSES
+  assert info((3,), "float32") == datasets.LabelKind.TARGETS
+  assert info((8, 8), "uint8") == datasets.LabelKind.MASKS
+  assert info((8, 8), "float32") == datasets.LabelKind.OTHER
+  with pytest.raises(UserError, match=r"^Task.labels = 'boxes': give one "
+                     "of classes, targets, masks, other or any"):
+    datasets.LabelKind.of("boxes")

@@ -27,7 +27,7 @@ from engine.datasets.record_files import (  # noqa: F401
 from engine.datasets.sources import (  # noqa: F401
     ArrayRows, Examples, ImageFiles)
 from engine.datasets.splits import (  # noqa: F401
-    DatasetInfo, Epochs, Shard, Source, Splits)
+    DatasetInfo, Epochs, LabelKind, Shard, Source, Splits)
 from engine.core import run_files
 from engine.core.errors import UserError
 from engine.core.registry import Registry
@@ -66,6 +66,8 @@ def load(name: str, *args, model_dir: str = "",
   """
   normalization = recorded_normalization(model_dir) or normalization
   _refuse_unread_counts(name, params)
+  if "labels" in params:  # what the task learns from: a kind, or any
+    params["labels"] = LabelKind.of(params["labels"])
   for key, default in _DEFAULT_SIZES_OF.get(name, _DEFAULT_SIZES).items():
     if params.get(key) == 0:
       params[key] = default
@@ -81,7 +83,7 @@ def load(name: str, *args, model_dir: str = "",
         std=tuple(normalization[1])))
   info = splits.info
   _check_transform(model_dir, info)
-  if _has_targets(info):  # those recorded, the loader's, or computed here
+  if info.has_targets():  # those recorded, the loader's, or computed here
     target_statistics = recorded_target_statistics(model_dir) or (
         {} if info.label_mean else _target_statistics(splits.train.labels))
     splits = dataclasses.replace(splits, info=dataclasses.replace(
@@ -117,7 +119,7 @@ def record(model_dir: str, info: DatasetInfo) -> None:
   statistics = {"mean": list(info.mean), "std": list(info.std)}
   if info.transform:  # what the statistics were measured on
     statistics.update(transform=info.transform)
-  if _has_targets(info):
+  if info.has_targets():
     statistics.update(target_mean=list(info.label_mean),
                       target_std=list(info.label_std))
   run_files.write_normalization(model_dir, statistics)
@@ -132,10 +134,6 @@ def _check_transform(model_dir: str, info: DatasetInfo) -> None:
         f"normalizes {recorded['transform'] or 'untransformed'} values, and "
         f"this start would read {info.transform or 'untransformed'} ones "
         "(--log_transform): give the flag as the run started")
-
-
-def _has_targets(info: DatasetInfo) -> bool:
-  return bool(info.label_shape) and info.label_dtype.startswith("float")
 
 
 def _target_statistics(labels: np.ndarray) -> dict:

@@ -17,13 +17,14 @@ grow with the data set (`bench/input_memory.py`).
 `from_arrays` builds the same splits from arrays a script already holds.
 """
 import os
+from typing import Optional
 
 import numpy as np
 
 from engine.core.errors import UserError
 from engine.datasets import array_files
 from engine.datasets.sources import ArrayRows, Examples
-from engine.datasets.splits import DatasetInfo, Splits
+from engine.datasets.splits import DatasetInfo, LabelKind, Splits
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 CLASS_NAMES_KEY = "class_names"
@@ -33,7 +34,7 @@ STATS_SAMPLE = 4096
 
 
 def load(*, data_dir: str, array_keys: list, normalization=None,
-         labels: str = "classes") -> Splits:
+         labels: Optional[LabelKind] = LabelKind.CLASSES) -> Splits:
   """The splits of the arrays at `data_dir`; `normalization` is (mean, std)
   to use rather than the sample's. `labels`: what the task learns from
   (engine/tasks: classes, targets, masks, or any, which reads float labels
@@ -58,7 +59,7 @@ def load(*, data_dir: str, array_keys: list, normalization=None,
 
 def from_arrays(x_train, y_train, x_test, y_test, *, class_names=(),
                 name: str = "arrays", normalization=None,
-                labels: str = "any") -> Splits:
+                labels: Optional[LabelKind] = None) -> Splits:
   """Splits from numpy arrays in memory, checked as files are: for a
   script's `dataset=` (engine.train.run)."""
   arrays = [array_files.InMemory(np.asarray(a))
@@ -110,11 +111,12 @@ def _splits(x_train, y_train, x_test, y_test, *, source: str,
                     f"{'x'.join(map(str, test_images.shape[1:]))}")
   if not train_images.shape[0]:
     raise UserError(f"{x_train.label or names[0]}: holds no images")
-  if labels == "targets" or (labels == "any" and _are_targets(y_train)):
+  if labels == LabelKind.TARGETS or (labels is None
+                                     and _are_targets(y_train)):
     train_labels, test_labels, label_info = _targets(
         y_train, y_test, x_train.shape[0], x_test.shape[0], source=source,
         names=names)
-  elif labels == "masks":
+  elif labels == LabelKind.MASKS:
     train_labels, test_labels, label_info = _masks(
         y_train, y_test, train_images.shape, test_images.shape,
         names=names, class_names=class_names)
@@ -155,7 +157,8 @@ def _classes(y_train, y_test, num_train: int, num_test: int, *,
                 f"{names[1]}'s labels go up to {num_classes - 1}")
       raise UserError(f"{array.label or name}: label {labels.max()} is out "
                       f"of range ({reason})")
-  return train_labels, test_labels, dict(num_classes=num_classes)
+  return train_labels, test_labels, dict(num_classes=num_classes,
+                                         label_kind=LabelKind.CLASSES)
 
 
 def _targets(y_train, y_test, num_train: int, num_test: int, *,
@@ -169,7 +172,7 @@ def _targets(y_train, y_test, num_train: int, num_test: int, *,
                     f"{names[1]}, {test_targets.shape[1]} in {names[3]}")
   return train_targets, test_targets, dict(
       num_classes=0, label_shape=train_targets.shape[1:],
-      label_dtype="float32")
+      label_dtype="float32", label_kind=LabelKind.TARGETS)
 
 
 def _masks(y_train, y_test, train_shape: tuple, test_shape: tuple, *,
@@ -180,7 +183,8 @@ def _masks(y_train, y_test, train_shape: tuple, test_shape: tuple, *,
   test_masks = _checked_masks(y_test, names[3], test_shape, names[2])
   return train_masks, test_masks, dict(
       num_classes=len(class_names) or int(train_masks.max(initial=0)) + 1,
-      label_shape=train_masks.shape[1:], label_dtype=train_masks.dtype.name)
+      label_shape=train_masks.shape[1:], label_dtype=train_masks.dtype.name,
+      label_kind=LabelKind.MASKS)
 
 
 def _source(stored, images: _Images, labels: np.ndarray):

@@ -27,8 +27,9 @@ class Augmentation:
   task's targets allow, and --progressive_resizing). Images are flipped
   left and right and shifted by up to `shift` of their size (`augment`);
   volumes flipped along each spatial axis and, with `transpose`, their
-  axes put in a random order (`augment_volumes`). `resizing`, ((side, last epoch), ...), makes the
-  images of the first epochs smaller (engine/input/data.py)."""
+  axes put in a random order (`augment_volumes`). `resizing`, ((side,
+  last epoch), ...), makes the images of the first epochs smaller
+  (engine/input/data.py)."""
   flip: bool = False
   shift: float = 0.0
   transpose: bool = False

@@ -13,7 +13,7 @@ import tensorflow as tf
 from engine.core.errors import UserError
 from engine.datasets import idx
 from engine.datasets.sources import Examples
-from engine.datasets.splits import DatasetInfo, Splits
+from engine.datasets.splits import DatasetInfo, LabelKind, Splits
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 FILES = {
@@ -32,7 +32,7 @@ CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 
 
-def load(data_dir: str, labels: str = "classes") -> Splits:
+def load(data_dir: str, labels: LabelKind = LabelKind.CLASSES) -> Splits:
   """The data set; with `labels="masks"` (--task=segmentation), each image's
   mask instead of its class (`masks`); with `labels="targets"`
   (--task=regression), each image turned by an angle to tell (`angles`)."""
@@ -52,12 +52,12 @@ def load(data_dir: str, labels: str = "classes") -> Splits:
       name="fashion_mnist", image_shape=train_x.shape[1:],
       num_classes=NUM_CLASSES, num_train=len(train_x), num_test=len(test_x),
       mean=(float(pixels.mean()),), std=(float(pixels.std()),),
-      class_names=CLASS_NAMES)
+      class_names=CLASS_NAMES, label_kind=LabelKind.CLASSES)
   splits = Splits(train=Examples(train_x, train_y),
                   test=Examples(test_x, test_y), info=info)
-  if labels == "masks":
+  if labels == LabelKind.MASKS:
     return masks(splits)
-  if labels == "targets":
+  if labels == LabelKind.TARGETS:
     return angles(splits)
   return splits
 
@@ -74,7 +74,8 @@ def masks(splits: Splits) -> Splits:
   info = dataclasses.replace(
       splits.info, num_classes=NUM_CLASSES + 1,
       class_names=("background", *CLASS_NAMES),
-      label_shape=splits.info.image_shape[:2], label_dtype="uint8")
+      label_shape=splits.info.image_shape[:2], label_dtype="uint8",
+      label_kind=LabelKind.MASKS)
   return Splits(train=masked(splits.train), test=masked(splits.test),
                 info=info)
 
@@ -107,7 +108,7 @@ def angles(splits: Splits) -> Splits:
   info = dataclasses.replace(
       splits.info, num_classes=0, class_names=("angle",),
       mean=(float(pixels.mean()),), std=(float(pixels.std()),),
-      label_shape=(1,), label_dtype="float32")
+      label_shape=(1,), label_dtype="float32", label_kind=LabelKind.TARGETS)
   return Splits(train=train, test=test, info=info)
 
 

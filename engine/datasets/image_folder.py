@@ -37,7 +37,7 @@ import tensorflow as tf
 from engine.core.errors import UserError
 from engine.core.run_files import CLASSES_FILE
 from engine.datasets.sources import ImageFiles, decode
-from engine.datasets.splits import DatasetInfo, Splits
+from engine.datasets.splits import DatasetInfo, LabelKind, Splits
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TRAIN_DIR = "train"
@@ -50,10 +50,11 @@ _MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"GIF87a", b"GIF89a")
 
 def load(*, data_dir: str, image_size: int, channels: int,
          validation_split: float, skip_bad_files: bool,
-         normalization=None, labels: str = "classes") -> Splits:
+         normalization=None,
+         labels: LabelKind = LabelKind.CLASSES) -> Splits:
   """`normalization` is (mean, std) to use rather than the sample's;
   `labels="masks"` reads the images/ and masks/ layout."""
-  if labels == "masks":
+  if labels == LabelKind.MASKS:
     return _masks_splits(data_dir, (image_size, image_size, channels),
                          normalization)
   class_names, train, validation = list_files(
@@ -135,7 +136,8 @@ def _masks_splits(data_dir: str, image_shape, normalization) -> Splits:
       image_shape=image_shape, num_classes=len(class_names),
       num_train=len(splits[0].paths), num_test=len(splits[1].paths),
       mean=tuple(mean), std=tuple(std), class_names=class_names,
-      label_shape=image_shape[:2], label_dtype="uint8")
+      label_shape=image_shape[:2], label_dtype="uint8",
+      label_kind=LabelKind.MASKS)
   return Splits(train=splits[0], test=splits[1], info=info)
 
 

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from engine.core.errors import UserError
+from engine.datasets import LabelKind
 from engine.tasks.task import Task
 
 LOSSES = ("mse", "mae", "huber")
@@ -25,7 +26,7 @@ class Regression(Task):
   """Float32 targets [batch, k]; float32 outputs [batch, k]."""
 
   best_metric = "mae:min"
-  labels = "targets"
+  labels = LabelKind.TARGETS
 
   @property
   def augmentation_keeps_targets(self) -> bool:

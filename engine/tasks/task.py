@@ -37,7 +37,7 @@ import numpy as np
 import keras
 import tensorflow as tf
 
-from engine.datasets import DatasetInfo
+from engine.datasets import DatasetInfo, LabelKind
 
 
 class Task:
@@ -47,11 +47,11 @@ class Task:
   # "<figure>:max" or "<figure>:min", a name `figures` returns: the
   # validation figure that decides best/, --target and early stopping.
   best_metric = "loss:min"
-  # What the task learns from, which loaders that read several kinds of
-  # labels take (--dataset=arrays): "classes" (an integer class id per
-  # image), "targets" (float values, [k] per image), "masks" (a class id
-  # per pixel, [H, W] per image), or "any".
-  labels = "any"
+  # What the task learns from (a LabelKind, or its name), which loaders
+  # that read several kinds of labels take (--dataset=arrays): CLASSES (an
+  # integer class id per image), TARGETS (float values, [k] per image),
+  # MASKS (a class id per pixel, [H, W] per image), or None: any.
+  labels: Optional[LabelKind] = None
   # Whether flips, shifts and a volume's axis orders (--random_flip,
   # --random_shift, --random_transpose) keep the targets right: they do
   # not change with them (a class) or move with the images (masks, which
