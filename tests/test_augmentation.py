@@ -5,7 +5,6 @@ import logging
 
 from absl import flags
 import numpy as np
-import pytest
 
 from engine import train as train_lib
 from engine.core import config as engine_config

@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from engine.datasets import (arrays, cifar10, fashion_mnist, image_folder,
-                             synthetic, tfrecord)
+                             statistics, synthetic, tfrecord)
 # The loaders' contract, and arrays a script holds, for users' own code.
 from engine.datasets.arrays import from_arrays  # noqa: F401
 from engine.datasets.record_files import (  # noqa: F401
@@ -139,10 +139,9 @@ def _check_transform(model_dir: str, info: DatasetInfo) -> None:
 def _target_statistics(labels: np.ndarray) -> dict:
   """Each target's mean and std over the training set (std 1 for a
   constant target)."""
-  labels = np.asarray(labels, np.float64).reshape(len(labels), -1)
-  std = labels.std(axis=0)
-  return dict(label_mean=tuple(map(float, labels.mean(axis=0))),
-              label_std=tuple(float(s) if s > 0 else 1.0 for s in std))
+  mean, std = statistics.channel_statistics(
+      np.asarray(labels).reshape(len(labels), -1))
+  return dict(label_mean=mean, label_std=std)
 
 
 def recorded_target_statistics(model_dir: str) -> Optional[dict]:

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from engine.core.errors import UserError
-from engine.datasets import array_files
+from engine.datasets import array_files, statistics
 from engine.datasets.sources import ArrayRows, Examples
 from engine.datasets.splits import DatasetInfo, LabelKind, Splits
 
@@ -124,8 +124,8 @@ def _splits(x_train, y_train, x_test, y_test, *, source: str,
     train_labels, test_labels, label_info = _classes(
         y_train, y_test, x_train.shape[0], x_test.shape[0], names=names,
         class_names=class_names)
-  mean, std = normalization or _statistics(train_images,
-                                          x_train.label or names[0])
+  mean, std = normalization or _sample_statistics(
+      train_images, x_train.label or names[0])
   info = DatasetInfo(
       name=os.path.basename(source.rstrip("/")) or "arrays",
       image_shape=train_images.shape[1:], num_train=len(train_labels),
@@ -282,7 +282,7 @@ def _checked_labels(array, name: str, num_images: int,
   return values
 
 
-def _statistics(images: _Images, label: str) -> tuple[tuple, tuple]:
+def _sample_statistics(images: _Images, label: str) -> tuple[tuple, tuple]:
   """Per-channel mean and std of a seeded sample of the training images;
   `label` names them in errors."""
   count = images.shape[0]
@@ -293,7 +293,4 @@ def _statistics(images: _Images, label: str) -> tuple[tuple, tuple]:
   if not finite.all():
     raise UserError(f"{label}: image {rows[~finite][0]} has NaN or infinite "
                     "pixel values; replace or drop it")
-  mean = pixels.mean(axis=(0, 1, 2))
-  std = pixels.std(axis=(0, 1, 2))
-  return (tuple(float(m) for m in mean),
-          tuple(float(s) if s > 0 else 1.0 for s in std))
+  return statistics.channel_statistics(pixels)

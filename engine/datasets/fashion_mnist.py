@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine.core.errors import UserError
-from engine.datasets import idx
+from engine.datasets import idx, statistics
 from engine.datasets.sources import Examples
 from engine.datasets.splits import DatasetInfo, LabelKind, Splits
 
@@ -47,11 +47,11 @@ def load(data_dir: str, labels: LabelKind = LabelKind.CLASSES) -> Splits:
                                data_dir, "train")
   test_x, test_y = _examples(arrays["test_images"], arrays["test_labels"],
                              data_dir, "t10k")
-  pixels = train_x.astype(np.float64)
+  mean, std = statistics.channel_statistics(train_x)
   info = DatasetInfo(
       name="fashion_mnist", image_shape=train_x.shape[1:],
       num_classes=NUM_CLASSES, num_train=len(train_x), num_test=len(test_x),
-      mean=(float(pixels.mean()),), std=(float(pixels.std()),),
+      mean=mean, std=std,
       class_names=CLASS_NAMES, label_kind=LabelKind.CLASSES)
   splits = Splits(train=Examples(train_x, train_y),
                   test=Examples(test_x, test_y), info=info)
@@ -104,10 +104,10 @@ def angles(splits: Splits) -> Splits:
     return Examples(images, degrees.astype(np.float32)[:, None])
 
   train, test = turned(splits.train, 0), turned(splits.test, 1)
-  pixels = train.images.astype(np.float64)
+  mean, std = statistics.channel_statistics(train.images)
   info = dataclasses.replace(
       splits.info, num_classes=0, class_names=("angle",),
-      mean=(float(pixels.mean()),), std=(float(pixels.std()),),
+      mean=mean, std=std,
       label_shape=(1,), label_dtype="float32", label_kind=LabelKind.TARGETS)
   return Splits(train=train, test=test, info=info)
 

@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from engine.core.errors import UserError
 from engine.core.run_files import CLASSES_FILE
+from engine.datasets import statistics
 from engine.datasets.sources import ImageFiles, decode
 from engine.datasets.splits import DatasetInfo, LabelKind, Splits
 
@@ -64,7 +65,7 @@ def load(*, data_dir: str, image_size: int, channels: int,
   splits = [ImageFiles(tuple(p for p, _ in files),
                        np.array([l for _, l in files], np.int64))
             for files in (train, validation)]
-  mean, std = normalization or _statistics(splits[0], image_shape)
+  mean, std = normalization or _sample_statistics(splits[0], image_shape)
   info = DatasetInfo(
       name=os.path.basename(os.path.abspath(data_dir)),
       image_shape=image_shape, num_classes=len(class_names),
@@ -130,7 +131,7 @@ def _masks_splits(data_dir: str, image_shape, normalization) -> Splits:
   for split_dir in (train_dir, validation_dir):
     images, masks = zip(*_mask_pairs(split_dir))
     splits.append(ImageFiles(images, np.array(masks)))
-  mean, std = normalization or _statistics(splits[0], image_shape)
+  mean, std = normalization or _sample_statistics(splits[0], image_shape)
   info = DatasetInfo(
       name=os.path.basename(os.path.abspath(data_dir)),
       image_shape=image_shape, num_classes=len(class_names),
@@ -268,7 +269,7 @@ def _hold_out(files, fraction: float, class_names):
   return sorted(train), sorted(validation)
 
 
-def _statistics(images: ImageFiles, image_shape) -> tuple[tuple, tuple]:
+def _sample_statistics(images: ImageFiles, image_shape):
   """Per-channel mean and std of a seeded sample of the training images,
   decoded and resized as training reads them."""
   rows = np.sort(np.random.default_rng(0).choice(
@@ -277,19 +278,13 @@ def _statistics(images: ImageFiles, image_shape) -> tuple[tuple, tuple]:
   decoded = tf.data.Dataset.from_tensor_slices(sample).map(
       lambda path: decode(path, image_shape),
       num_parallel_calls=len(os.sched_getaffinity(0)))
-  count, total, squares = 0, 0.0, 0.0
+  moments = statistics.Moments()
   try:
     for batch in decoded.batch(64):
-      pixels = batch.numpy().astype(np.float64).reshape(-1, image_shape[-1])
-      count += len(pixels)
-      total = total + pixels.sum(0)
-      squares = squares + (pixels ** 2).sum(0)
+      moments.add(batch.numpy().reshape(-1, image_shape[-1]))
   except tf.errors.InvalidArgumentError:
     raise UserError(_first_undecodable(sample, image_shape)) from None
-  mean = total / count
-  std = np.sqrt(np.maximum(squares / count - mean ** 2, 0))
-  return (tuple(float(m) for m in mean),
-          tuple(float(s) if s > 0 else 1.0 for s in std))
+  return moments.result()
 
 
 def _first_undecodable(paths, image_shape) -> str:

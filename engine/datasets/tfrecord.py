@@ -105,7 +105,7 @@ def _declared(spec: record_features.FeatureSpec, train, test, *,
   if normalization and not targets:
     statistics = dict(zip(("mean", "std"), normalization))
   else:
-    statistics = record_features.statistics(train, spec, compression,
+    statistics = record_features.sample_statistics(train, spec, compression,
                                             info.transformed)
   return Splits(
       train=FeatureRecords(train, compression, features=spec, cache=cache),
