@@ -112,7 +112,8 @@ def range_test(config: TrainConfig, *, min_lr: float,
       splits.train, splits.info, shard=Shard(world.rank, world.size),
       epochs=Epochs(batch_size=step_batch, steps=steps_per_epoch,
                     seed=training.seed),
-      augmentation=Augmentation.requested(config.data, resizing=False)))
+      augmentation=Augmentation.requested(config.data, task,
+                                          resizing=False)))
   distributed.broadcast_from_chief(model.variables)
   window = metrics.StepWindow(train_step.totals)
   rates, losses = [], []

@@ -83,6 +83,9 @@ def cross_entropy(real: bool, logits):
 class DCGAN(Task):
   optimizers = ("generator", "discriminator")
   best_metric = "fooled:max"
+  # What it learns to make are the images: a flipped or shifted garment is
+  # still one, so --random_flip and --random_shift apply.
+  augmentation_keeps_targets = True
   latent = 100
   width = 64
   dropout = 0.3  # the discriminator's

@@ -17,6 +17,7 @@ from engine.tasks import Task
 class FocalLoss(Task):
   best_metric = "top2_accuracy:max"  # decides best/ and --target
   labels = "classes"  # integer class ids, one per image
+  augmentation_keeps_targets = True  # a flipped or shifted image: same class
   gamma = 2.0
 
   def loss(self, labels, outputs):

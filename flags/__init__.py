@@ -38,11 +38,13 @@ def as_flagfile() -> str:
   """The engine's flags with their current values, as a flagfile's lines.
 
   Only the engine's own flags: absl's logging and debugging flags are not
-  part of what a run is.
+  part of what a run is; nor the augmentation flags not given, whose
+  defaults the task decides (data.TASK_DEFAULTS).
   """
   lines = [flag.serialize()
            for module in MODULES
-           for flag in FLAGS.get_flags_for_module(module.__name__)]
+           for flag in FLAGS.get_flags_for_module(module.__name__)
+           if flag.present or flag.name not in data.TASK_DEFAULTS]
   return "\n".join(lines) + "\n"
 
 
@@ -107,6 +109,8 @@ def _data() -> config.DataConfig:
       normalization=_normalization(),
       random_flip=FLAGS.random_flip, random_shift=FLAGS.random_shift,
       random_transpose=FLAGS.random_transpose,
+      given_augmentation=tuple(name for name in data.TASK_DEFAULTS
+                               if FLAGS[name].present),
       progressive_resizing=data.resizing_stages(FLAGS.progressive_resizing),
       eval_flip=FLAGS.eval_flip, eval_shift=FLAGS.eval_shift,
       stage_dir=FLAGS.stage_dir)

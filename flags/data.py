@@ -22,8 +22,18 @@ flags.DEFINE_string("data_dir", "",
                     "set's default (fashion_mnist: "
                     "/usr/share/datasets/fashion-mnist, from Debian's "
                     "dataset-fashion-mnist).")
+# The augmentation flags whose defaults apply only to a task whose targets
+# they keep (Task.augmentation_keeps_targets). flags.txt records them only
+# when given (as_flagfile), so a run started again from it decides as the
+# run did.
+TASK_DEFAULTS = ("random_flip", "random_shift", "random_transpose")
 flags.DEFINE_bool("random_flip", True,
-                  "Augment training images with random horizontal flips.")
+                  "Augment training images with random horizontal flips "
+                  "(volumes: along each axis). On by default for tasks whose "
+                  "targets a flip keeps (classification, segmentation, "
+                  "reconstruction, regression of volumes; "
+                  "Task.augmentation_keeps_targets); off for others, "
+                  "unless given, with a warning.")
 flags.DEFINE_bool("eval_flip", False,
                   "Evaluate each test image and its mirror image, and "
                   "predict the mean of their probabilities (test-time "
@@ -42,7 +52,9 @@ flags.DEFINE_float("random_shift", 0.1,
                    "Augment training images (not volumes) with random "
                    "shifts of up to this fraction of height and width (the "
                    "Horovod lab uses 0.2; CIFAR's pad-4-and-crop is 0.125); "
-                   "0 disables.", lower_bound=0.0, upper_bound=0.5)
+                   "0 disables. The default applies as --random_flip's "
+                   "does: to tasks whose targets a shift keeps.",
+                   lower_bound=0.0, upper_bound=0.5)
 flags.DEFINE_list(
     "progressive_resizing", [],
     "Train the first epochs on smaller images, as SIDE:EPOCHS stages: "

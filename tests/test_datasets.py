@@ -61,3 +61,54 @@ def test_missing_default_directory_says_which_package(monkeypatch, tmp_path):
   with pytest.raises(UserError,
                      match="apt-get install dataset-fashion-mnist"):
     datasets.load("fashion_mnist", "")
+
+
+@pytest.mark.parametrize("flag", ["train_examples", "test_examples"])
+def test_a_count_a_loader_does_not_take_is_refused_naming_the_flag(
+    data_dir, tmp_path, flag):
+  """--train_examples and --test_examples reach tfrecord and synthetic;
+  every other loader refuses them in one line rather than drop them."""
+  folder = fixtures.write_image_folder(str(tmp_path / "folder"))
+  for name, where, extra in (
+      ("fashion_mnist", data_dir, {}),
+      ("cifar10", fixtures.write_cifar10(str(tmp_path / "cifar")), {}),
+      ("arrays", fixtures.write_arrays(str(tmp_path / "a.npz")),
+       dict(array_keys=())),
+      ("image_folder", folder, dict(image_size=8, channels=3,
+                                    validation_split=0.0,
+                                    skip_bad_files=False))):
+    with pytest.raises(UserError, match=f"^--{flag}=7: --dataset={name} "
+                       "counts its own examples.*drop it$"):
+      datasets.load(name, data_dir=where, **{flag: 7}, **extra)
+    datasets.load(name, data_dir=where, **{flag: 0}, **extra)  # the default
+
+
+def test_synthetic_makes_the_counts_it_is_given():
+  splits = datasets.load("synthetic", image_size=8, channels=1,
+                         num_classes=3, train_examples=12, test_examples=5)
+  assert (splits.info.num_train, splits.info.num_test) == (12, 5)
+  assert len(splits.train.labels) == 12 and len(splits.test.labels) == 5
+
+
+def test_the_label_kind_is_decided_once_by_the_loader_and_carried(
+    data_dir, tmp_path):
+  kinds = {labels: datasets.load("fashion_mnist", data_dir,
+                                 labels=labels).info.label_kind
+           for labels in ("classes", "targets", "masks", "any")}
+  assert kinds == {"classes": datasets.LabelKind.CLASSES,
+                   "targets": datasets.LabelKind.TARGETS,
+                   "masks": datasets.LabelKind.MASKS,
+                   "any": datasets.LabelKind.CLASSES}
+  # A user's loader that does not say: decided from the labels' shape.
+  def info(label_shape, label_dtype):
+    return datasets.DatasetInfo(
+        name="mine", image_shape=(8, 8, 1), num_classes=2, num_train=1,
+        num_test=1, mean=(0.0,), std=(1.0,), label_shape=label_shape,
+        label_dtype=label_dtype).label_kind
+  assert info((), "int64") == datasets.LabelKind.CLASSES
+  assert info((3,), "float32") == datasets.LabelKind.TARGETS
+  assert info((8, 8), "uint8") == datasets.LabelKind.MASKS
+  assert info((8, 8), "float32") == datasets.LabelKind.OTHER
+  with pytest.raises(UserError, match=r"^Task.labels = 'boxes': give one "
+                     "of classes, targets, masks, other or any"):
+    datasets.LabelKind.of("boxes")

@@ -231,6 +231,43 @@ def read_choice(directory: str, name: str, key: str, allowed,
   return read_record(directory, name, checked, keeps)
 
 
+# The data's records: classes.txt and normalization.json.
+
+
+def write_classes(directory: str, class_names) -> None:
+  """CLASSES_FILE in `directory`: one name a line, in label order."""
+  with open(os.path.join(directory, CLASSES_FILE), "w") as f:
+    f.writelines(name + "\n" for name in class_names)
+
+
+def write_normalization(model_dir: str, statistics: dict) -> None:
+  """NORMALIZATION_FILE: the statistics the run normalizes with, written
+  at its first start (`read_normalization` says what they hold)."""
+  write_record(model_dir, NORMALIZATION_FILE, statistics)
+
+
+def read_normalization(model_dir: str) -> Optional[dict]:
+  """NORMALIZATION_FILE's statistics, or None if there is none: mean and
+  std, and target_mean and target_std if recorded; each a tuple of finite
+  numbers, the stds positive; and the transform they were measured after
+  ('' for none). A resume and engine.evaluate normalize with them exactly
+  as the run's first start did."""
+  def checked(recorded):
+    statistics = {key: tuple(float(v) for v in recorded[key])
+                  for key in ("mean", "std", "target_mean", "target_std")
+                  if key in recorded or key in ("mean", "std")}
+    stds = statistics["std"] + statistics.get("target_std", ())
+    # What would make every normalized image (or target) NaN or infinite.
+    if (min(stds, default=0) <= 0 or
+        not all(map(math.isfinite, sum(statistics.values(), ())))):
+      raise ValueError("not finite numbers with a positive std")
+    return dict(statistics, transform=str(recorded.get("transform", "")))
+
+  return read_record(
+      model_dir, NORMALIZATION_FILE, checked,
+      "the run's normalization: restore it, or delete it to recompute")
+
+
 # The checkpoints' format.
 
 

@@ -12,26 +12,25 @@ disk (read by rows), synthetic images. A user's own loader,
 their signatures and receive only those (engine/core/registry.py).
 """
 import dataclasses
-import json
-import math
+import inspect
 import os
 from typing import Optional
 
 import numpy as np
 
 from engine.datasets import (arrays, cifar10, fashion_mnist, image_folder,
-                             synthetic, tfrecord)
+                             statistics, synthetic, tfrecord)
 # The loaders' contract, and arrays a script holds, for users' own code.
 from engine.datasets.arrays import from_arrays  # noqa: F401
-from engine.datasets.record_files import RecordFiles  # noqa: F401
+from engine.datasets.record_files import (  # noqa: F401
+    FeatureRecords, ImageRecords, RecordFiles)
 from engine.datasets.sources import (  # noqa: F401
     ArrayRows, Examples, ImageFiles)
 from engine.datasets.splits import (  # noqa: F401
-    DatasetInfo, Epochs, Shard, Source, Splits)
+    DatasetInfo, Epochs, LabelKind, Shard, Source, Splits)
 from engine.core import run_files
 from engine.core.errors import UserError
 from engine.core.registry import Registry
-from engine.core.run_files import CLASSES_FILE
 
 _DATASETS = Registry("dataset", {
     "arrays": arrays.load,
@@ -66,6 +65,9 @@ def load(name: str, *args, model_dir: str = "",
   streamed records), or computed here.
   """
   normalization = recorded_normalization(model_dir) or normalization
+  _refuse_unread_counts(name, params)
+  if "labels" in params:  # what the task learns from: a kind, or any
+    params["labels"] = LabelKind.of(params["labels"])
   for key, default in _DEFAULT_SIZES_OF.get(name, _DEFAULT_SIZES).items():
     if params.get(key) == 0:
       params[key] = default
@@ -81,7 +83,7 @@ def load(name: str, *args, model_dir: str = "",
         std=tuple(normalization[1])))
   info = splits.info
   _check_transform(model_dir, info)
-  if _has_targets(info):  # those recorded, the loader's, or computed here
+  if info.has_targets():  # those recorded, the loader's, or computed here
     target_statistics = recorded_target_statistics(model_dir) or (
         {} if info.label_mean else _target_statistics(splits.train.labels))
     splits = dataclasses.replace(splits, info=dataclasses.replace(
@@ -95,23 +97,37 @@ def load(name: str, *args, model_dir: str = "",
   return splits
 
 
+def _refuse_unread_counts(name: str, params: dict) -> None:
+  """--train_examples and --test_examples reach only loaders that take
+  them (tfrecord: its records' count; synthetic: how many to make); for
+  any other, one line rather than a flag silently dropped."""
+  taken = inspect.signature(_DATASETS.builder(name)).parameters
+  if any(p.kind == p.VAR_KEYWORD for p in taken.values()):
+    return
+  for flag in ("train_examples", "test_examples"):
+    if params.get(flag) and flag not in taken:
+      raise UserError(
+          f"--{flag}={params[flag]}: --dataset={name} counts its own "
+          "examples and takes no count (the flag is for tfrecord, the "
+          "count of its records, and synthetic, how many to make); drop it")
+
+
 def record(model_dir: str, info: DatasetInfo) -> None:
   """Writes classes.txt and the normalization statistics (the images', and
   float targets') into model_dir."""
-  write_classes(model_dir, info.classes())
+  run_files.write_classes(model_dir, info.classes())
   statistics = {"mean": list(info.mean), "std": list(info.std)}
   if info.transform:  # what the statistics were measured on
     statistics.update(transform=info.transform)
-  if _has_targets(info):
+  if info.has_targets():
     statistics.update(target_mean=list(info.label_mean),
                       target_std=list(info.label_std))
-  with open(os.path.join(model_dir, run_files.NORMALIZATION_FILE), "w") as f:
-    json.dump(statistics, f)
+  run_files.write_normalization(model_dir, statistics)
 
 
 def _check_transform(model_dir: str, info: DatasetInfo) -> None:
   """The run's statistics were measured on values transformed as now."""
-  recorded = _read_normalization(model_dir)
+  recorded = run_files.read_normalization(model_dir)
   if recorded and recorded["transform"] != info.transform:
     raise UserError(
         f"{os.path.join(model_dir, run_files.NORMALIZATION_FILE)}: this run "
@@ -120,54 +136,23 @@ def _check_transform(model_dir: str, info: DatasetInfo) -> None:
         "(--log_transform): give the flag as the run started")
 
 
-def _has_targets(info: DatasetInfo) -> bool:
-  return bool(info.label_shape) and info.label_dtype.startswith("float")
-
-
 def _target_statistics(labels: np.ndarray) -> dict:
   """Each target's mean and std over the training set (std 1 for a
   constant target)."""
-  labels = np.asarray(labels, np.float64).reshape(len(labels), -1)
-  std = labels.std(axis=0)
-  return dict(label_mean=tuple(map(float, labels.mean(axis=0))),
-              label_std=tuple(float(s) if s > 0 else 1.0 for s in std))
+  mean, std = statistics.channel_statistics(
+      np.asarray(labels).reshape(len(labels), -1))
+  return dict(label_mean=mean, label_std=std)
 
 
 def recorded_target_statistics(model_dir: str) -> Optional[dict]:
   """Float targets' statistics recorded in model_dir, if any."""
-  recorded = _read_normalization(model_dir)
+  recorded = run_files.read_normalization(model_dir)
   if not recorded or "target_mean" not in recorded:
     return None
   return dict(label_mean=tuple(recorded["target_mean"]),
               label_std=tuple(recorded["target_std"]))
 
 
-def write_classes(directory: str, class_names) -> None:
-  """CLASSES_FILE in `directory`: one name a line, in label order."""
-  with open(os.path.join(directory, CLASSES_FILE), "w") as f:
-    f.writelines(name + "\n" for name in class_names)
-
-
 def recorded_normalization(model_dir: str) -> Optional[tuple]:
-  recorded = _read_normalization(model_dir)
+  recorded = run_files.read_normalization(model_dir)
   return recorded and (recorded["mean"], recorded["std"])
-
-
-def _read_normalization(model_dir: str) -> Optional[dict]:
-  """normalization.json's statistics: mean and std, and target_mean and
-  target_std if recorded; each a tuple of finite numbers, the stds
-  positive; and the transform they were measured after ('' for none)."""
-  def checked(recorded):
-    statistics = {key: tuple(float(v) for v in recorded[key])
-                  for key in ("mean", "std", "target_mean", "target_std")
-                  if key in recorded or key in ("mean", "std")}
-    stds = statistics["std"] + statistics.get("target_std", ())
-    # What would make every normalized image (or target) NaN or infinite.
-    if (min(stds, default=0) <= 0 or
-        not all(map(math.isfinite, sum(statistics.values(), ())))):
-      raise ValueError("not finite numbers with a positive std")
-    return dict(statistics, transform=str(recorded.get("transform", "")))
-
-  return run_files.read_record(
-      model_dir, run_files.NORMALIZATION_FILE, checked,
-      "the run's normalization: restore it, or delete it to recompute")

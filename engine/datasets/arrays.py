@@ -9,45 +9,41 @@ targets), or for segmentation masks, N x H x W integers (a class per
 pixel).
 
 Nothing is loaded whole. Labels (small) are read at start-up and checked;
-images stay on disk and the input pipeline reads the rows of each batch:
-.npy files and the members of an uncompressed .npz (what `np.savez` writes)
-by offset with `os.pread`, HDF5 datasets by slices through h5py. The page
+images stay on disk and the input pipeline reads the rows of each batch
+(engine/datasets/array_files.py reads each format by rows). The page
 cache, not the process, holds what was read, so a rank's memory does not
-grow with the data set (`bench/input_memory.py`). A compressed .npz
-(`np.savez_compressed`) cannot be read by rows and is loaded into memory.
+grow with the data set (`bench/input_memory.py`).
 
 `from_arrays` builds the same splits from arrays a script already holds.
 """
 import os
-import zipfile
+from typing import Optional
 
-from absl import logging
 import numpy as np
 
 from engine.core.errors import UserError
+from engine.datasets import array_files, statistics
 from engine.datasets.sources import ArrayRows, Examples
-from engine.datasets.splits import DatasetInfo, Splits
+from engine.datasets.splits import DatasetInfo, LabelKind, Splits
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 CLASS_NAMES_KEY = "class_names"
-HDF5_SUFFIXES = (".h5", ".hdf5")
 # Rows read at start-up for the normalization statistics: a seeded sample
 # of the training images, the same on every rank and every rerun.
 STATS_SAMPLE = 4096
-_FORMATS = ("an .npz, an .h5/.hdf5 file, or a directory of x_train.npy, "
-            "y_train.npy, x_test.npy, y_test.npy")
 
 
 def load(*, data_dir: str, array_keys: list, normalization=None,
-         labels: str = "classes") -> Splits:
+         labels: Optional[LabelKind] = LabelKind.CLASSES) -> Splits:
   """The splits of the arrays at `data_dir`; `normalization` is (mean, std)
   to use rather than the sample's. `labels`: what the task learns from
   (engine/tasks: classes, targets, masks, or any, which reads float labels
   that are not whole numbers, or several a row, as targets)."""
   if not data_dir:
-    raise UserError(f"--dataset=arrays needs --data_dir=PATH: {_FORMATS}")
+    raise UserError("--dataset=arrays needs --data_dir=PATH: "
+                    f"{array_files.FORMATS}")
   keys = _renamed_keys(array_keys)
-  store = _open(data_dir)
+  store = array_files.open_arrays(data_dir)
   missing = [keys[k] for k in KEYS if keys[k] not in store]
   if missing:
     raise UserError(f"{data_dir}: no {', '.join(missing)} (it holds "
@@ -63,11 +59,11 @@ def load(*, data_dir: str, array_keys: list, normalization=None,
 
 def from_arrays(x_train, y_train, x_test, y_test, *, class_names=(),
                 name: str = "arrays", normalization=None,
-                labels: str = "any") -> Splits:
+                labels: Optional[LabelKind] = None) -> Splits:
   """Splits from numpy arrays in memory, checked as files are: for a
   script's `dataset=` (engine.train.run)."""
-  arrays = [_InMemory(np.asarray(a)) for a in (x_train, y_train, x_test,
-                                               y_test)]
+  arrays = [array_files.InMemory(np.asarray(a))
+            for a in (x_train, y_train, x_test, y_test)]
   return _splits(*arrays, source=name, names=list(KEYS),
                  class_names=tuple(class_names), normalization=normalization,
                  labels=labels)
@@ -83,181 +79,6 @@ def _renamed_keys(array_keys) -> dict[str, str]:
                       f"{', '.join(KEYS)} (e.g. x_train=images)")
     keys[standard] = stored
   return keys
-
-
-# Opening: each format's arrays by name, none read yet.
-
-def _open(path: str) -> dict:
-  if os.path.isdir(path):
-    return {name[:-4]: _NpyFile(os.path.join(path, name))
-            for name in sorted(os.listdir(path)) if name.endswith(".npy")}
-  if not os.path.exists(path):
-    raise UserError(f"--data_dir={path}: no such file or directory; give "
-                    f"{_FORMATS}")
-  if path.endswith(".npz"):
-    return _open_npz(path)
-  if path.endswith(HDF5_SUFFIXES):
-    return _open_hdf5(path)
-  raise UserError(f"--data_dir={path}: not an .npz, .h5 or .hdf5 file; give "
-                  f"{_FORMATS}")
-
-
-def _open_npz(path: str) -> dict:
-  try:
-    archive = zipfile.ZipFile(path)
-    members = archive.infolist()
-  except (zipfile.BadZipFile, OSError) as e:
-    raise UserError(f"{path}: not a readable .npz ({e})") from None
-  arrays = {}
-  for member in members:
-    if not member.filename.endswith(".npy"):
-      continue
-    name = member.filename[:-4]
-    if member.compress_type == zipfile.ZIP_STORED:
-      arrays[name] = _NpyFile(path, _stored_member_offset(path, member),
-                              label=f"{path}:{name}")
-    else:
-      arrays[name] = _load_compressed(archive, member, path)
-  return arrays
-
-
-def _stored_member_offset(path: str, member: zipfile.ZipInfo) -> int:
-  """Where an uncompressed member's bytes start: after its local header
-  (30 bytes, its name, and its extra field, which may differ from the
-  central directory's)."""
-  with open(path, "rb") as f:
-    f.seek(member.header_offset)
-    header = f.read(30)
-  if len(header) < 30 or header[:4] != b"PK\x03\x04":
-    raise UserError(f"{path}: damaged .npz (bad header of {member.filename})")
-  name_length = int.from_bytes(header[26:28], "little")
-  extra_length = int.from_bytes(header[28:30], "little")
-  return member.header_offset + 30 + name_length + extra_length
-
-
-def _open_hdf5(path: str) -> dict:
-  import h5py  # pylint: disable=import-outside-toplevel
-  arrays = {}
-
-  def add(name, item):
-    if isinstance(item, h5py.Dataset):  # by its full path: group/name
-      arrays[name] = _Hdf5Dataset(item, f"{path}:{name}")
-
-  try:
-    h5py.File(path, "r").visititems(add)
-  # Damaged metadata makes h5py raise many exception types (OSError,
-  # RuntimeError, KeyError, ...) at the open or the walk, each meaning the
-  # same.
-  except Exception as e:  # pylint: disable=broad-except
-    raise UserError(f"{path}: not a readable HDF5 file ({e})") from None
-  return arrays
-
-
-class _Stored:
-  """An array by name. Each kind has `shape`, `dtype`, `label` (where it
-  is, for messages), `read(rows)` for increasing rows, and `all()`."""
-
-  def names(self) -> tuple[str, ...]:
-    """The array as class names: 1-D strings (or bytes)."""
-    if len(self.shape) != 1:
-      raise UserError(f"{self.label}: class names must be a 1-D array of "
-                      "strings")
-    return tuple(n.decode() if isinstance(n, bytes) else str(n)
-                 for n in self.all())
-
-
-class _NpyFile(_Stored):
-  """An .npy array on disk (a file, or a member of an uncompressed .npz at
-  `offset`), read by rows with os.pread."""
-
-  def __init__(self, path: str, offset: int = 0, label: str = ""):
-    self.label = label or path
-    try:
-      self._fd = os.open(path, os.O_RDONLY)
-      with open(path, "rb") as f:
-        f.seek(offset)
-        version = np.lib.format.read_magic(f)
-        read_header = (np.lib.format.read_array_header_1_0 if version ==
-                       (1, 0) else np.lib.format.read_array_header_2_0)
-        shape, fortran, dtype = read_header(f)
-        self._data_offset = f.tell()
-    except OSError as e:
-      raise UserError(f"{self.label}: cannot read it ({e.strerror})") from None
-    # A garbled header makes numpy's parser raise almost any exception type
-    # (ValueError, SyntaxError, tokenize.TokenError), each meaning the same.
-    except Exception as e:  # pylint: disable=broad-except
-      raise UserError(f"{self.label}: not an .npy array ({e})") from None
-    if fortran and len(shape) > 1:
-      raise UserError(f"{self.label}: stored in Fortran order, which cannot "
-                      "be read by rows; save it with np.ascontiguousarray")
-    if dtype.hasobject:
-      raise UserError(f"{self.label}: holds Python objects; save plain "
-                      "numbers (or strings, for class_names)")
-    self.shape, self.dtype = tuple(shape), dtype
-    self._row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-    expected = self._data_offset + self._row_bytes * (shape[0] if shape else 1)
-    if os.fstat(self._fd).st_size < expected:
-      raise UserError(f"{self.label}: truncated (its header promises "
-                      f"{shape}, {expected} bytes with the header; the file "
-                      f"has {os.fstat(self._fd).st_size})")
-
-  def read(self, rows) -> np.ndarray:
-    chunks = [os.pread(self._fd, self._row_bytes,
-                       self._data_offset + int(r) * self._row_bytes)
-              for r in rows]
-    return np.frombuffer(b"".join(chunks), self.dtype).reshape(
-        len(chunks), *self.shape[1:])
-
-  def all(self) -> np.ndarray:
-    """In one read (labels: a million rows are a million reads by row)."""
-    count = self.shape[0] if self.shape else 1
-    raw = os.pread(self._fd, self._row_bytes * count, self._data_offset)
-    return np.frombuffer(raw, self.dtype).reshape(self.shape)
-
-
-
-class _Hdf5Dataset(_Stored):
-  """An HDF5 dataset, read by slices (h5py reads only the rows asked)."""
-
-  def __init__(self, dataset, label: str):
-    self._dataset = dataset
-    self.label = label
-    self.shape, self.dtype = tuple(dataset.shape), dataset.dtype
-
-  def read(self, rows) -> np.ndarray:
-    return self._dataset[np.asarray(rows, dtype=np.int64)]
-
-  def all(self) -> np.ndarray:
-    return self._dataset[()]
-
-
-class _InMemory(_Stored):
-  """An array already in memory, with the interface of the readers."""
-
-  def __init__(self, array: np.ndarray, label: str = ""):
-    self.array = array
-    self.label = label
-    self.shape, self.dtype = array.shape, array.dtype
-
-  def read(self, rows) -> np.ndarray:
-    return self.array[np.asarray(rows, dtype=np.int64)]
-
-  def all(self) -> np.ndarray:
-    return self.array
-
-
-def _load_compressed(archive: zipfile.ZipFile, member: zipfile.ZipInfo,
-                      path: str) -> _InMemory:
-  """A compressed .npz member, loaded whole (zip streams cannot be read by
-  rows)."""
-  label = f"{path}:{member.filename[:-4]}"
-  logging.info("%s is compressed and is read into memory; save with "
-               "np.savez (not savez_compressed) to read it by rows", label)
-  try:
-    with archive.open(member) as f:
-      return _InMemory(np.lib.format.read_array(f, allow_pickle=False), label)
-  except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-    raise UserError(f"{label}: cannot read it ({e})") from None
 
 
 # Checking, and the splits.
@@ -290,11 +111,12 @@ def _splits(x_train, y_train, x_test, y_test, *, source: str,
                     f"{'x'.join(map(str, test_images.shape[1:]))}")
   if not train_images.shape[0]:
     raise UserError(f"{x_train.label or names[0]}: holds no images")
-  if labels == "targets" or (labels == "any" and _are_targets(y_train)):
+  if labels == LabelKind.TARGETS or (labels is None
+                                     and _are_targets(y_train)):
     train_labels, test_labels, label_info = _targets(
         y_train, y_test, x_train.shape[0], x_test.shape[0], source=source,
         names=names)
-  elif labels == "masks":
+  elif labels == LabelKind.MASKS:
     train_labels, test_labels, label_info = _masks(
         y_train, y_test, train_images.shape, test_images.shape,
         names=names, class_names=class_names)
@@ -302,8 +124,8 @@ def _splits(x_train, y_train, x_test, y_test, *, source: str,
     train_labels, test_labels, label_info = _classes(
         y_train, y_test, x_train.shape[0], x_test.shape[0], names=names,
         class_names=class_names)
-  mean, std = normalization or _statistics(train_images,
-                                          x_train.label or names[0])
+  mean, std = normalization or _sample_statistics(
+      train_images, x_train.label or names[0])
   info = DatasetInfo(
       name=os.path.basename(source.rstrip("/")) or "arrays",
       image_shape=train_images.shape[1:], num_train=len(train_labels),
@@ -335,7 +157,8 @@ def _classes(y_train, y_test, num_train: int, num_test: int, *,
                 f"{names[1]}'s labels go up to {num_classes - 1}")
       raise UserError(f"{array.label or name}: label {labels.max()} is out "
                       f"of range ({reason})")
-  return train_labels, test_labels, dict(num_classes=num_classes)
+  return train_labels, test_labels, dict(num_classes=num_classes,
+                                         label_kind=LabelKind.CLASSES)
 
 
 def _targets(y_train, y_test, num_train: int, num_test: int, *,
@@ -349,7 +172,7 @@ def _targets(y_train, y_test, num_train: int, num_test: int, *,
                     f"{names[1]}, {test_targets.shape[1]} in {names[3]}")
   return train_targets, test_targets, dict(
       num_classes=0, label_shape=train_targets.shape[1:],
-      label_dtype="float32")
+      label_dtype="float32", label_kind=LabelKind.TARGETS)
 
 
 def _masks(y_train, y_test, train_shape: tuple, test_shape: tuple, *,
@@ -360,11 +183,12 @@ def _masks(y_train, y_test, train_shape: tuple, test_shape: tuple, *,
   test_masks = _checked_masks(y_test, names[3], test_shape, names[2])
   return train_masks, test_masks, dict(
       num_classes=len(class_names) or int(train_masks.max(initial=0)) + 1,
-      label_shape=train_masks.shape[1:], label_dtype=train_masks.dtype.name)
+      label_shape=train_masks.shape[1:], label_dtype=train_masks.dtype.name,
+      label_kind=LabelKind.MASKS)
 
 
 def _source(stored, images: _Images, labels: np.ndarray):
-  if isinstance(stored, _InMemory):
+  if isinstance(stored, array_files.InMemory):
     return Examples(images.read(np.arange(images.shape[0])), labels)
   return ArrayRows(images, labels)
 
@@ -458,7 +282,7 @@ def _checked_labels(array, name: str, num_images: int,
   return values
 
 
-def _statistics(images: _Images, label: str) -> tuple[tuple, tuple]:
+def _sample_statistics(images: _Images, label: str) -> tuple[tuple, tuple]:
   """Per-channel mean and std of a seeded sample of the training images;
   `label` names them in errors."""
   count = images.shape[0]
@@ -469,7 +293,4 @@ def _statistics(images: _Images, label: str) -> tuple[tuple, tuple]:
   if not finite.all():
     raise UserError(f"{label}: image {rows[~finite][0]} has NaN or infinite "
                     "pixel values; replace or drop it")
-  mean = pixels.mean(axis=(0, 1, 2))
-  std = pixels.std(axis=(0, 1, 2))
-  return (tuple(float(m) for m in mean),
-          tuple(float(s) if s > 0 else 1.0 for s in std))
+  return statistics.channel_statistics(pixels)

@@ -12,6 +12,7 @@ than whole-batch copies of every flip (`augment_volumes`).
 import dataclasses
 import itertools
 
+from absl import logging
 import tensorflow as tf
 
 from engine.core.errors import UserError
@@ -22,23 +23,41 @@ _AXIS_ORDERS = tuple(itertools.permutations(range(3)))
 
 @dataclasses.dataclass(frozen=True)
 class Augmentation:
-  """How training augments its examples (the --random_* flags, and
-  --progressive_resizing). Images are flipped left and right and shifted
-  by up to `shift` of their size (`augment`); volumes flipped along each
-  spatial axis and, with `transpose`, their axes put in a random order
-  (`augment_volumes`). `resizing`, ((side, last epoch), ...), makes the
-  images of the first epochs smaller (engine/input/data.py)."""
+  """How training augments its examples (the --random_* flags, as the
+  task's targets allow, and --progressive_resizing). Images are flipped
+  left and right and shifted by up to `shift` of their size (`augment`);
+  volumes flipped along each spatial axis and, with `transpose`, their
+  axes put in a random order (`augment_volumes`). `resizing`, ((side,
+  last epoch), ...), makes the images of the first epochs smaller
+  (engine/input/data.py)."""
   flip: bool = False
   shift: float = 0.0
   transpose: bool = False
   resizing: tuple = ()
 
   @classmethod
-  def requested(cls, data_config, *, resizing: bool = True) -> "Augmentation":
-    """What a run's data flags (config.DataConfig) ask for; without
-    `resizing`, at the images' own size (a measurement's batches)."""
-    return cls(flip=data_config.random_flip, shift=data_config.random_shift,
-               transpose=data_config.random_transpose,
+  def requested(cls, data_config, task=None, *,
+                resizing: bool = True) -> "Augmentation":
+    """What a run's data flags (config.DataConfig) ask for, for `task`'s
+    targets; without `resizing`, at the images' own size (a measurement's
+    batches).
+
+    Flips, shifts and transposes move the images and not a label: right
+    for a task whose targets do not change with them or that moves them
+    too (`Task.augmentation_keeps_targets`); for any other, a position
+    or an angle would be learned wrong, so their defaults are off and a
+    flag that asks for one anyway is warned about (`_moving`). Without a
+    task (a benchmark's batches), as the flags say."""
+    flip, shift = data_config.random_flip, data_config.random_shift
+    transpose = data_config.random_transpose
+    if task is not None and not task.augmentation_keeps_targets:
+      given = data_config.given_augmentation
+      flip = flip and "random_flip" in given
+      shift = shift if "random_shift" in given else 0.0
+      transpose = transpose and "random_transpose" in given
+      _warn_moving(type(task).__name__, flip=flip, shift=shift,
+                   transpose=transpose)
+    return cls(flip=flip, shift=shift, transpose=transpose,
                resizing=data_config.progressive_resizing if resizing else ())
 
   def check(self, image_shape) -> None:
@@ -49,6 +68,21 @@ class Augmentation:
           "--random_transpose puts a volume's three axes in a random order: "
           "for cubic volumes (DxDxDxC); these examples are "
           f"{'x'.join(map(str, image_shape))}")
+
+
+def _warn_moving(task: str, *, flip: bool, shift: float,
+                 transpose: bool) -> None:
+  """One line saying what the flags given do to targets that stay put."""
+  moving = [name for name, on in (("--random_flip", flip),
+                                  ("--random_shift", shift),
+                                  ("--random_transpose", transpose)) if on]
+  if moving:
+    logging.warning(
+        "%s move%s the training images of %s and not its targets, which "
+        "it does not say are kept (Task.augmentation_keeps_targets): a "
+        "target that moves with the image, a position or an angle, is "
+        "learned wrong", " and ".join(moving),
+        "" if len(moving) > 1 else "s", task)
 
 
 def augment(images: tf.Tensor, key: tf.Tensor, *, flip: bool, shift: float,

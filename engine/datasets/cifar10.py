@@ -8,7 +8,6 @@ read-only data set mount works and nothing is written next to it. There is no
 default directory and nothing is downloaded.
 """
 import io
-import math
 import os
 import pickle
 import posixpath
@@ -18,6 +17,7 @@ import zlib
 import numpy as np
 
 from engine.core.errors import UserError
+from engine.datasets import statistics
 from engine.datasets.sources import Examples
 from engine.datasets.splits import DatasetInfo, Splits
 
@@ -38,7 +38,7 @@ def load(data_dir: str) -> Splits:
   batches = _read_batches(data_dir)
   train = _concatenate([batches[name] for name in TRAIN_BATCHES])
   test = _concatenate([batches[TEST_BATCH]])
-  mean, std = _channel_stats(train.images)
+  mean, std = statistics.exact_channel_statistics(train.images)
   info = DatasetInfo(
       name="cifar10", image_shape=IMAGE_SHAPE, num_classes=NUM_CLASSES,
       num_train=len(train.images), num_test=len(test.images), mean=mean,
@@ -180,22 +180,3 @@ def _concatenate(batches: list[Examples]) -> Examples:
                     np.uint8)
   np.concatenate([b.images for b in batches], out=images)
   return Examples(images, np.concatenate([b.labels for b in batches]))
-
-
-def _channel_stats(
-    images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
-  """Per-channel mean and std of uint8 images, exact and without a copy.
-
-  A float64 copy of the training set would take 1.2 GB. Instead numpy sums
-  each channel's strided view and its squares into uint64, in small buffered
-  chunks; the sums are exact, and so is the variance's numerator computed
-  from them with Python integers.
-  """
-  means, stds = [], []
-  for channel in images.reshape(-1, images.shape[-1]).T:
-    count = len(channel)
-    total = int(channel.sum(dtype=np.uint64))
-    squares = int(np.einsum("i,i->", channel, channel, dtype=np.uint64))
-    means.append(total / count)
-    stds.append(math.sqrt(count * squares - total**2) / count)
-  return tuple(means), tuple(stds)

@@ -11,9 +11,9 @@ import numpy as np
 import tensorflow as tf
 
 from engine.core.errors import UserError
-from engine.datasets import idx
+from engine.datasets import idx, statistics
 from engine.datasets.sources import Examples
-from engine.datasets.splits import DatasetInfo, Splits
+from engine.datasets.splits import DatasetInfo, LabelKind, Splits
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 FILES = {
@@ -32,7 +32,7 @@ CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 
 
-def load(data_dir: str, labels: str = "classes") -> Splits:
+def load(data_dir: str, labels: LabelKind = LabelKind.CLASSES) -> Splits:
   """The data set; with `labels="masks"` (--task=segmentation), each image's
   mask instead of its class (`masks`); with `labels="targets"`
   (--task=regression), each image turned by an angle to tell (`angles`)."""
@@ -47,17 +47,17 @@ def load(data_dir: str, labels: str = "classes") -> Splits:
                                data_dir, "train")
   test_x, test_y = _examples(arrays["test_images"], arrays["test_labels"],
                              data_dir, "t10k")
-  pixels = train_x.astype(np.float64)
+  mean, std = statistics.channel_statistics(train_x)
   info = DatasetInfo(
       name="fashion_mnist", image_shape=train_x.shape[1:],
       num_classes=NUM_CLASSES, num_train=len(train_x), num_test=len(test_x),
-      mean=(float(pixels.mean()),), std=(float(pixels.std()),),
-      class_names=CLASS_NAMES)
+      mean=mean, std=std,
+      class_names=CLASS_NAMES, label_kind=LabelKind.CLASSES)
   splits = Splits(train=Examples(train_x, train_y),
                   test=Examples(test_x, test_y), info=info)
-  if labels == "masks":
+  if labels == LabelKind.MASKS:
     return masks(splits)
-  if labels == "targets":
+  if labels == LabelKind.TARGETS:
     return angles(splits)
   return splits
 
@@ -74,7 +74,8 @@ def masks(splits: Splits) -> Splits:
   info = dataclasses.replace(
       splits.info, num_classes=NUM_CLASSES + 1,
       class_names=("background", *CLASS_NAMES),
-      label_shape=splits.info.image_shape[:2], label_dtype="uint8")
+      label_shape=splits.info.image_shape[:2], label_dtype="uint8",
+      label_kind=LabelKind.MASKS)
   return Splits(train=masked(splits.train), test=masked(splits.test),
                 info=info)
 
@@ -83,8 +84,8 @@ def angles(splits: Splits) -> Splits:
   """Fashion-MNIST for regression: each image turned about its centre by
   an angle drawn uniformly from +-MAX_ANGLE degrees (from a fixed seed per
   split: the same angles on every rank and rerun), the angle its target.
-  The corners come in black, as the background. Flips negate an angle:
-  train without --random_flip."""
+  The corners come in black, as the background. Flips negate an angle,
+  which is why the regression task takes none unless asked."""
   def turned(examples: Examples, seed: int) -> Examples:
     count, height, width, _ = examples.images.shape
     degrees = np.random.default_rng(seed).uniform(-MAX_ANGLE, MAX_ANGLE,
@@ -103,11 +104,11 @@ def angles(splits: Splits) -> Splits:
     return Examples(images, degrees.astype(np.float32)[:, None])
 
   train, test = turned(splits.train, 0), turned(splits.test, 1)
-  pixels = train.images.astype(np.float64)
+  mean, std = statistics.channel_statistics(train.images)
   info = dataclasses.replace(
       splits.info, num_classes=0, class_names=("angle",),
-      mean=(float(pixels.mean()),), std=(float(pixels.std()),),
-      label_shape=(1,), label_dtype="float32")
+      mean=mean, std=std,
+      label_shape=(1,), label_dtype="float32", label_kind=LabelKind.TARGETS)
   return Splits(train=train, test=test, info=info)
 
 

@@ -36,8 +36,9 @@ import tensorflow as tf
 
 from engine.core.errors import UserError
 from engine.core.run_files import CLASSES_FILE
+from engine.datasets import statistics
 from engine.datasets.sources import ImageFiles, decode
-from engine.datasets.splits import DatasetInfo, Splits
+from engine.datasets.splits import DatasetInfo, LabelKind, Splits
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TRAIN_DIR = "train"
@@ -50,10 +51,11 @@ _MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"GIF87a", b"GIF89a")
 
 def load(*, data_dir: str, image_size: int, channels: int,
          validation_split: float, skip_bad_files: bool,
-         normalization=None, labels: str = "classes") -> Splits:
+         normalization=None,
+         labels: LabelKind = LabelKind.CLASSES) -> Splits:
   """`normalization` is (mean, std) to use rather than the sample's;
   `labels="masks"` reads the images/ and masks/ layout."""
-  if labels == "masks":
+  if labels == LabelKind.MASKS:
     return _masks_splits(data_dir, (image_size, image_size, channels),
                          normalization)
   class_names, train, validation = list_files(
@@ -61,9 +63,9 @@ def load(*, data_dir: str, image_size: int, channels: int,
       skip_bad_files=skip_bad_files)
   image_shape = (image_size, image_size, channels)
   splits = [ImageFiles(tuple(p for p, _ in files),
-                       np.array([l for _, l in files], np.int64), channels)
+                       np.array([l for _, l in files], np.int64))
             for files in (train, validation)]
-  mean, std = normalization or _statistics(splits[0], image_shape)
+  mean, std = normalization or _sample_statistics(splits[0], image_shape)
   info = DatasetInfo(
       name=os.path.basename(os.path.abspath(data_dir)),
       image_shape=image_shape, num_classes=len(class_names),
@@ -128,14 +130,15 @@ def _masks_splits(data_dir: str, image_shape, normalization) -> Splits:
   splits = []
   for split_dir in (train_dir, validation_dir):
     images, masks = zip(*_mask_pairs(split_dir))
-    splits.append(ImageFiles(images, np.array(masks), image_shape[-1]))
-  mean, std = normalization or _statistics(splits[0], image_shape)
+    splits.append(ImageFiles(images, np.array(masks)))
+  mean, std = normalization or _sample_statistics(splits[0], image_shape)
   info = DatasetInfo(
       name=os.path.basename(os.path.abspath(data_dir)),
       image_shape=image_shape, num_classes=len(class_names),
       num_train=len(splits[0].paths), num_test=len(splits[1].paths),
       mean=tuple(mean), std=tuple(std), class_names=class_names,
-      label_shape=image_shape[:2], label_dtype="uint8")
+      label_shape=image_shape[:2], label_dtype="uint8",
+      label_kind=LabelKind.MASKS)
   return Splits(train=splits[0], test=splits[1], info=info)
 
 
@@ -266,7 +269,7 @@ def _hold_out(files, fraction: float, class_names):
   return sorted(train), sorted(validation)
 
 
-def _statistics(images: ImageFiles, image_shape) -> tuple[tuple, tuple]:
+def _sample_statistics(images: ImageFiles, image_shape):
   """Per-channel mean and std of a seeded sample of the training images,
   decoded and resized as training reads them."""
   rows = np.sort(np.random.default_rng(0).choice(
@@ -275,19 +278,13 @@ def _statistics(images: ImageFiles, image_shape) -> tuple[tuple, tuple]:
   decoded = tf.data.Dataset.from_tensor_slices(sample).map(
       lambda path: decode(path, image_shape),
       num_parallel_calls=len(os.sched_getaffinity(0)))
-  count, total, squares = 0, 0.0, 0.0
+  moments = statistics.Moments()
   try:
     for batch in decoded.batch(64):
-      pixels = batch.numpy().astype(np.float64).reshape(-1, image_shape[-1])
-      count += len(pixels)
-      total = total + pixels.sum(0)
-      squares = squares + (pixels ** 2).sum(0)
+      moments.add(batch.numpy().reshape(-1, image_shape[-1]))
   except tf.errors.InvalidArgumentError:
     raise UserError(_first_undecodable(sample, image_shape)) from None
-  mean = total / count
-  std = np.sqrt(np.maximum(squares / count - mean ** 2, 0))
-  return (tuple(float(m) for m in mean),
-          tuple(float(s) if s > 0 else 1.0 for s in std))
+  return moments.result()
 
 
 def _first_undecodable(paths, image_shape) -> str:

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from engine.core.errors import op_detail
 from engine.core.errors import UserError
+from engine.datasets import statistics
 
 # Beside the TFRecord files: the spec, one entry a line.
 FEATURES_FILE = "features.txt"
@@ -231,7 +232,7 @@ def mismatch(error: tf.errors.OpError) -> str:
   return " ".join(found.group(1).split()) if found else ""
 
 
-def statistics(files, spec: FeatureSpec, compression: str,
+def sample_statistics(files, spec: FeatureSpec, compression: str,
                transform) -> dict:
   """Per channel, the mean and std of the inputs (after `transform`), and
   float labels' each, over a sample of the training records: the first
@@ -242,8 +243,8 @@ def statistics(files, spec: FeatureSpec, compression: str,
       lambda file: records(file, compression).take(per_file),
       cycle_length=4, num_parallel_calls=4).map(spec.decode,
                                                 num_parallel_calls=4)
-  channel = _Moments()
-  label = _Moments()
+  channel = statistics.Moments()
+  label = statistics.Moments()
   try:
     for inputs, labels in sample:
       channel.add(transform(tf.cast(inputs, tf.float32)).numpy().reshape(
@@ -253,26 +254,7 @@ def statistics(files, spec: FeatureSpec, compression: str,
     raise UserError(mismatch(e) or _first_bad_record(chosen, spec,
                                                      compression)) from None
   mean, std = channel.result()
-  statistics = dict(mean=mean, std=std)
+  measured = dict(mean=mean, std=std)
   if not spec.label.raw and spec.label.dtype == "float32":
-    statistics.update(zip(("label_mean", "label_std"), label.result()))
-  return statistics
-
-
-class _Moments:
-  """Per column, the mean and std of rows added a block at a time."""
-
-  def __init__(self):
-    self._count, self._sum, self._squares = 0, 0.0, 0.0
-
-  def add(self, rows: np.ndarray) -> None:
-    rows = rows.astype(np.float64)
-    self._count += len(rows)
-    self._sum = self._sum + rows.sum(axis=0)
-    self._squares = self._squares + np.square(rows).sum(axis=0)
-
-  def result(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    mean = self._sum / self._count
-    std = np.sqrt(np.maximum(self._squares / self._count - mean ** 2, 0))
-    return (tuple(map(float, mean)),
-            tuple(float(s) if s > 0 else 1.0 for s in std))
+    measured.update(zip(("label_mean", "label_std"), label.result()))
+  return measured

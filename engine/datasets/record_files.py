@@ -1,12 +1,15 @@
-"""TFRecord files as a source: streamed file by file, each rank its own.
+"""TFRecord files as sources: streamed file by file, each rank its own.
 
 Files, not examples, are split across ranks (rank r reads files r, r + N,
 ...), so each rank opens only its own files, and records are shuffled as
-they stream by. Two layouts of records (engine/datasets/tfrecord.py):
-ImageNet's encoded images, decoded with a random crop for training, and
-declared features (engine/datasets/record_features.py), such as
-CosmoFlow's volumes, decoded as stored and augmented by the batch.
+they stream by. Each layout of records (engine/datasets/tfrecord.py) is a
+source of its own: ImageNet's encoded images (`ImageRecords`), decoded
+with a random crop for training, and declared features (`FeatureRecords`,
+engine/datasets/record_features.py), such as CosmoFlow's volumes, decoded
+as stored and augmented by the batch. Both give batches as stored; the
+input pipeline normalizes them (engine/input/data.py).
 """
+import abc
 import dataclasses
 from typing import Any
 
@@ -29,25 +32,12 @@ RECORD_SHUFFLE_BYTES = 64 << 20
 
 @dataclasses.dataclass(frozen=True)
 class RecordFiles(Source):
-  """One split as TFRecord files, read file by file.
-
-  Without `features`, each record holds `image/encoded` (JPEG or PNG
-  bytes) and `image/class/label` (int64), the layout of ImageNet's
-  TFRecords; with them, the declared input and label fields
-  (engine/datasets/record_features.py), such as CosmoFlow's volumes.
-  """
+  """One split as TFRecord files, read file by file: what both layouts
+  share, the files' split across ranks and the epochs' order of them. Each
+  layout is a kind of its own, which says how its records are decoded,
+  shuffled and augmented (`ImageRecords`, `FeatureRecords`)."""
   files: tuple[str, ...]
-  label_offset: int = 0  # subtracted from stored labels (1 for 1-based)
-  features: Any = None   # a record_features.FeatureSpec
   compression: str = ""  # TensorFlow's compression_type: "", GZIP, ZLIB
-  # Declared features: this rank's records decoded once and held in memory
-  # (--cache_records), a training split's at the start of training and a
-  # test split's (`cache_evaluation`) at its first evaluation.
-  cache: bool = False
-  cache_evaluation: bool = False
-  # The test split's records held, by the files of the shard that asked.
-  _held: dict = dataclasses.field(default_factory=dict, init=False,
-                                  repr=False, compare=False)
 
   stageable = True  # each rank reads whole files of its own
 
@@ -68,71 +58,218 @@ class RecordFiles(Source):
     layout says. A rank whose files run out before `steps` batches starts
     another pass over them, in another order, so every rank runs `steps`
     steps."""
-    files = tf.constant(self.rank_files(shard))
-    layout = self._layout(info)
-    records = self._records
-    if self.cache and self.features:
-      decoded = _Decoded(self.rank_files(shard), self.features,
-                         self.compression, info)
-      records = decoded.records
-      layout.decoded, layout.held_normalized = True, decoded.normalized
+    rank_files = self.rank_files(shard)
+    files = tf.constant(rank_files)
+    records = self._reader(rank_files, training=True)
 
     def epoch_batches(key):
       def one_pass(index):
         # Shuffled within the pass, so a pass reads every record once.
         pass_key = tf.random.experimental.stateless_fold_in(key, index)
         order = tf.random.experimental.stateless_shuffle(files, pass_key)
-        return layout.shuffled(
-            records(tf.data.Dataset.from_tensor_slices(order)),
-            pass_key, epochs.seed)
+        return self._shuffled(
+            records(tf.data.Dataset.from_tensor_slices(order)), info,
+            pass_key=pass_key, seed=epochs.seed)
 
-      examples = layout.training_examples(
-          tf.data.Dataset.counter().flat_map(one_pass), key, augmentation)
+      examples = self._training_examples(
+          tf.data.Dataset.counter().flat_map(one_pass), info, key=key,
+          augmentation=augmentation)
       return examples.batch(epochs.batch_size,
                             drop_remainder=True).take(epochs.steps)
 
     batches = sources.stream(
         epochs, epoch_batches, first_epoch=first_epoch, first_step=first_step,
         key_space=1)  # a stream: the skipped records are still read
-    augmented = layout.augmented(shard, augmentation)
-    return batches.map(lambda key, step, batch: augmented(key, step, *batch),
-                       num_parallel_calls=sources.PARALLEL_BATCHES)
+    return self._augmented(batches, info, shard=shard,
+                           augmentation=augmentation)
 
   def eval_batches(self, info: DatasetInfo, *, shard: Shard,
                    batch_size: int) -> tf.data.Dataset:
     """The records in the order they are stored, file after file, several
-    files at once; held decoded with `cache_evaluation`, in that order
-    (the same batches), so an evaluation after the first reads no file.
-    A rank holds each shard it evaluates: its own, and on rank 0 the whole
-    split where a task draws pictures of its first examples."""
+    files at once."""
     rank_files = self.rank_files(shard)
-    files = tf.data.Dataset.from_tensor_slices(list(rank_files))
-    if not (self.cache_evaluation and self.features):
-      return sources.normalized(info, self._records(files).map(
-          self._layout(info).eval_example,
-          num_parallel_calls=sources.decode_parallelism()).batch(batch_size))
-    if rank_files not in self._held:
-      self._held[rank_files] = _Decoded(rank_files, self.features,
-                                        self.compression, info)
-    decoded = self._held[rank_files]
-    batches = decoded.records(files).map(
-        lambda file, index, inputs, label: (inputs, label)).batch(batch_size)
-    return batches if decoded.normalized else sources.normalized(info,
-                                                                 batches)
+    records = self._reader(rank_files, training=False)(
+        tf.data.Dataset.from_tensor_slices(list(rank_files)))
+    return self._eval_examples(records, info).batch(batch_size)
 
   def _records(self, files: tf.data.Dataset) -> tf.data.Dataset:
     """(file, index, record) of the files' records, several files at once."""
     return _interleaved(files, lambda file: record_features.records(
         file, self.compression))
 
-  def _layout(self, info: DatasetInfo):
-    """How the records are decoded, shuffled and augmented: as their
-    declared features, or as ImageNet's encoded images."""
-    if self.features:
-      return _DeclaredFeatures(
-          self.features, info,
-          records_per_file=info.num_train / len(self.files))
-    return _EncodedImages(self.label_offset, info)
+  def _reader(self, rank_files: tuple[str, ...], *, training: bool):
+    """The function from a data set of files to their records: by default
+    read from the files (`_records`)."""
+    del rank_files, training
+    return self._records
+
+  @abc.abstractmethod
+  def _shuffled(self, records: tf.data.Dataset, info: DatasetInfo, *,
+                pass_key, seed: int) -> tf.data.Dataset:
+    """A pass's records in a shuffled order."""
+
+  @abc.abstractmethod
+  def _training_examples(self, records: tf.data.Dataset, info: DatasetInfo,
+                         *, key, augmentation: Augmentation
+                         ) -> tf.data.Dataset:
+    """An epoch's records decoded for training: (image, label) each."""
+
+  @abc.abstractmethod
+  def _augmented(self, batches: tf.data.Dataset, info: DatasetInfo, *,
+                 shard: Shard, augmentation: Augmentation) -> tf.data.Dataset:
+    """The stream's (epoch key, step, batch) as augmented batches."""
+
+  @abc.abstractmethod
+  def _eval_examples(self, records: tf.data.Dataset,
+                     info: DatasetInfo) -> tf.data.Dataset:
+    """The records decoded for evaluation: (image, label) each."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRecords(RecordFiles):
+  """ImageNet's layout (TensorFlow's build_imagenet_data.py): each record
+  an encoded image, `image/encoded` (JPEG or PNG bytes), and its class id,
+  `image/class/label`. For training, a random crop of each, maybe
+  flipped, decoded with its own draw; for evaluation the central one."""
+  label_offset: int = 0  # subtracted from stored labels (1 for 1-based)
+
+  _FEATURES = {
+      "image/encoded": tf.io.FixedLenFeature([], tf.string),
+      "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+  }
+
+  def _shuffled(self, records: tf.data.Dataset, info: DatasetInfo, *,
+                pass_key, seed: int) -> tf.data.Dataset:
+    del info, pass_key  # a buffer of serialized records (small: a JPEG each)
+    return records.shuffle(RECORD_SHUFFLE_BUFFER, seed=seed)
+
+  def _training_examples(self, records: tf.data.Dataset, info: DatasetInfo,
+                         *, key, augmentation: Augmentation
+                         ) -> tf.data.Dataset:
+    """Each record decoded with its own draw, keyed by its place in the
+    epoch."""
+    def example(index, read):
+      _, _, record = read  # (file, index in the file, record)
+      return self._cropped(
+          record, info, flip=augmentation.flip,
+          key=tf.random.experimental.stateless_fold_in(key, index))
+
+    return records.enumerate().map(
+        example, num_parallel_calls=sources.decode_parallelism())
+
+  def _augmented(self, batches: tf.data.Dataset, info: DatasetInfo, *,
+                 shard: Shard, augmentation: Augmentation) -> tf.data.Dataset:
+    """Cropped and flipped as decoded: the batches as they are."""
+    del info, shard, augmentation
+    return batches.map(lambda key, step, batch: batch)
+
+  def _eval_examples(self, records: tf.data.Dataset,
+                     info: DatasetInfo) -> tf.data.Dataset:
+    """The central 87.5% of each image, resized (the usual ImageNet
+    eval)."""
+    def example(file, index, record):
+      del file, index
+      image, label = self._parsed(record)
+      return tf.image.resize(tf.image.central_crop(image, 0.875),
+                             info.image_shape[:2]), label
+
+    return records.map(example,
+                       num_parallel_calls=sources.decode_parallelism())
+
+  def _cropped(self, record, info: DatasetInfo, *, flip: bool, key):
+    """A random crop of 8-100% of the area, resized, maybe flipped
+    (Inception)."""
+    image, label = self._parsed(record)
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=key,
+        min_object_covered=0.1, aspect_ratio_range=(0.75, 1.33),
+        area_range=(0.08, 1.0), max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    image = tf.image.resize(tf.slice(image, begin, size),
+                            info.image_shape[:2])
+    if flip:
+      image = tf.image.stateless_random_flip_left_right(
+          image, tf.random.experimental.stateless_fold_in(key, 1))
+    return image, label
+
+  def _parsed(self, record):
+    features = tf.io.parse_single_example(record, self._FEATURES)
+    image = tf.io.decode_image(features["image/encoded"], channels=3,
+                               expand_animations=False)
+    return image, features["image/class/label"] - self.label_offset
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureRecords(RecordFiles):
+  """Records of declared features (engine/datasets/record_features.py),
+  such as CosmoFlow's volumes: decoded as stored, and their batches
+  augmented as those read by index are.
+
+  With `cache` (--cache_records), this rank's training records are decoded
+  once, at the start of training, and held in memory; with
+  `cache_evaluation`, the test split's, at its first evaluation, so an
+  evaluation after the first reads no file. A rank holds each shard it
+  evaluates: its own, and on rank 0 the whole split where a task draws
+  pictures of its first examples.
+  """
+  features: Any = None  # a record_features.FeatureSpec
+  cache: bool = False
+  cache_evaluation: bool = False
+  # The test split's records held, by the files of the shard that asked.
+  _held: dict = dataclasses.field(default_factory=dict, init=False,
+                                  repr=False, compare=False)
+
+  def _reader(self, rank_files: tuple[str, ...], *, training: bool):
+    if training and self.cache:
+      return _Decoded(rank_files, self.features, self.compression).records
+    if not training and self.cache_evaluation:
+      if rank_files not in self._held:
+        self._held[rank_files] = _Decoded(rank_files, self.features,
+                                          self.compression)
+      return self._held[rank_files].records
+    return self._records
+
+  def _shuffled(self, records: tf.data.Dataset, info: DatasetInfo, *,
+                pass_key, seed: int) -> tf.data.Dataset:
+    """Shuffled within windows of at most RECORD_SHUFFLE_BYTES, whatever
+    the records' size, each window by its own stateless draw, so every
+    pass of every epoch differs. One-sample files (CosmoFlow's) are
+    shuffled by their order alone, and no window holds their records:
+    memory does not grow with the data."""
+    del seed  # every draw is the pass's
+    window = min(RECORD_SHUFFLE_BUFFER, RECORD_SHUFFLE_BYTES // max(
+        1, self.features.input.size()
+        * tf.as_dtype(self.features.input.dtype).size))
+    if info.num_train / len(self.files) <= 1 or window <= 1:
+      return records
+    return _shuffled_in_windows(records, window, pass_key)
+
+  def _training_examples(self, records: tf.data.Dataset, info: DatasetInfo,
+                         *, key, augmentation: Augmentation
+                         ) -> tf.data.Dataset:
+    del info, key, augmentation  # the batches are augmented
+    return self._examples(records, held=self.cache)
+
+  def _augmented(self, batches: tf.data.Dataset, info: DatasetInfo, *,
+                 shard: Shard, augmentation: Augmentation) -> tf.data.Dataset:
+    augmented = sources.batch_augmentation(info, shard, augmentation)
+    return batches.map(lambda key, step, batch: augmented(key, step, *batch),
+                       num_parallel_calls=sources.PARALLEL_BATCHES)
+
+  def _eval_examples(self, records: tf.data.Dataset,
+                     info: DatasetInfo) -> tf.data.Dataset:
+    del info
+    return self._examples(records, held=self.cache_evaluation)
+
+  def _examples(self, records: tf.data.Dataset, *,
+                held: bool) -> tf.data.Dataset:
+    """(input, label) of records held decoded (`_Decoded`'s), or of
+    serialized ones, decoded here."""
+    if held:
+      return records.map(lambda file, index, inputs, label: (inputs, label))
+    return records.map(self.features.decode,
+                       num_parallel_calls=sources.decode_parallelism())
 
 
 def _interleaved(files: tf.data.Dataset, records) -> tf.data.Dataset:
@@ -145,20 +282,12 @@ def _interleaved(files: tf.data.Dataset, records) -> tf.data.Dataset:
 
 class _Decoded:
   """One rank's records of declared features, decoded (and checked) once
-  and held in memory: `records` gives (file, index, input, label) in the
-  order the files' own records would come in, so a run reads the very
-  batches it would have streamed, without decompressing and parsing each
-  epoch.
+  and held in memory as stored: `records` gives (file, index, input,
+  label) in the order the files' own records would come in, so a run
+  reads the very batches it would have streamed, without decompressing
+  and parsing each epoch."""
 
-  Volumes are held `normalized` too (float32: 512 KB a CosmoFlow volume of
-  32^3 x 4), so that no epoch transforms and normalizes them again: their
-  augmentation, flips and transposes, moves values without changing them,
-  and normalization works value by value, so normalizing before it gives
-  the very batches normalizing after it does (a test compares them).
-  Images are held as stored: a shift fills its border with a stored
-  value."""
-
-  def __init__(self, files, spec, compression: str, info: DatasetInfo):
+  def __init__(self, files, spec, compression: str):
     decoded = tf.data.Dataset.from_tensor_slices(list(files)).flat_map(
         lambda file: record_features.records(file, compression)).map(
             lambda file, index, record: (file, *spec.decode(file, index,
@@ -178,11 +307,7 @@ class _Decoded:
     self._one_a_file = all(count == 1 for count in counts)
     # Variables, not constants: the data sets that read them hold a handle
     # instead of a copy in their graphs.
-    self.normalized = len(info.image_shape) == 4
-    inputs = np.stack(inputs)
-    self._inputs = tf.Variable(
-        info.normalized(inputs) if self.normalized else inputs,
-        trainable=False)
+    self._inputs = tf.Variable(np.stack(inputs), trainable=False)
     self._labels = tf.Variable(np.stack(labels), trainable=False)
 
   def records(self, files: tf.data.Dataset) -> tf.data.Dataset:
@@ -196,10 +321,9 @@ class _Decoded:
 
     if self._one_a_file:
       # Interleaved, one-record files give their records in the files'
-      # own order: read them so, without a data set for each file (a batch
-      # of 8 of CosmoFlow's volumes in 0.6-0.75 ms instead of 1.0-1.2, on
-      # the step's core; bench/RESULTS.md, "Where the rest of the step
-      # went").
+      # own order: read them so, without a data set for each file, which
+      # costs the step's core more (bench/RESULTS.md, "Where the rest of
+      # the step went").
       return files.map(lambda file: held(file, tf.constant(0, tf.int64)))
 
     def of_file(file):
@@ -207,117 +331,6 @@ class _Decoded:
           lambda index: held(file, index))
 
     return _interleaved(files, of_file)
-
-
-class _EncodedImages:
-  """ImageNet's layout (TensorFlow's build_imagenet_data.py): an encoded
-  image and its class id a record; for training, a random crop of each,
-  maybe flipped, for evaluation the central one."""
-  _FEATURES = {
-      "image/encoded": tf.io.FixedLenFeature([], tf.string),
-      "image/class/label": tf.io.FixedLenFeature([], tf.int64),
-  }
-
-  def __init__(self, label_offset: int, info: DatasetInfo):
-    self._label_offset = label_offset
-    self._info = info
-
-  def shuffled(self, records: tf.data.Dataset, pass_key,
-               seed: int) -> tf.data.Dataset:
-    del pass_key  # a buffer of serialized records (small: a JPEG each)
-    return records.shuffle(RECORD_SHUFFLE_BUFFER, seed=seed)
-
-  def training_examples(self, records: tf.data.Dataset, key,
-                        augmentation: Augmentation) -> tf.data.Dataset:
-    """Each record decoded with its own draw, keyed by its place in the
-    epoch."""
-    def example(index, read):
-      _, _, record = read  # (file, index in the file, record)
-      return self._cropped(
-          record, flip=augmentation.flip,
-          key=tf.random.experimental.stateless_fold_in(key, index))
-
-    return records.enumerate().map(
-        example, num_parallel_calls=sources.decode_parallelism())
-
-  def augmented(self, shard: Shard, augmentation: Augmentation):
-    """Cropped and flipped as decoded: batches are only normalized."""
-    del shard, augmentation
-    return lambda key, step, images, labels: (
-        self._info.normalized(images), labels)
-
-  def eval_example(self, file, index, record):
-    """The central 87.5% of the image, resized (the usual ImageNet eval)."""
-    del file, index
-    image, label = self._parsed(record)
-    image = tf.image.resize(tf.image.central_crop(image, 0.875),
-                            self._info.image_shape[:2])
-    return image, label
-
-  def _cropped(self, record, *, flip: bool, key):
-    """A random crop of 8-100% of the area, resized, maybe flipped
-    (Inception)."""
-    image, label = self._parsed(record)
-    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image),
-        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=key,
-        min_object_covered=0.1, aspect_ratio_range=(0.75, 1.33),
-        area_range=(0.08, 1.0), max_attempts=10,
-        use_image_if_no_bounding_boxes=True)
-    image = tf.image.resize(tf.slice(image, begin, size),
-                            self._info.image_shape[:2])
-    if flip:
-      image = tf.image.stateless_random_flip_left_right(
-          image, tf.random.experimental.stateless_fold_in(key, 1))
-    return image, label
-
-  def _parsed(self, record):
-    features = tf.io.parse_single_example(record, self._FEATURES)
-    image = tf.io.decode_image(features["image/encoded"], channels=3,
-                               expand_animations=False)
-    return image, features["image/class/label"] - self._label_offset
-
-
-class _DeclaredFeatures:
-  """Records of declared features (engine/datasets/record_features.py),
-  such as CosmoFlow's volumes: decoded as stored, and their batches
-  augmented as those read by index are."""
-
-  def __init__(self, spec, info: DatasetInfo, *, records_per_file: float):
-    self.decoded = False  # records come decoded (_Decoded), or serialized
-    self.held_normalized = False  # and normalized too (_Decoded's volumes)
-    self._spec = spec
-    self._info = info
-    self._records_per_file = records_per_file
-    self._window = min(RECORD_SHUFFLE_BUFFER, RECORD_SHUFFLE_BYTES // max(
-        1, spec.input.size() * tf.as_dtype(spec.input.dtype).size))
-
-  def shuffled(self, records: tf.data.Dataset, pass_key,
-               seed: int) -> tf.data.Dataset:
-    """Shuffled within windows of at most RECORD_SHUFFLE_BYTES, whatever
-    the records' size, each window by its own stateless draw, so every
-    pass of every epoch differs. One-sample files (CosmoFlow's) are
-    shuffled by their order alone, and no window holds their records:
-    memory does not grow with the data."""
-    del seed  # every draw is the pass's
-    if self._records_per_file <= 1 or self._window <= 1:
-      return records
-    return _shuffled_in_windows(records, self._window, pass_key)
-
-  def training_examples(self, records: tf.data.Dataset, key,
-                        augmentation: Augmentation) -> tf.data.Dataset:
-    del key, augmentation  # the batches are augmented
-    if self.decoded:
-      return records.map(lambda file, index, inputs, label: (inputs, label))
-    return records.map(self._spec.decode,
-                       num_parallel_calls=sources.decode_parallelism())
-
-  def augmented(self, shard: Shard, augmentation: Augmentation):
-    return sources.batch_augmentation(self._info, shard, augmentation,
-                                      normalize=not self.held_normalized)
-
-  def eval_example(self, file, index, record):
-    return self._spec.decode(file, index, record)
 
 
 def _shuffled_in_windows(records: tf.data.Dataset, size: int,

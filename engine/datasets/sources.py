@@ -9,14 +9,16 @@ batch's examples read (a vectorized gather in memory, a read of the
 batch's rows on disk, or a parallel decode of the batch's files), so a
 resumed run skips to its step without reading what it skips.
 
-TFRecord files (`RecordFiles`, in record_files.py) are streamed: files,
-not examples, are split across ranks.
+TFRecord files (`ImageRecords` and `FeatureRecords`, in record_files.py)
+are streamed: files, not examples, are split across ranks.
 
 Either way one stream runs epoch after epoch (`stream`), each epoch's
 draws made from its key, (seed, epoch), and a rank whose share is too short
 for an epoch's steps reads it again in another pass, so every rank runs the
 same number of steps. Batches are augmented with stateless draws keyed by
-(epoch, step, rank) (`batch_augmentation`).
+(epoch, step, rank) (`batch_augmentation`). Every kind gives its batches
+as stored; the input pipeline normalizes them, all kinds alike
+(engine/input/data.py).
 """
 import abc
 import dataclasses
@@ -55,33 +57,25 @@ def stream(epochs: Epochs, epoch_batches, *, first_epoch: int,
 
 
 def batch_augmentation(info: DatasetInfo, shard: Shard,
-                       augmentation: Augmentation, normalize: bool = True):
+                       augmentation: Augmentation):
   """The function from an epoch's key, a step and its batch to the batch
-  augmented and normalized (unless `normalize` is False: volumes held
-  normalized already): the draws keyed by (epoch, step, rank)."""
+  augmented, still as stored: the draws keyed by (epoch, step, rank)."""
   volumes = len(info.image_shape) == 4
 
   def augmented(epoch_key, step, images, labels):
     key = tf.random.experimental.stateless_fold_in(
         epoch_key, step * shard.world_size + shard.rank)
     if volumes:
-      moved = augment_volumes(images, key, flip=augmentation.flip,
-                              transpose=augmentation.transpose)
-      return (info.normalized(moved) if normalize else moved), labels
+      return augment_volumes(images, key, flip=augmentation.flip,
+                             transpose=augmentation.transpose), labels
     batch = augment(images, key, flip=augmentation.flip,
                     shift=augmentation.shift, fill=info.shift_fill)
     if info.labels_are_masks():  # moved as its image is: the same key
       labels = augment(labels[..., None], key, flip=augmentation.flip,
                        shift=augmentation.shift, fill=info.shift_fill)[..., 0]
-    return info.normalized(batch), labels
+    return batch, labels
 
   return augmented
-
-
-def normalized(info: DatasetInfo, batches: tf.data.Dataset) -> tf.data.Dataset:
-  """Evaluation batches as stored, normalized as the model receives them."""
-  return batches.map(lambda images, labels: (info.normalized(images), labels),
-                     num_parallel_calls=PARALLEL_BATCHES)
 
 
 def decode_parallelism() -> int:
@@ -123,9 +117,9 @@ class _ByIndex(Source):
 
   def eval_batches(self, info: DatasetInfo, *, shard: Shard,
                    batch_size: int) -> tf.data.Dataset:
-    return normalized(info, self._read_eval(
+    return self._read_eval(
         tf.data.Dataset.range(shard.rank, len(self.labels), shard.world_size),
-        info, batch_size))
+        info, batch_size)
 
   @abc.abstractmethod
   def _read_training(self, indices: tf.data.Dataset, info: DatasetInfo,
@@ -204,13 +198,12 @@ class ArrayRows(_ByRows):
 class ImageFiles(_ByIndex):
   """One split as image files (JPEG, PNG, BMP, GIF), one example each.
 
-  Decoded to `channels` channels and resized to the image shape as they
+  Decoded to the image shape's channels and resized to its size as they
   are read; labels are int64 [N], in the order of `paths`, or for
   segmentation the paths of their masks (PNG files, decoded as read).
   """
   paths: tuple[str, ...]
   labels: np.ndarray
-  channels: int
 
   def _read_training(self, indices: tf.data.Dataset, info: DatasetInfo,
                      augmented, batch_size: int) -> tf.data.Dataset:
@@ -254,7 +247,7 @@ def decode(path: tf.Tensor, image_shape) -> tf.Tensor:
   """An image file as float32 [H, W, C] on the 0-255 scale, resized.
 
   Any of the four formats, with 1 to 4 channels: alpha is dropped, and
-  grayscale and color are converted to `channels`.
+  grayscale and color are converted to the image shape's channels.
   """
   height, width, channels = image_shape
   image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)

@@ -1,17 +1,20 @@
 """What every data set loader returns: `Splits`, the engine's contract.
 
 A loader (built in, or a user's `--dataset=package.module:function`) returns
-`Splits(train, test, info)`. Each split is a `Source`, one of four kinds
+`Splits(train, test, info)`. Each split is a `Source`, one of five kinds
 (engine/datasets/sources.py, record_files.py), and each kind knows how it
 is read, for training and for evaluation; the input pipeline
-(engine/input/data.py) asks any of them for batches the same way:
+(engine/input/data.py) asks any of them for batches the same way, and
+normalizes what they give:
 
 * `Examples`: arrays in memory (small data sets).
 * `ArrayRows`: arrays on disk, read a batch of rows at a time (.npy, .npz,
   HDF5; engine/datasets/arrays.py), so no rank holds the whole data set.
 * `ImageFiles`: one image file per example, decoded as it is read
   (engine/datasets/image_folder.py).
-* `RecordFiles`: TFRecord files, streamed file by file.
+* `ImageRecords`, `FeatureRecords`: TFRecord files, streamed file by
+  file: ImageNet's layout of encoded images, or declared features such
+  as CosmoFlow's volumes.
 
 `DatasetInfo` says what the model, the task and the export need to know:
 the image shape and dtype, the labels' shape and dtype, the classes and
@@ -20,11 +23,51 @@ every image.
 """
 import abc
 import dataclasses
+import enum
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
+from engine.core.errors import UserError
 from engine.datasets.augmentation import Augmentation
+
+
+class LabelKind(str, enum.Enum):
+  """What a data set's labels are, and what a task learns from
+  (Task.labels): decided once, by the loader, and carried in DatasetInfo,
+  so that what reads labels asks their kind instead of guessing it from
+  shapes. A str, so a task may name it ("targets")."""
+  CLASSES = "classes"  # a class id per image, an integer
+  TARGETS = "targets"  # float values per image, [k]
+  MASKS = "masks"  # a class id per pixel, [H, W] integers as the image
+  OTHER = "other"  # any other: read as given, for a user's own task
+
+  @classmethod
+  def of(cls, name) -> Optional["LabelKind"]:
+    """A task's `labels` as a kind; None for "any" (or None)."""
+    if name in (None, "any"):
+      return None
+    try:
+      return cls(name)
+    except ValueError:
+      raise UserError(f"Task.labels = {name!r}: give one of "
+                      f"{', '.join(kind.value for kind in cls)} or any "
+                      "(docs/your-task.md)") from None
+
+  @classmethod
+  def of_labels(cls, label_shape, label_dtype: str,
+                image_shape) -> "LabelKind":
+    """The kind of labels of this shape and dtype, for a loader that does
+    not say (a user's)."""
+    shape, integer = tuple(label_shape), tf.as_dtype(label_dtype).is_integer
+    if integer and not shape:
+      return cls.CLASSES
+    if integer and shape == tuple(image_shape[:2]):
+      return cls.MASKS
+    if not integer and len(shape) == 1:
+      return cls.TARGETS
+    return cls.OTHER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +100,14 @@ class DatasetInfo:
   # `std` were measured on: "" (themselves) or "log1p", log(1 + x), for
   # counts spanning orders of magnitude (CosmoFlow's particle counts).
   transform: str = ""
+  # What the labels are; None: decided here from their shape and dtype
+  # (LabelKind.of_labels), for a loader that does not say.
+  label_kind: Optional[LabelKind] = None
+
+  def __post_init__(self):
+    if self.label_kind is None:
+      object.__setattr__(self, "label_kind", LabelKind.of_labels(
+          self.label_shape, self.label_dtype, self.image_shape))
 
   def transformed(self, values: tf.Tensor) -> tf.Tensor:
     """Stored values (float32), transformed as `transform` says."""
@@ -81,7 +132,12 @@ class DatasetInfo:
   def labels_are_masks(self) -> bool:
     """Whether a label is an image's mask, [H, W] as the image: flipped and
     shifted with it."""
-    return tuple(self.label_shape) == tuple(self.image_shape[:2])
+    return self.label_kind == LabelKind.MASKS
+
+  def has_targets(self) -> bool:
+    """Whether the labels are float targets, which have statistics of
+    their own (label_mean, label_std)."""
+    return self.label_kind == LabelKind.TARGETS
 
   def classes(self) -> tuple[str, ...]:
     """The name of each class, in label order."""
@@ -124,12 +180,13 @@ class Source(abc.ABC):
                     augmentation: Augmentation, first_epoch: int,
                     first_step: int) -> tf.data.Dataset:
     """This rank's training batches from `first_step` of `first_epoch` on,
-    augmented and normalized: (images, labels)."""
+    augmented, as stored: (images, labels). The input pipeline normalizes
+    them (engine/input/data.py), whatever the kind."""
 
   @abc.abstractmethod
   def eval_batches(self, info: DatasetInfo, *, shard: Shard,
                    batch_size: int) -> tf.data.Dataset:
-    """This rank's share of the split, (images, labels), normalized: no
+    """This rank's share of the split, (images, labels) as stored: no
     padding and no repetition, so the last batch may be short and ranks
     may hold unequal shares."""
 

@@ -25,7 +25,7 @@ import tensorflow as tf
 from engine.core.errors import UserError
 from engine.core.run_files import CLASSES_FILE
 from engine.datasets import record_features
-from engine.datasets.record_files import RecordFiles
+from engine.datasets.record_files import FeatureRecords, ImageRecords
 from engine.datasets.splits import DatasetInfo, Splits
 
 # ImageNet's per-channel statistics (0-255 scale), the usual choice for
@@ -80,8 +80,8 @@ def load(*, data_dir: str, image_size: int, num_classes: int,
       num_train=train_examples or _count(train),
       num_test=test_examples or _count(test), mean=mean, std=std,
       class_names=class_names)
-  return Splits(train=RecordFiles(train, label_offset),
-                test=RecordFiles(test, label_offset),
+  return Splits(train=ImageRecords(train, label_offset=label_offset),
+                test=ImageRecords(test, label_offset=label_offset),
                 info=info)
 
 
@@ -105,13 +105,12 @@ def _declared(spec: record_features.FeatureSpec, train, test, *,
   if normalization and not targets:
     statistics = dict(zip(("mean", "std"), normalization))
   else:
-    statistics = record_features.statistics(train, spec, compression,
+    statistics = record_features.sample_statistics(train, spec, compression,
                                             info.transformed)
   return Splits(
-      train=RecordFiles(train, features=spec, compression=compression,
-                        cache=cache),
-      test=RecordFiles(test, features=spec, compression=compression,
-                       cache_evaluation=cache),
+      train=FeatureRecords(train, compression, features=spec, cache=cache),
+      test=FeatureRecords(test, compression, features=spec,
+                          cache_evaluation=cache),
       info=dataclasses.replace(info, **statistics))
 
 

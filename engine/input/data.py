@@ -4,10 +4,12 @@ evaluation, whatever the data set (see `engine/datasets`).
 Each split is a source of one of four kinds (engine/datasets/sources.py):
 examples held in memory (`Examples`), arrays on disk read by rows
 (`ArrayRows`), image files decoded as read (`ImageFiles`), and TFRecord
-files streamed from disk (`RecordFiles`: ImageNet's encoded images, or the
-arrays of declared features, such as CosmoFlow's volumes). Each kind shards,
-shuffles, batches and augments as it reads; here, the batches are resized
-(progressive resizing), normalized (evaluation's), and prefetched. Three
+files streamed from disk (`ImageRecords`, ImageNet's encoded images, and
+`FeatureRecords`, the arrays of declared features such as CosmoFlow's
+volumes). Each kind shards, shuffles, batches and augments as it reads,
+and gives its batches as stored. Here, and only here, every batch of
+every kind and split is normalized (`_normalized`), once; then training's
+are resized (progressive resizing), and all are prefetched. Three
 properties matter more than speed, and every kind keeps them:
 
 * Every rank runs the same number of steps each epoch. Horovod's allreduce
@@ -78,9 +80,9 @@ def train_stream(source: Source, info: DatasetInfo, *, shard: Shard,
   very batches an uninterrupted run would have had there.
   """
   augmentation.check(info.image_shape)
-  batches = source.train_batches(
+  batches = _normalized(info, source.train_batches(
       info, shard=shard, epochs=epochs, augmentation=augmentation,
-      first_epoch=first_epoch, first_step=first_step)
+      first_epoch=first_epoch, first_step=first_step))
   if augmentation.resizing:
     batches = _resized(batches, augmentation.resizing, steps=epochs.steps,
                        first_epoch=first_epoch, first_step=first_step)
@@ -122,5 +124,17 @@ def eval_batches(source: Source, info: DatasetInfo, *, shard: Shard,
   hold more examples than others. Figures are reduced as sums and counts, so
   the result is exactly the whole split's.
   """
-  batches = source.eval_batches(info, shard=shard, batch_size=batch_size)
+  batches = _normalized(info, source.eval_batches(info, shard=shard,
+                                                   batch_size=batch_size))
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
+
+
+def _normalized(info: DatasetInfo, batches: tf.data.Dataset
+                ) -> tf.data.Dataset:
+  """Batches as stored, normalized as the model receives them
+  (DatasetInfo.normalized): the one place any batch is. Training's after
+  their augmentation, which moves stored values (a shift fills its border
+  with a stored value, or zero) and before progressive resizing, which
+  averages normalized ones."""
+  return batches.map(lambda images, labels: (info.normalized(images), labels),
+                     num_parallel_calls=sources.PARALLEL_BATCHES)

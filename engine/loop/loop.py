@@ -180,7 +180,8 @@ class TrainLoop:
             shard=datasets.Shard(world.rank, world.size),
             epochs=datasets.Epochs(batch_size=step_batch,
                                    steps=steps_per_epoch, seed=training.seed),
-            augmentation=Augmentation.requested(config.data)))
+            augmentation=Augmentation.requested(config.data,
+                                              self._train_step.task)))
     if fresh and config.faults.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.
       session.save()

@@ -16,7 +16,7 @@ import tensorflow as tf
 from engine.core.errors import first_line
 from engine.core.errors import UserError
 from engine.core.registry import Registry
-from engine.datasets import DatasetInfo
+from engine.datasets import DatasetInfo, LabelKind
 from engine.tasks.classification import Classification
 from engine.tasks.reconstruction import Reconstruction
 from engine.tasks.regression import Regression
@@ -64,7 +64,7 @@ def task_class(spec: str) -> type:
 def build(spec: str, info: DatasetInfo, **params) -> Task:
   """The task `spec` names, for data `info`, given whichever of `params`
   (the task flags) its __init__ declares."""
-  _check_labels(spec, getattr(task_class(spec), "labels", "any"), info)
+  _check_labels(spec, getattr(task_class(spec), "labels", None), info)
   task = _TASKS.build(spec, info, **params)
   if not isinstance(task, Task):
     raise UserError(f"--task={spec}: {type(task).__name__} is no task; "
@@ -77,26 +77,27 @@ def build(spec: str, info: DatasetInfo, **params) -> Task:
   return task
 
 
-def _check_labels(spec: str, kind: str, info: DatasetInfo) -> None:
-  """Labels of the kind the task learns from, or a UserError."""
+def _check_labels(spec: str, kind, info: DatasetInfo) -> None:
+  """Labels of the kind the task learns from (any, for None), or a
+  UserError."""
+  kind = LabelKind.of(kind)
+  if kind is None or info.label_kind == kind:
+    return
   integer = tf.as_dtype(info.label_dtype).is_integer
   shape = list(info.label_shape)
   given = ("class ids" if not shape and integer else
            f"labels of shape [N, {', '.join(map(str, shape))}] "
            f"{info.label_dtype}" if shape else f"{info.label_dtype} labels")
-  if kind == "classes" and (shape or not integer):
-    raise UserError(f"--task={spec} learns from class ids, one integer per "
-                    f"image; {info.name} gives {given}")
-  if kind == "targets" and (len(shape) != 1 or integer):
-    raise UserError(f"--task={spec} learns float targets [N, k]; "
-                    f"{info.name} gives {given} (arrays: float y_train "
-                    "and y_test)")
-  if kind == "masks" and (shape != list(info.image_shape[:2])
-                          or not integer):
-    height, width = info.image_shape[:2]
-    raise UserError(f"--task={spec} learns integer masks [N, {height}, "
-                    f"{width}], a class per pixel of the images; "
-                    f"{info.name} gives {given}")
+  height, width = info.image_shape[:2]
+  wanted = {
+      LabelKind.CLASSES: "learns from class ids, one integer per image",
+      LabelKind.TARGETS: "learns float targets [N, k]",
+      LabelKind.MASKS: f"learns integer masks [N, {height}, {width}], a "
+                       "class per pixel of the images",
+      LabelKind.OTHER: "learns from labels of its own"}[kind]
+  hint = (" (arrays: float y_train and y_test)"
+          if kind == LabelKind.TARGETS else "")
+  raise UserError(f"--task={spec} {wanted}; {info.name} gives {given}{hint}")
 
 
 def check(task: Task, spec: str, model: keras.Model,

@@ -8,6 +8,7 @@ import numpy as np
 import keras
 import tensorflow as tf
 
+from engine.datasets import LabelKind
 from engine.tasks.task import Task
 
 
@@ -15,7 +16,9 @@ class Classification(Task):
   """Integer class labels [batch]; float32 logits [batch, classes]."""
 
   best_metric = "accuracy:max"
-  labels = "classes"
+  # A flip or a shift keeps an image's class.
+  augmentation_keeps_targets = True
+  labels = LabelKind.CLASSES
 
   def __init__(self, info=None, *, label_smoothing: float = 0.0,
                num_classes: int = 0):

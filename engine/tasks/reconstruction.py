@@ -26,6 +26,8 @@ class Reconstruction(Task):
   """Any labels (unused); float32 outputs shaped as the images."""
 
   best_metric = "psnr:max"
+  # The targets are the images, augmented as the inputs are.
+  augmentation_keeps_targets = True
 
   def __init__(self, info, *, loss: str = "", noise: float = 0.5,
                seed: int = 0):

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from engine.core.errors import UserError
+from engine.datasets import LabelKind
 from engine.tasks.task import Task
 
 LOSSES = ("mse", "mae", "huber")
@@ -25,7 +26,14 @@ class Regression(Task):
   """Float32 targets [batch, k]; float32 outputs [batch, k]."""
 
   best_metric = "mae:min"
-  labels = "targets"
+  labels = LabelKind.TARGETS
+
+  @property
+  def augmentation_keeps_targets(self) -> bool:
+    """Volumes' targets are kept: parameters of a box of matter, which its
+    flips and axis orders change none of (CosmoFlow's). An image's targets
+    may be a position or an angle, which a flip or a shift changes."""
+    return len(self.info.image_shape) == 4
 
   def __init__(self, info, *, loss: str = "",
                standardize_targets: bool = True):

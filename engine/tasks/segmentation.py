@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 
 from engine.tasks.classification import confusion_image
+from engine.datasets import LabelKind
 from engine.tasks.task import Task
 
 # Tableau's 10 colours; the background (class 0) is black.
@@ -26,7 +27,9 @@ class Segmentation(Task):
   """Integer masks [batch, H, W]; float32 logits [batch, H, W, classes]."""
 
   best_metric = "mean_iou:max"
-  labels = "masks"
+  # Masks are flipped and shifted with their images (engine/datasets).
+  augmentation_keeps_targets = True
+  labels = LabelKind.MASKS
 
   def __init__(self, info, *, ignore_label: int = -1):
     """`ignore_label` (--ignore_label): a mask value that labels no class

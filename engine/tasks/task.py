@@ -37,7 +37,7 @@ import numpy as np
 import keras
 import tensorflow as tf
 
-from engine.datasets import DatasetInfo
+from engine.datasets import DatasetInfo, LabelKind
 
 
 class Task:
@@ -47,11 +47,18 @@ class Task:
   # "<figure>:max" or "<figure>:min", a name `figures` returns: the
   # validation figure that decides best/, --target and early stopping.
   best_metric = "loss:min"
-  # What the task learns from, which loaders that read several kinds of
-  # labels take (--dataset=arrays): "classes" (an integer class id per
-  # image), "targets" (float values, [k] per image), "masks" (a class id
-  # per pixel, [H, W] per image), or "any".
-  labels = "any"
+  # What the task learns from (a LabelKind, or its name), which loaders
+  # that read several kinds of labels take (--dataset=arrays): CLASSES (an
+  # integer class id per image), TARGETS (float values, [k] per image),
+  # MASKS (a class id per pixel, [H, W] per image), or None: any.
+  labels: Optional[LabelKind] = None
+  # Whether flips, shifts and a volume's axis orders (--random_flip,
+  # --random_shift, --random_transpose) keep the targets right: they do
+  # not change with them (a class) or move with the images (masks, which
+  # the engine moves too; a reconstruction's images). A task that does not
+  # say so trains without them unless a flag asks, with a warning: they
+  # would move an image and leave its position or angle targets behind.
+  augmentation_keeps_targets = False
   # A task with a train step of its own names the optimizers it applies
   # (a GAN: "generator", "discriminator"); the engine builds each from the
   # optimizer flags, and checkpoints and broadcasts them.

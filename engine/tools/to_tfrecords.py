@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine import datasets
+from engine.core import run_files
 from engine.core.errors import UserError
 from engine.datasets import ArrayRows, Examples, image_folder
 # --validation_split and --array_keys, as engine.train reads them.
@@ -63,7 +64,7 @@ def convert(source: str, out: str, *, shards: int, validation_shards: int = 0,
               "validation": splits["validation"].count,
               "shards": {"train": shards, "validation": validation_shards}}
   _check_or_write_manifest(out, manifest)
-  datasets.write_classes(out, class_names)
+  run_files.write_classes(out, class_names)
   jobs = [(split, index, count)
           for split, count in (("train", shards),
                                ("validation", validation_shards))
