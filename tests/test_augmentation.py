@@ -7,11 +7,11 @@ from absl import flags
 import numpy as np
 
 from engine import train as train_lib
-from engine.core import config as engine_config
 from engine.datasets import DatasetInfo
 from engine.datasets.augmentation import Augmentation
 from engine.tasks import Classification, Reconstruction, Regression
 from engine.tasks import Segmentation, Task
+import flags as engine_flags
 from tests import fixtures
 
 IMAGES = DatasetInfo(name="images", image_shape=(16, 16, 1), num_classes=0,
@@ -61,7 +61,7 @@ def test_a_flag_given_for_targets_not_kept_applies_with_one_warning(caplog):
 
 def test_the_config_knows_which_augmentation_flags_were_given(monkeypatch):
   monkeypatch.setattr(flags.FLAGS["random_shift"], "present", 1)
-  given = engine_config.config_from_flags().data.given_augmentation
+  given = engine_flags.config_from_flags().data.given_augmentation
   assert given == ("random_shift",)
 
 
