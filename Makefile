@@ -23,15 +23,13 @@ train: setup
 	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/horovodrun --gloo -np $(PROCESSES) \
 	  $(VENV)/bin/python -m engine.train --flagfile=$(FLAGFILE) $(ARGS)
 
-# Most tests start a process or two on one core each, so two pytest workers
-# (one test file each) keep both cores busy; the tests marked serial (they
-# time signals and timeouts, or mount and make namespaces) run after them,
-# alone. Both phases run; either failing fails the target.
+# Most tests start a process or two; two pytest workers run the test files
+# (one file each at a time, so a file's shared run is trained once) and a
+# third the tests marked serial (they time signals and timeouts, or mount
+# and make namespaces), one after another: those mostly wait, and the
+# other two fill the cores meanwhile (tests/conftest.py).
 test: setup
-	@status=0; \
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile -m "not serial" || status=$$?; \
-	$(VENV)/bin/python -m pytest -m serial || status=$$?; \
-	exit $$status
+	$(VENV)/bin/python -m pytest -n 3 --dist loadgroup
 
 # Two processes train, then agree: identical weights on both ranks, every
 # validation figure that of the whole test set, the same whole epochs.

@@ -25,3 +25,19 @@ def pytest_report_header(config):  # pylint: disable=unused-argument
   return (f"timeouts: {timeouts.scale():.2f} times their nominal seconds on "
           f"this machine now (tests/timeouts.py; {timeouts.SCALE_VARIABLE} "
           "sets the factor)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+  """`make test`'s schedule (`pytest -n 3 --dist loadgroup`): a test file
+  is one unit of work (its module fixtures, one trained run read by many
+  tests, run once), and the tests marked serial are one unit together, run
+  one after another on a worker of their own, beside the rest. They wait
+  much of their time (on timeouts, signals, a scheduler, a database), which
+  the other two workers fill; they never overlap each other, and each
+  holds its own names for what it makes machine-wide (namespaces by its
+  pid, mounts in its own directories)."""
+  for item in items:
+    serial = item.get_closest_marker("serial") is not None
+    group = "serial" if serial else item.nodeid.split("::")[0]
+    item.add_marker(pytest.mark.xdist_group(group))
