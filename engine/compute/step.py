@@ -244,20 +244,22 @@ class TrainStep:
                 gradients_finite=gradients_finite, loss_scale=loss_scale)
 
   def _apply(self, finite, gradients, variables) -> None:
-    """The update, unless something was not finite. Under float16 the loss
-    scaler decides: it unscales the (allreduced) gradients, or skips the
-    update and lowers its scale; its inner optimizer's step counter then
-    stays, and is counted here as every skipped step is."""
+    """The update and the weights' average, unless something was not
+    finite. Under float16 the loss scaler decides: it unscales the
+    (allreduced) gradients, or skips the update and lowers its scale; its
+    inner optimizer's step counter then stays, and is counted here as
+    every skipped step is, and the average, which counts applied updates
+    (ema.py), stays too."""
     if self._scales_loss:
-      applied = self.optimizer.check_finite(gradients)  # its own decision
-      self._update(gradients, variables)
-      _count_if_skipped(applied, self.optimizer)
+      self.optimizer.apply_gradients(zip(gradients, variables))
+      _apply_if(self.optimizer.check_finite(gradients),  # its own decision
+                self.optimizer, self._update_average)
       return
-    _apply_if(finite, self.optimizer,
-              lambda: self._update(gradients, variables))
+    _apply_if(finite, self.optimizer, lambda: (
+        self.optimizer.apply_gradients(zip(gradients, variables)),
+        self._update_average()))
 
-  def _update(self, gradients, variables) -> None:
-    self.optimizer.apply_gradients(zip(gradients, variables))
+  def _update_average(self) -> None:
     if self._weight_average:
       self._weight_average.update()
 
@@ -554,11 +556,6 @@ def _apply_if(finite: tf.Tensor, optimizer, update) -> None:
     update()
 
   tf.cond(finite, apply, lambda: _count_skipped(optimizer))
-
-
-def _count_if_skipped(applied: tf.Tensor, optimizer) -> None:
-  """The step counter counts a step whose update was not `applied`."""
-  tf.cond(applied, lambda: None, lambda: _count_skipped(optimizer))
 
 
 def _count_skipped(optimizer) -> None:
