@@ -24,6 +24,7 @@ from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute import precision
 from engine.compute import schedules
+from engine.compute import eval_step as eval_steps
 from engine.compute import step as steps
 from engine.core.config import TrainConfig
 from engine.core.errors import Diverged
@@ -62,7 +63,7 @@ class TrainingParts:
   weight_average: Optional[ema.WeightAverage]
   optimizer: Any
   train_step: steps.TrainStep
-  eval_step: steps.EvalStep
+  eval_step: eval_steps.EvalStep
   decider: tasks.Decider
   mlperf: mlperf.MLPerfLog  # --mlperf_log's, which rank 0 writes
 
@@ -364,7 +365,7 @@ class TrainLoop:
     rank 0 the task's pictures of the first few test examples."""
     pictures = {}
     with session.times.evaluation(), ema.averaged(self._weight_average):
-      val = steps.evaluate(self._eval_step, data.eval_batches(
+      val = eval_steps.evaluate(self._eval_step, data.eval_batches(
           self._splits.test, self._splits.info,
           shard=datasets.Shard(session.world.rank, session.world.size),
           batch_size=self._config.training.batch_size))
