@@ -46,15 +46,10 @@ class TrainStep:
   `accumulation_steps` K > 1 the batch is split into K micro-batches whose
   local gradients are averaged before the one allreduce.
 
-  How the gradients are reduced (`overlap_allreduce`): on GPU, each as soon
-  as the backward pass has it (hvd.DistributedGradientTape), so the
-  transfers overlap the rest of the backward pass. On CPU the transfers
-  and the backward pass share the same cores and nothing overlaps, so the
-  gradients and the step's flags go in one grouped allreduce after the
-  backward pass: one negotiation and one collective a step instead of one
-  per Horovod cycle that finds something ready (bench/RESULTS.md, "Horovod
-  on CPU"). With accumulation the gradients exist only after the last
-  micro-batch, so they are reduced that way on GPU too.
+  How the gradients, the step's flags and the model's statistics are
+  reduced across ranks, each as the backward pass has it or in one grouped
+  allreduce (`overlap_allreduce`), is engine/distributed/gradients.py's
+  StepReduction, which a task's own step shares.
 
   A step whose loss (on any rank) or averaged gradients are not finite is
   not applied, and raises NonFinite on every rank. Under float16 that is the
@@ -98,19 +93,14 @@ class TrainStep:
     self.totals = metrics.Totals("train_totals", self.task)
     self.traces = 0
     self.skipped_steps = 0  # by the float16 loss scaler; reset per epoch
-    self._reduction = allreduce.Reduction(allreduce_op, compression)
     self._accumulation_steps = accumulation_steps
     self._compression = compression
     if overlap_allreduce is None:
       overlap_allreduce = bool(tf.config.list_logical_devices("GPU"))
-    # The flags and statistics must be averaged, and neither Adasum nor a
-    # float16 copy is an average: under those they take an allreduce of
-    # their own.
-    self._reduce_together = (allreduce_op == "average"
-                             and compression == "none" and
-                             (accumulation_steps > 1 or not overlap_allreduce))
-    self._statistics = [v for v in model.non_trainable_variables
-                        if v.dtype == tf.float32]
+    self._reduce = allreduce.StepReduction(
+        model, op=allreduce_op, compression=compression,
+        accumulation_steps=accumulation_steps,
+        overlap_allreduce=overlap_allreduce)
     self._scales_loss = precision.scales_loss(optimizer)
     # XLA compiles the forward pass, and TensorFlow compiles its gradient
     # with it; Horovod's allreduce has no XLA kernel on CPU, so it and the
@@ -210,21 +200,18 @@ class TrainStep:
   def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
     variables = self.model.trainable_variables
-    if self._accumulation_steps == 1 and not self._reduce_together:
+    reduce = self._reduce
+    if self._accumulation_steps == 1 and not reduce.together:
       with tf.GradientTape() as tape:
         loss = self._loss(images, labels)
-      shared = self._shared(stop_requested, loss)
-      gradients = self._reduction.gradients_of(tape, loss, variables)
-      shared = self._averaged_alone(shared)
+      shared = reduce.shared(stop_requested, loss)
+      gradients = reduce.gradients_of(tape, loss, variables)
+      shared = reduce.averaged_alone(shared)
     else:
       local, loss = self._local_gradients(images, labels, variables)
-      shared = self._shared(stop_requested, loss)
-      if self._reduce_together:
-        gradients, shared = self._reduced_together(local, shared)
-      else:
-        gradients = self._reduction.grouped(local, alone_skips=False)
-        shared = self._averaged_alone(shared)
-    shares = self._statistics_averaged(shared)
+      gradients, shared = reduce.local_reduced(
+          local, reduce.shared(stop_requested, loss))
+    shares = reduce.shares(shared)
     # The shares of ranks that asked to stop and whose loss was not finite.
     stop_share, nonfinite_loss_share = shares[0], shares[1]
     # The same on every rank: every rank holds the same averaged gradients
@@ -261,57 +248,6 @@ class TrainStep:
   def _update_average(self) -> None:
     if self._weight_average:
       self._weight_average.update()
-
-  def _shared(self, stop_requested, loss) -> tf.Tensor:
-    """What a step averages over ranks besides its gradients: its flags
-    (_step_flags), then the model's statistics, its float32 non-trainable
-    variables (BatchNorm's moving means and variances), flattened.
-
-    Each rank updates the statistics from its own batches. Averaged after
-    every step they are the same on every rank at every step, so that rank
-    0's checkpoint holds every rank's state and a run resumed mid-epoch
-    continues exactly as it would have. Moving averages are linear in the
-    batches: the average of the ranks' own is the same whether taken once
-    an epoch or every step.
-    """
-    return tf.concat([_step_flags(stop_requested, loss)]
-                     + [tf.reshape(v, [-1]) for v in self._statistics], 0)
-
-  def _statistics_averaged(self, shared: tf.Tensor) -> tf.Tensor:
-    """Sets the statistics to their average over ranks, from `shared`
-    averaged; returns the flags' average: the shares of ranks."""
-    parts = tf.split(shared, [_FLAGS] + [v.shape.num_elements()
-                                         for v in self._statistics])
-    for variable, average in zip(self._statistics, parts[1:]):
-      variable.assign(tf.reshape(average, variable.shape))
-    return parts[0]
-
-  def _averaged_alone(self, shared):
-    """What the step shares (`_shared`) averaged over ranks, beside
-    gradients reduced one by one: submitted when the gradients start to be
-    (it depends on the forward pass only), as an average like theirs, so
-    Horovod fuses it into one of their allreduces instead of running a
-    collective of its own.
-
-    Alone, a process skips Horovod's queue (as DistributedGradientTape
-    does), which would add a cycle of its background thread to every step.
-    """
-    return allreduce.averaged(shared, "step_flags")
-
-  def _reduced_together(self, local, shared=None):
-    """The local gradients and what the step shares (`_shared`, if given),
-    averaged over ranks in one grouped allreduce; a process alone skips
-    Horovod's queue."""
-    present = [i for i, gradient in enumerate(local) if gradient is not None]
-    # Dense: a grouped allreduce takes tensors, not IndexedSlices.
-    tensors = [tf.convert_to_tensor(local[i]) for i in present]
-    if shared is not None:
-      tensors.append(shared)
-    reduced = self._reduction.grouped(tensors)
-    gradients = list(local)  # a variable the loss does not use keeps None
-    for i, gradient in zip(present, reduced):
-      gradients[i] = gradient
-    return gradients, reduced[-1] if shared is not None else None
 
   def _nonfinite(self, outcome, step: int) -> None:
     """Counts a step the loss scaler skipped, or raises NonFinite (of the
@@ -427,10 +363,7 @@ class TaskTrainStep(TrainStep):
     """The gradients of `loss`, averaged across ranks as the built-in step
     averages them: each as the backward pass has it (GPU,
     hvd.DistributedGradientTape), or all in one grouped allreduce (CPU)."""
-    if not self._reduce_together:
-      return self._reduction.gradients_of(tape, loss, variables)
-    gradients, _ = self._reduced_together(tape.gradient(loss, variables))
-    return gradients
+    return self._reduce.gradients_of(tape, loss, variables)
 
   def apply_gradients(self, optimizer, gradients: list,
                       variables: list) -> None:
@@ -450,8 +383,8 @@ class TaskTrainStep(TrainStep):
     self.totals.add(sums, tf.shape(images)[0])
     if self._weight_average:
       self._weight_average.update()
-    shares = self._statistics_averaged(
-        self._averaged_alone(self._shared(stop_requested, loss)))
+    shares = self._reduce.shares(self._reduce.averaged_alone(
+        self._reduce.shared(stop_requested, loss)))
     gradients_finite = self._gradients_finite.read_value()
     finite = tf.logical_and(shares[1] == 0, gradients_finite)
     status = (tf.cast(shares[0] > 0, tf.int32) * _STOP_AGREED
@@ -488,17 +421,6 @@ def _apply_if(finite: tf.Tensor, optimizer, update) -> None:
 
 def _count_skipped(optimizer) -> None:
   optimizer.iterations.assign_add(1)
-
-
-_FLAGS = 2  # _step_flags' length
-
-
-def _step_flags(stop_requested, loss) -> tf.Tensor:
-  """What every rank must learn of the others' step, so that all take the
-  same decisions after the same step: [asked to stop, loss not finite], as
-  0.0 or 1.0; their average over ranks is the share of ranks."""
-  return tf.stack([stop_requested,
-                   1.0 - tf.cast(tf.math.is_finite(loss), tf.float32)])
 
 
 def _is_finite(gradient) -> tf.Tensor:
