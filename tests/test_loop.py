@@ -1,5 +1,6 @@
 """The train loop's decisions, in this process, with a fake train step
-(engine/train.py's TrainLoop, engine/loop/actions.py, engine/loop/run_state.py).
+(engine/loop/loop.py's TrainLoop, engine/loop/actions.py,
+engine/loop/epoch_end.py, engine/loop/run_state.py).
 
 The fake step takes no gradient: it moves the optimizer's step counter,
 counts its batches in the epoch's sums, records each call's steps and the
@@ -56,7 +57,7 @@ class FakeStep:
     self._nonfinite_at = set(nonfinite_at)
     self._stop_at = stop_at
 
-  def start_epoch(self) -> None:
+  def reset_counts(self) -> None:
     self.totals.reset()
     self.skipped_steps = 0
 

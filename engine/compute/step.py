@@ -92,7 +92,8 @@ class TrainStep:
     self._build_optimizer_state()
     self.totals = metrics.Totals("train_totals", self.task)
     self.traces = 0
-    self.skipped_steps = 0  # by the float16 loss scaler; reset per epoch
+    # By the float16 loss scaler, since the counts were reset.
+    self.skipped_steps = 0
     self._accumulation_steps = accumulation_steps
     self._compression = compression
     if overlap_allreduce is None:
@@ -113,9 +114,11 @@ class TrainStep:
     self._step = None  # traced for the first batch's shapes (_traced)
     self._steps = tf.function(self._train_steps)
 
-  def start_epoch(self) -> None:
-    """The epoch's counters from zero: its running sums and the steps the
-    loss scaler skipped."""
+  def reset_counts(self) -> None:
+    """Its counts from zero: its running sums and the steps the loss
+    scaler skipped. They count the steps since the epoch began or was
+    committed (or since a restart or a rollback); the run's state holds
+    what was counted before (engine/loop/run_state.LoopState)."""
     self.totals.reset()
     self.skipped_steps = 0
 
