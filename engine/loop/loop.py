@@ -7,65 +7,36 @@ stop). Between steps it runs actions (actions.py); the run's state has one
 owner (run_state.LoopState); a start's resources are a Session
 (session.py). engine/train.py builds the parts and runs it.
 """
-import dataclasses
 import functools
 import time
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from absl import logging
-import keras
 import tensorflow as tf
 
 from engine import datasets
 from engine import distributed
-from engine import tasks
-from engine.compute import communication
 from engine.compute import ema
 from engine.compute import metrics
 from engine.compute import optimizers
-from engine.compute import precision
-from engine.compute import schedules
-from engine.compute import eval_step as eval_steps
 from engine.compute import step as steps
-from engine.core.config import TrainConfig
 from engine.datasets.augmentation import Augmentation
 from engine.distributed import elastic
 from engine.input import data
 from engine.loop import actions
 from engine.loop import preemption
 from engine.loop import run_state
+from engine.loop import session as session_lib
 from engine.loop import stopping
 from engine.loop import trial
-from engine.loop.run_directory import RunDirectory
 from engine.loop.divergence import Divergence
 from engine.loop.epoch_end import EpochEnd
+from engine.loop.parts import TrainingParts
+from engine.loop.run_directory import RunDirectory
 from engine.loop.run_state import LoopState
 from engine.loop.run_state import RunState
 from engine.loop.session import Session
-from engine.records import mlperf
 from engine.records import report
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingParts:
-  """What the loop is built from (engine.build.training_parts), in the
-  order it is built."""
-  config: TrainConfig  # as given
-  world: distributed.World
-  precision: precision.Choice  # what --mixed_precision decided at start-up
-  # What --gradient_compression decided at start-up.
-  communication: communication.Choice
-  splits: datasets.Splits
-  staged: Optional[dict]  # --stage_dir's record, for metrics.jsonl
-  task: tasks.Task
-  model: keras.Model
-  learning_rate: schedules.WarmupThenDecay
-  weight_average: Optional[ema.WeightAverage]
-  optimizer: Any
-  train_step: steps.TrainStep
-  eval_step: eval_steps.EvalStep
-  decider: tasks.Decider
-  mlperf: mlperf.MLPerfLog  # --mlperf_log's, which rank 0 writes
 
 
 class TrainLoop:
@@ -145,21 +116,13 @@ class TrainLoop:
     chief = distributed.is_chief()
     report.configure_logging(chief)
     training = config.training
-    # A step takes grad_accum_steps micro-batches of batch_size per rank.
-    micro_batches = config.performance.grad_accum_steps
-    step_batch = training.batch_size * micro_batches
-    steps_per_epoch = data.steps_per_epoch(
-        num_train=info.num_train, batch_size=step_batch,
-        world_size=world.size, requested=training.steps_per_epoch)
-    global_batch = step_batch * world.size
-    logging.info("global batch %d on %d processes%s, %d steps per epoch",
-                 global_batch, world.size,
-                 f" ({micro_batches} micro-batches of "
-                 f"{training.batch_size} per process)"
-                 if micro_batches > 1 else "", steps_per_epoch)
+    step_batch, steps_per_epoch, global_batch = session_lib.batches(
+        config, info, world.size)
     run_state, fresh = self._continue_from(committed, world, chief,
                                            global_batch)
-    self._set_learning_rate(world, steps_per_epoch)
+    # The schedule for this number of processes.
+    self._learning_rate.set_world(world_size=world.size,
+                                  steps_per_epoch=steps_per_epoch)
     state = LoopState(optimizer=self._optimizer,
                       learning_rate=self._learning_rate, start=run_state,
                       steps_per_epoch=steps_per_epoch,
@@ -232,18 +195,6 @@ class TrainLoop:
       return RunState.beginning(global_batch, world.size), True
     return RunState.at(position, self._counts), False
 
-  def _set_learning_rate(self, world: distributed.World,
-                         steps_per_epoch: int) -> None:
-    """The schedule for this number of processes."""
-    optimization = self._config.optimization
-    self._learning_rate.set_world(world_size=world.size,
-                                  steps_per_epoch=steps_per_epoch)
-    logging.info("learning rate %g x %d processes (%s) = %g%s",
-                 optimization.base_lr, world.size, optimization.lr_scaling,
-                 self._learning_rate.peak_lr,
-                 f" after {optimization.warmup_epochs:g} warmup epochs"
-                 if optimization.warmup_epochs else "")
-
   def _commit(self, run_state: RunState) -> None:
     """Under --elastic, what a reset goes back to: `run_state` and the
     variables, copied in host memory. The one commit path: at the start,
@@ -261,7 +212,7 @@ class TrainLoop:
         # optimizer creates at its first step rather than in
         # optimizers.build_state becomes rank 0's too. The model's
         # variables are every rank's already (BatchNorm's statistics are
-        # averaged at every step: steps.TrainStep._shared).
+        # averaged at every step: distributed/gradients.StepReduction).
         actions.Once(lambda at: (
             distributed.broadcast_from_chief(
                 optimizers.state(self._optimizer)))),
@@ -276,6 +227,8 @@ class TrainLoop:
         *(actions.every(config.training.summary_every_steps,
                         functools.partial(self._summarize, session))
           if session.directory else []),
+        # Progress: the bar, or a log line each time another
+        # 1/progress.LOG_LINES_PER_EPOCH of the epoch is done.
         actions.AfterEveryCall(
             lambda at: session.progress.step(at.step)),
     ]
