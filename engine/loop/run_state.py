@@ -138,13 +138,14 @@ class LoopState:
   (epoch, steps_per_epoch), never (epoch + 1, 0).
 
   The train step counts the steps it takes since the epoch began or was
-  last committed (its running sums and skipped steps, `since_commit`
-  below); this state holds what the epoch counted before, and takes them
-  in at a commit and at the epoch's end.
+  last committed (its running sums and skipped steps, which `committed`,
+  `keep` and `end_epoch` are given); this state holds what the epoch
+  counted before, and takes them in at a commit and at the epoch's end.
 
-  A start (engine/loop/session.py) makes one from the RunState it continues
-  from; a commit, a checkpoint and a rollback read and set it as a whole
-  (`snapshot`, `position` and `keep`, `rolled_back`).
+  Each start of the loop (engine/loop/loop.py's TrainLoop._begin) makes
+  one from the RunState it continues from, which its Session
+  (session.py) holds; a commit, a checkpoint and a rollback read and set
+  it as a whole (`snapshot`, `position` and `keep`, `roll_back`).
   """
 
   def __init__(self, *, optimizer, learning_rate, start: RunState,
