@@ -11,30 +11,15 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from engine import distributed
 from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute import eval_step
 from engine.compute import precision
+from engine.compute import step_status
+from engine.compute.step_status import NonFinite
 from engine.distributed import gradients as allreduce
 from engine.core.errors import UserError
 from engine.tasks import Task
-
-
-class NonFinite(Exception):
-  """A step whose loss or gradients were not finite, on some rank; it was
-  not applied. Raised on every rank after the same step: the call's
-  `step`-th (1-based; a call of `TrainStep.steps` takes several)."""
-
-  def __init__(self, what: str, step: int = 1):
-    super().__init__(what)
-    self.step = step
-
-
-# The step's status, one integer read by the host per step: its bits.
-_STOP_AGREED = 1
-_NONFINITE = 2
-_NAMES_SHOWN = 3
 
 
 class TrainStep:
@@ -172,14 +157,14 @@ class TrainStep:
     """The host's one read of a call's status: whether the ranks agreed to
     stop; raises NonFinite (or counts a step the loss scaler skipped)."""
     status = int(outcome["status"])
-    if status & _NONFINITE:
+    if status & step_status.NONFINITE:
       self._nonfinite(outcome, step)
-    return bool(status & _STOP_AGREED)
+    return bool(status & step_status.STOP_AGREED)
 
   def _train_steps(self, batches, count, stop_requested):
     """`count` steps in a while loop, ended early by a step whose status is
     not 0; returns the last step's outcome and how many steps ran."""
-    outcome = self._no_outcome()
+    outcome = step_status.no_outcome(self._gradient_checks())
     ran = tf.constant(0)
     for _ in tf.range(count):
       images, labels = next(batches)
@@ -189,16 +174,14 @@ class TrainStep:
         break
     return dict(outcome, steps=ran)
 
-  def _no_outcome(self) -> dict:
-    """What a step returns, before any step: a status of 0."""
-    return dict(status=tf.constant(0), loss=tf.constant(0.0),
-                nonfinite_loss_share=tf.constant(0.0),
-                gradients_finite=tf.ones([self._gradient_checks()], tf.bool),
-                loss_scale=tf.constant(0.0))
-
   def _gradient_checks(self) -> int:
     """How many gradients' finiteness a step's outcome gives."""
     return len(self.model.trainable_variables)
+
+  def _gradient_names(self) -> Optional[list]:
+    """The names of the variables whose gradients' finiteness a step's
+    outcome gives, in its order."""
+    return [variable.path for variable in self.model.trainable_variables]
 
   def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
@@ -226,11 +209,10 @@ class TrainStep:
                   if self._scales_loss else tf.constant(0.0))
     with tf.control_dependencies([loss_scale]):  # the scale of this step
       self._apply(finite, gradients, variables)
-    status = (tf.cast(stop_share > 0, tf.int32) * _STOP_AGREED
-              + tf.cast(tf.logical_not(finite), tf.int32) * _NONFINITE)
-    return dict(status=status, loss=tf.cast(loss, tf.float32),
-                nonfinite_loss_share=nonfinite_loss_share,
-                gradients_finite=gradients_finite, loss_scale=loss_scale)
+    return step_status.outcome(
+        stop_share=stop_share, finite=finite, loss=loss,
+        nonfinite_loss_share=nonfinite_loss_share,
+        gradients_finite=gradients_finite, loss_scale=loss_scale)
 
   def _apply(self, finite, gradients, variables) -> None:
     """The update and the weights' average, unless something was not
@@ -255,37 +237,13 @@ class TrainStep:
   def _nonfinite(self, outcome, step: int) -> None:
     """Counts a step the loss scaler skipped, or raises NonFinite (of the
     call's `step`-th step)."""
-    what = self._describe_nonfinite(outcome)
+    what = step_status.described(outcome, self._gradient_names())
     if not self._scales_loss:
       raise NonFinite(what, step)
     self.skipped_steps += 1
     if float(outcome["loss_scale"]) <= 1:
       raise NonFinite(f"{what}, at the float16 loss scale's minimum of 1",
                       step)
-
-  def _describe_nonfinite(self, outcome) -> str:
-    """What was not finite: the loss, on how many ranks, and which
-    gradients (the first few variables' names)."""
-    parts = []
-    rank, size = distributed.rank_and_size()
-    ranks = round(float(outcome["nonfinite_loss_share"]) * size)
-    if ranks:
-      parts.append(f"the loss was non-finite on {ranks} of {size} "
-                   f"processes (rank {rank}'s: "
-                   f"{float(outcome['loss']):g})")
-    finite = outcome["gradients_finite"].numpy()
-    if not finite.all():
-      parts.append(self._describe_gradients(finite))
-    return " and ".join(parts)
-
-  def _describe_gradients(self, finite) -> str:
-    """Which variables' gradients were not finite (the first few)."""
-    names = [v.path for v, ok in zip(self.model.trainable_variables, finite)
-             if not ok]
-    shown = ", ".join(names[:_NAMES_SHOWN])
-    more = ", ..." if len(names) > _NAMES_SHOWN else ""
-    return (f"the gradients of {len(names)} of {len(finite)} variables were "
-            f"non-finite ({shown}{more})")
 
   def _loss(self, images, labels):
     """The batch's loss to differentiate (times the loss scale under
@@ -390,18 +348,16 @@ class TaskTrainStep(TrainStep):
         self._reduce.shared(stop_requested, loss)))
     gradients_finite = self._gradients_finite.read_value()
     finite = tf.logical_and(shares[1] == 0, gradients_finite)
-    status = (tf.cast(shares[0] > 0, tf.int32) * _STOP_AGREED
-              + tf.cast(tf.logical_not(finite), tf.int32) * _NONFINITE)
-    return dict(status=status, loss=tf.cast(loss, tf.float32),
-                nonfinite_loss_share=shares[1],
-                gradients_finite=gradients_finite[None],
-                loss_scale=tf.constant(0.0))
+    return step_status.outcome(
+        stop_share=shares[0], finite=finite, loss=loss,
+        nonfinite_loss_share=shares[1],
+        gradients_finite=gradients_finite[None], loss_scale=tf.constant(0.0))
 
   def _gradient_checks(self) -> int:
     return 1  # all of the task's gradients together
 
-  def _describe_gradients(self, finite) -> str:
-    return "the gradients of the task's step were non-finite"
+  def _gradient_names(self) -> Optional[list]:
+    return None  # checked together: no variable to name
 
 
 def _of_any_size(batch: tf.Tensor) -> tf.TensorSpec:

@@ -5,7 +5,7 @@ to its last good checkpoint (--on_nonfinite=rollback, at most
 loss spike.
 
 The step was not applied, on any rank, and every rank learns of it after
-the same step (step.NonFinite), so every rank takes the same way.
+the same step (step_status.NonFinite), so every rank takes the same way.
 """
 from typing import Callable
 
@@ -13,7 +13,7 @@ from absl import logging
 import tensorflow as tf
 
 from engine import distributed
-from engine.compute import step as steps
+from engine.compute.step_status import NonFinite
 from engine.core.config import FaultConfig
 from engine.core.errors import Diverged
 from engine.loop.run_state import RunState
@@ -32,7 +32,7 @@ class Divergence:
     self._variables = variables
     self._commit = commit
 
-  def __call__(self, session: Session, nonfinite: steps.NonFinite) -> None:
+  def __call__(self, session: Session, nonfinite: NonFinite) -> None:
     """Rolls back, or raises Diverged naming the step, the rate and the
     last good checkpoint (the step counter counted the step)."""
     faults, state = self._faults, session.state

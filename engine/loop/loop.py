@@ -19,7 +19,7 @@ from engine import distributed
 from engine.compute import ema
 from engine.compute import metrics
 from engine.compute import optimizers
-from engine.compute import step as steps
+from engine.compute.step_status import NonFinite
 from engine.datasets.augmentation import Augmentation
 from engine.distributed import elastic
 from engine.input import data
@@ -95,7 +95,7 @@ class TrainLoop:
       while state.epoch < self._config.training.epochs:
         try:
           train, train_seconds = self._train_epoch(session)
-        except steps.NonFinite as nonfinite:
+        except NonFinite as nonfinite:
           self._diverged(session, nonfinite)  # stops, or rolls back
           continue
         if self._epoch_end(session, train, train_seconds,
