@@ -1,9 +1,11 @@
 """Checkpoints: rank 0 alone writes and reads them; every rank resumes.
 
 A checkpoint holds the model, the optimizer (its step counter, which drives
-the learning-rate schedule, and its slots), and the position in the data:
-the epoch and the step within it, with the global batch those steps were
-taken with. The data order and augmentation are functions of (seed, epoch,
+the learning-rate schedule, and its slots), the position in the data: the
+epoch and the step within it, with the global batch those steps were taken
+with, and the rest of the run's state the train loop gives it
+(engine/loop/run_state.py: the learning rate's factor, the early stopping
+count, the run's counts; the weights' average). The data order and augmentation are functions of (seed, epoch,
 step), so that position is all it takes to continue the same stream.
 
 Only rank 0 touches the files, so N processes never race on one directory
