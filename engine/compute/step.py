@@ -1,4 +1,6 @@
-"""The compiled train step (the eval step: eval_step.py).
+"""The compiled train step: its math. How it reduces across ranks is
+engine/distributed/gradients.py's; what the host learns of each step,
+step_status.py's; the eval step, eval_step.py.
 
 The train step is where Horovod enters the math: each rank's gradients are
 averaged over all ranks (on GPU by `hvd.DistributedGradientTape`, on CPU in
@@ -11,14 +13,14 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
+from engine.compute import eval_step
 from engine.compute import metrics
 from engine.compute import optimizers
-from engine.compute import eval_step
 from engine.compute import precision
 from engine.compute import step_status
 from engine.compute.step_status import NonFinite
-from engine.distributed import gradients as allreduce
 from engine.core.errors import UserError
+from engine.distributed import gradients as allreduce
 from engine.tasks import Task
 
 
@@ -63,7 +65,7 @@ class TrainStep:
                any_image_size: bool = False):
     """`task`: what is learnt (engine/tasks); by default classification
     into the model's outputs. `weight_average`: an ema.WeightAverage,
-    updated after each update. `overlap_allreduce`: None, as suits the
+    updated after each update applied. `overlap_allreduce`: None, as suits the
     device (above). `any_image_size`: the batches' images change size
     (--progressive_resizing), and one step a call is traced once for
     images of any size, as a call of several steps is: traced for one
