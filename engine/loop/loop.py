@@ -98,6 +98,7 @@ class TrainLoop:
         except NonFinite as nonfinite:
           self._diverged(session, nonfinite)  # stops, or rolls back
           continue
+        # With the train step's skipped steps since the commit.
         if self._epoch_end(session, train, train_seconds,
                            self._train_step.skipped_steps):
           break
@@ -274,7 +275,7 @@ class TrainLoop:
                             session.times.step_seconds),
         learning_rate=session.state.learning_rate()))
 
-  # An epoch: its steps, its evaluation, its record.
+  # An epoch's steps (its end: epoch_end.py).
 
   def _train_epoch(self, session: Session) -> tuple[metrics.Result, float]:
     """The epoch's remaining steps; its train figures over all ranks and
