@@ -49,7 +49,7 @@ from engine import build
 from engine import cli
 from engine import distributed
 from engine.compute import optimizers
-from engine.compute import step as steps
+from engine.compute import eval_step as eval_steps
 from engine.core import run_files
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
@@ -141,7 +141,7 @@ class _EvaluateAndRecord(keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     self._started = time.perf_counter()
-    self._eval_step = steps.EvalStep(
+    self._eval_step = eval_steps.EvalStep(
         model=self.model, task=self._task,
         image_shape=self._splits.info.image_shape,
         flip=self._config.data.eval_flip, shift=build.eval_shift_pixels(
@@ -160,7 +160,7 @@ class _EvaluateAndRecord(keras.callbacks.Callback):
     if self._config.optimization.ema_decay:
       self.model.optimizer.finalize_variable_values(
           self.model.trainable_variables)
-    val = steps.evaluate(self._eval_step, data.eval_batches(
+    val = eval_steps.evaluate(self._eval_step, data.eval_batches(
         self._splits.test, self._splits.info,
         shard=Shard(self._world.rank, self._world.size),
         batch_size=self._config.training.batch_size))

@@ -24,6 +24,7 @@ from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute import precision
 from engine.compute import schedules
+from engine.compute import eval_step as eval_steps
 from engine.compute import step as steps
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
@@ -335,11 +336,11 @@ def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
 
 
 def eval_step(config: TrainConfig, task: tasks.Task,
-              model: keras.Model) -> steps.EvalStep:
+              model: keras.Model) -> eval_steps.EvalStep:
   """The evaluation step, with the views --eval_flip and --eval_shift ask
   for."""
   image_shape = task.info.image_shape
-  return steps.EvalStep(model=model, task=task, xla=config.performance.xla,
+  return eval_steps.EvalStep(model=model, task=task, xla=config.performance.xla,
                         image_shape=image_shape, flip=config.data.eval_flip,
                         shift=eval_shift_pixels(config, image_shape))
 

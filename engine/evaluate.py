@@ -21,7 +21,7 @@ from engine import build
 from engine import cli
 from engine import distributed
 from engine.compute import ema
-from engine.compute import step as steps
+from engine.compute import eval_step as eval_steps
 from engine.core import run_files
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
@@ -68,7 +68,7 @@ def evaluate(config: TrainConfig, which: str):
                                    + ema.variables(weight_average))
   eval_step = build.eval_step(config, task, model)
   with ema.averaged(weight_average):
-    result = steps.evaluate(eval_step, data.eval_batches(
+    result = eval_steps.evaluate(eval_step, data.eval_batches(
         splits.test, splits.info, shard=Shard(world.rank, world.size),
         batch_size=config.training.batch_size))
   if not isinstance(task, Classification):

@@ -22,6 +22,7 @@ from engine import build
 from engine import cli
 from engine import distributed
 from engine.compute import ema
+from engine.compute import eval_step as eval_steps
 from engine.compute import step as steps
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
@@ -35,7 +36,7 @@ class TrainResult:
   model: keras.Model
   history: list[dict]    # the epochs' metrics.jsonl records, on every rank
   train_step: steps.TrainStep
-  eval_step: steps.EvalStep
+  eval_step: eval_steps.EvalStep
   # --ema_decay's average of the weights, which evaluation used; else None.
   weight_average: Optional[ema.WeightAverage] = None
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 from engine.compute import precision
 from engine.core import run_files
 from engine.core.errors import UserError
+from engine.loop import run_state
 from engine.loop import stopping
 from engine.records import checkpoint
 import models
@@ -285,3 +286,29 @@ def test_a_legacy_optimizers_checkpoint_is_one_line_and_kept(tmp_path):
   with pytest.raises(UserError, match="format 0 .*82c6a49"):
     checkpoint.Checkpoints(str(tmp_path), model=evaluated, optimizer=None,
                            keep=3, identity=IDENTITY)
+
+
+def test_the_runs_counts_go_with_the_checkpoint_and_older_ones_count_none(
+    tmp_path):
+  # Saved without counts: as the engine wrote this format up to ade757c.
+  model, optimizer = build()
+  counts = run_state.Counts(3)
+  counts.epoch_sums.assign([1.0, 2.0, 32.0])
+  counts.skipped_steps.assign(1)
+  counts.rollbacks.assign(2)
+  checkpoint.Checkpoints(str(tmp_path / "now"), model=model,
+                         optimizer=optimizer, keep=1, identity=IDENTITY,
+                         counts=counts).save(checkpoint.Position(1, 4, 8, 1),
+                                             12)
+  manager(tmp_path / "before", model, optimizer).save(
+      checkpoint.Position(1, 4, 8, 1), 12)
+  for run, expected in (("now", ([1.0, 2.0, 32.0], 1, 2)),
+                        ("before", ([0.0, 0.0, 0.0], 0, 0))):
+    restored = run_state.Counts(3)
+    restored.skipped_steps.assign(5)  # what a run counted before restoring
+    checkpoint.Checkpoints(
+        str(tmp_path / run), model=model, optimizer=optimizer, keep=1,
+        identity=IDENTITY, counts=restored).restore_latest_readable()
+    assert (restored.epoch_sums.numpy().tolist(),
+            int(restored.skipped_steps.numpy()),
+            int(restored.rollbacks.numpy())) == expected

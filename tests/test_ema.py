@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from engine import distributed
 from engine.compute import ema
+from engine.compute import precision
 from engine.compute import step as steps
 from engine.records import checkpoint
 import models
@@ -69,6 +70,29 @@ def test_the_step_updates_the_average_after_each_update():
   # The first update's decay is ramped down to 1/10.
   np.testing.assert_allclose(average.averages[0].numpy(),
                              0.1 * initial + 0.9 * updated, rtol=1e-5)
+
+
+def test_a_step_the_float16_loss_scaler_skips_leaves_the_average_alone():
+  # The average counts updates applied (ema.py): a skipped step would
+  # otherwise pull it towards the weights it did not change, and ramp
+  # its decay on.
+  precision.set_policy("float16")
+  try:
+    model = tiny_model()
+  finally:
+    precision.set_policy("none")
+  average = ema.WeightAverage(model, decay=0.99)
+  step = steps.TrainStep(model=model, optimizer=precision.with_loss_scaling(
+      keras.optimizers.SGD(0.5), "float16"), weight_average=average)
+  images = tf.random.stateless_normal((4, 8, 8, 1), seed=(1, 2))
+  labels = tf.constant([0, 1, 2, 0], tf.int64)
+  step(images, labels)
+  before = [v.numpy() for v in average.variables]
+  step(images * np.nan, labels)  # skipped by the loss scaler
+  assert step.skipped_steps == 1
+  assert int(average.updates.numpy()) == 1
+  for old, variable in zip(before, average.variables):
+    np.testing.assert_array_equal(old, variable.numpy())
 
 
 def test_checkpoints_keep_the_average_and_ones_without_start_it(tmp_path):

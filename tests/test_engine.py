@@ -4,6 +4,7 @@ TF_CPP_MIN_LOG_LEVEL hides; and how the tree's modules (engine/, flags/,
 models/) import each other: no cycles, and their packages in layers."""
 import ast
 import os
+import pathlib
 import shutil
 import subprocess
 
@@ -191,3 +192,38 @@ def test_flags_and_models_sit_in_the_layers_and_a_planted_upward_import_fails(
   assert back_arrows(tree_imports(str(tmp_path), in_functions=True)) == [
       "engine.core.config -> flags", "engine.core.errors -> engine.loop",
       "flags.data -> engine.train", "models.wrn -> engine.distributed"]
+
+
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+
+
+def oversized(root: str) -> list[str]:
+  """The modules of engine/, flags/ and models/ under `root` over
+  MAX_MODULE_LINES, and their functions over MAX_FUNCTION_LINES: past
+  those, two responsibilities share a room (../shared/STYLE.md)."""
+  found = []
+  for package in ("engine", "flags", "models"):
+    for path in sorted(pathlib.Path(root, package).rglob("*.py")):
+      source = path.read_text()
+      name = str(path.relative_to(root))
+      if source.count("\n") > MAX_MODULE_LINES:
+        found.append(f"{name}: {source.count(chr(10))} lines")
+      for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+          lines = node.end_lineno - node.lineno + 1
+          if lines > MAX_FUNCTION_LINES:
+            found.append(f"{name}: {node.name} {lines} lines")
+  return found
+
+
+def test_no_module_or_function_outgrows_its_room(tmp_path):
+  assert oversized(fixtures.REPO) == []
+  # The check finds both: a long module, and a long function in it.
+  (tmp_path / "engine").mkdir()
+  body = "".join(f"  x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+  (tmp_path / "engine" / "long.py").write_text(
+      "def long():\n" + body + "\n" * MAX_MODULE_LINES)
+  assert oversized(str(tmp_path)) == [
+      f"engine/long.py: {MAX_MODULE_LINES + MAX_FUNCTION_LINES + 1} lines",
+      f"engine/long.py: long {MAX_FUNCTION_LINES + 1} lines"]

@@ -1,5 +1,6 @@
 """The train loop's decisions, in this process, with a fake train step
-(engine/train.py's TrainLoop, engine/loop/actions.py, engine/loop/run_state.py).
+(engine/loop/loop.py's TrainLoop, engine/loop/actions.py,
+engine/loop/epoch_end.py, engine/loop/run_state.py).
 
 The fake step takes no gradient: it moves the optimizer's step counter,
 counts its batches in the epoch's sums, records each call's steps and the
@@ -12,6 +13,7 @@ import dataclasses
 import json
 import os
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -56,7 +58,7 @@ class FakeStep:
     self._nonfinite_at = set(nonfinite_at)
     self._stop_at = stop_at
 
-  def start_epoch(self) -> None:
+  def reset_counts(self) -> None:
     self.totals.reset()
     self.skipped_steps = 0
 
@@ -85,17 +87,40 @@ class FakeStep:
     return ran, False
 
 
+class FaultyStep:
+  """The engine's train step, which asks to stop and reports non-finite
+  steps at the global steps a test says (after taking them: the rollback
+  that follows undoes them)."""
+
+  def __init__(self, step, *, nonfinite_at=(), stop_at=None):
+    self._step = step
+    self._nonfinite_at = set(nonfinite_at)
+    self._stop_at = stop_at
+
+  def __getattr__(self, name):
+    return getattr(self._step, name)
+
+  def __call__(self, images, labels, stop_requested=False) -> bool:
+    stop_agreed = self._step(images, labels, stop_requested)
+    global_step = optimizers.step(self._step.optimizer)
+    if global_step in self._nonfinite_at:
+      self._nonfinite_at.remove(global_step)
+      raise steps.NonFinite("the loss was nan")
+    return stop_agreed or global_step == self._stop_at
+
+
 def run_loop(data_dir, model_dir, *, user_actions=(), fake=None,
-             **changes):
+             faulty=None, **changes):
   """The loop over fixtures' Fashion-MNIST with `changes` to its config
   (by section, as TrainConfig.replace takes them): its history and its
-  fake step."""
+  fake step (`fake`'s faults), or the engine's (`faulty`'s)."""
   config = fixtures.train_config(
       data=dict(name="fashion_mnist", dir=data_dir), model=dict(name="cnn"),
       training=dict(model_dir=str(model_dir), batch_size=32,
                     progress="none", epochs=2)).replace(**changes)
   parts = build.training_parts(config)
-  step = FakeStep(parts, **(fake or {}))
+  step = (FaultyStep(parts.train_step, **faulty) if faulty is not None
+          else FakeStep(parts, **(fake or {})))
   loop = TrainLoop(dataclasses.replace(parts, train_step=step),
                    user_actions=user_actions)
   history = loop(elastic.TrainingState(loop.variables, run_state=None))
@@ -186,6 +211,54 @@ def test_a_nonfinite_step_without_rollback_stops_naming_the_step(data_dir,
                      r"saved after \S+, the last good checkpoint"):
     run_loop(data_dir, tmp_path, performance=dict(steps_per_call=2), fake=dict(
         nonfinite_at={STEPS_PER_EPOCH + 3}))
+
+
+def records(model_dir):
+  """metrics.jsonl's records, but for what depends on the time taken and
+  the start (steps_run: since it); a checkpoint by its name."""
+  per_start = ("time", "images_per_sec", "steps_run")
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    return [{key: os.path.basename(value) if key == "checkpoint" else value
+             for key, value in record.items()
+             if key not in per_start and not key.endswith("_seconds")}
+            for record in map(json.loads, f)]
+
+
+def test_a_run_stopped_and_resumed_ends_as_the_run_that_went_on(data_dir,
+                                                                tmp_path):
+  # Early stopping (val_loss <= 100 for 3 epochs: after the third), two
+  # rollbacks (at steps 8 and 30, back to the checkpoints at 5 and 25, at
+  # most 2), the weights' average; and the stop at step 21, in the second
+  # epoch, between the rollbacks.
+  run = dict(
+      performance=dict(steps_per_call=1),
+      task=dict(best_metric="val_loss:min"),
+      optimization=dict(ema_decay=0.9),
+      training=dict(epochs=5, target=100.0, patience=3),
+      checkpoints=dict(checkpoint_every_steps=5),
+      faults=dict(on_nonfinite="rollback", rollback_lr_factor=0.5,
+                  max_rollbacks=2))
+  went_on, _, parts = run_loop(data_dir, tmp_path / "on",
+                               faulty=dict(nonfinite_at={8, 30}), **run)
+  with pytest.raises(preemption.Preempted, match=r"at epoch 2, step 3"):
+    run_loop(data_dir, tmp_path / "stopped",
+             faulty=dict(nonfinite_at={8}, stop_at=21), **run)
+  resumed, _, resumed_parts = run_loop(
+      data_dir, tmp_path / "stopped", faulty=dict(nonfinite_at={30}), **run)
+  assert [r["epoch"] for r in went_on] == [1, 2, 3]
+  assert went_on[-1]["stopped_early"]
+  assert [r["epoch"] for r in resumed] == [2, 3]
+  assert records(tmp_path / "stopped") == records(tmp_path / "on")
+  assert [(r.get("event"), r.get("rollback"))
+          for r in records(tmp_path / "on") if "event" in r] \
+      == [("rollback", 1), ("rollback", 2)]
+  assert float(resumed_parts.learning_rate.factor.numpy()) == 0.25
+  def trained(parts):
+    return [*parts.model.variables, *parts.weight_average.variables,
+            *parts.optimizer.variables]
+
+  for ours, theirs in zip(trained(resumed_parts), trained(parts)):
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
 
 def test_a_scripts_actions_must_be_actions(data_dir, tmp_path):

@@ -3,10 +3,13 @@
 import numpy as np
 import pytest
 import keras
+import tensorflow as tf
 
 from engine import distributed
 from engine.compute import metrics
 from engine.compute import precision
+from engine.loop import stopping
+from engine.loop.run_state import Counts
 from engine.loop.run_state import LoopState
 from engine.loop.run_state import RunState
 from engine.loop.run_state import starting_point
@@ -76,3 +79,48 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
     assert (state.epoch, state.step) == (2, 0)
   finally:
     session.close()
+
+
+class Rate:
+  """A learning rate of 0.1, and the factor rollbacks lower."""
+
+  def __init__(self):
+    self.factor = tf.Variable(1.0)
+
+  def __call__(self, step):
+    return 0.1 * self.factor
+
+
+def test_the_state_rolls_back_stops_early_and_keeps_its_counts():
+  counts, rate = Counts(3), Rate()
+  state = LoopState(optimizer=keras.optimizers.SGD(0.1), learning_rate=rate,
+                    start=RunState.beginning(8, 1), steps_per_epoch=10,
+                    global_batch=8, world_size=1, gradient_bytes=40,
+                    epochs=3, best_metric="val_accuracy:max",
+                    stop=stopping.Target(0.5, patience=2), counts=counts)
+  state.committed(np.array([1.0, 2.0, 3.0]), skipped_steps=1)
+  state.keep(np.array([1.0, 1.0, 1.0]), skipped_steps=1)  # before a save
+  assert counts.epoch_sums.numpy().tolist() == [2.0, 3.0, 4.0]
+  assert int(counts.skipped_steps.numpy()) == 2
+
+  def restore():  # a checkpoint at step 5, its factor 1 and its counts
+    rate.factor.assign(1.0)
+    counts.epoch_sums.assign([9.0, 9.0, 9.0])
+    counts.skipped_steps.assign(3)
+    return Position(0, 5, 8, 1), "ckpt-5"
+
+  rate.factor.assign(0.5)  # lowered by a rollback since that checkpoint
+  assert state.roll_back(restore, lr_factor=0.5) == "ckpt-5"
+  assert (state.rollbacks, state.learning_rate_factor) == (1, 0.25)
+  snapshot = state.snapshot()
+  assert (snapshot.epoch_sums.tolist(), snapshot.skipped_steps,
+          snapshot.rollbacks) == ([9.0, 9.0, 9.0], 3, 1)
+  assert (state.epoch, state.step, state.global_step) == (0, 5, 5)
+  figures = metrics.Result(figures=dict(loss=0.6, accuracy=0.6), examples=5)
+  records = [state.end_epoch(figures, figures, train_seconds=1.0,
+                             input_seconds=0.0, step_seconds=1.0,
+                             eval_seconds=0.1, skipped_steps=0)
+             for _ in range(2)]
+  assert [r.get("stopped_early") for r in records] == [None, True]
+  assert records[0]["skipped_steps"] == 3 and records[1]["skipped_steps"] == 0
+  assert records[1]["target_accuracy_first_epoch"] == 1

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from engine import distributed
 from engine.compute import ema
+from engine.compute import eval_step as eval_steps
 from engine.compute import precision
 from engine.compute import step as steps
 from engine.core.errors import UserError
@@ -89,15 +90,15 @@ def test_a_weight_the_loss_does_not_use_is_left_alone(overlap_allreduce):
 def test_eval_is_exact_over_uneven_batches_and_traced_once():
   model = tiny_model()
   images, labels = batch(50, 3)
-  step = steps.EvalStep(model=model)
+  step = eval_steps.EvalStep(model=model)
   dataset = tf.data.Dataset.from_tensor_slices((images, labels)).batch(16)
-  result = steps.evaluate(step, dataset)  # batches of 16, 16, 16 and 2
+  result = eval_steps.evaluate(step, dataset)  # batches of 16, 16, 16 and 2
   logits = model(images, training=False).numpy()
   loss = classification.cross_entropy(labels, logits).numpy()
   assert result.examples == 50
   assert result.loss == pytest.approx(loss.mean(), rel=1e-6)
   assert result.accuracy == np.mean(logits.argmax(1) == labels.numpy())
-  assert steps.evaluate(step, dataset) == result  # totals reset per call
+  assert eval_steps.evaluate(step, dataset) == result  # totals reset per call
   assert step.traces == 1
 
 
@@ -170,10 +171,10 @@ def test_the_step_returns_the_stop_request_agreed_across_ranks():
 def test_eval_counts_the_confusion_matrix_and_per_class_accuracy():
   model = keras.Sequential([keras.Input((2,)),
                                keras.layers.Lambda(lambda x: x * 10.0)])
-  step = steps.EvalStep(model=model)
+  step = eval_steps.EvalStep(model=model)
   images = tf.constant([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
   labels = tf.constant([0, 0, 1, 1], tf.int64)
-  steps.evaluate(step, tf.data.Dataset.from_tensor_slices(
+  eval_steps.evaluate(step, tf.data.Dataset.from_tensor_slices(
       (images, labels)).batch(3))
   counts = step.totals.result().sums["confusion"]
   np.testing.assert_array_equal(counts, [[2, 0], [1, 1]])
@@ -301,7 +302,7 @@ def test_label_smoothing_changes_the_objective_not_the_reported_loss():
 def test_eval_flip_predicts_the_mean_of_an_image_and_its_mirror():
   model = tiny_model()
   images, labels = batch(6, 4)
-  step = steps.EvalStep(model=model, flip=True)
+  step = eval_steps.EvalStep(model=model, flip=True)
   step(images, labels)
   probabilities = (tf.nn.softmax(model(images)) + tf.nn.softmax(
       model(tf.image.flip_left_right(images)))) / 2
@@ -310,12 +311,12 @@ def test_eval_flip_predicts_the_mean_of_an_image_and_its_mirror():
   assert step.totals.result().loss == pytest.approx(loss.mean(), rel=1e-5)
   correct = (np.argmax(probabilities, axis=1) == labels.numpy()).sum()
   assert step.totals.result().accuracy == pytest.approx(correct / 6)
-  plain = steps.EvalStep(model=model)
+  plain = eval_steps.EvalStep(model=model)
   plain(images, labels)
   assert plain.totals.result().loss != pytest.approx(loss.mean(), rel=1e-5)
   # Mirror-symmetric images: the two views agree.
   symmetric = (images + tf.image.flip_left_right(images)) / 2
-  both, one = steps.EvalStep(model=model, flip=True), steps.EvalStep(
+  both, one = eval_steps.EvalStep(model=model, flip=True), eval_steps.EvalStep(
       model=model)
   both(symmetric, labels)
   one(symmetric, labels)
@@ -326,7 +327,7 @@ def test_eval_flip_predicts_the_mean_of_an_image_and_its_mirror():
 def test_eval_shift_adds_each_view_moved_left_and_right():
   model = tiny_model()
   images, labels = batch(6, 5)
-  step = steps.EvalStep(model=model, flip=True, shift=2)
+  step = eval_steps.EvalStep(model=model, flip=True, shift=2)
   step(images, labels)
   # The six views, made another way: crops of the edge-padded batch.
   padded = np.pad(images.numpy(), [(0, 0), (0, 0), (2, 2), (0, 0)],
@@ -338,9 +339,9 @@ def test_eval_shift_adds_each_view_moved_left_and_right():
   loss = -np.log(np.take_along_axis(probabilities, labels.numpy()[:, None],
                                     axis=1))
   assert step.totals.result().loss == pytest.approx(loss.mean(), rel=1e-5)
-  flipped = steps.EvalStep(model=model, flip=True)
+  flipped = eval_steps.EvalStep(model=model, flip=True)
   flipped(images, labels)
   assert flipped.totals.result().loss != pytest.approx(loss.mean(), rel=1e-5)
   with pytest.raises(UserError, match=r"EvalStep\(shift=14\): must be less "
                      "than half the images' width"):
-    steps.EvalStep(model=model, shift=14)
+    eval_steps.EvalStep(model=model, shift=14)

@@ -137,11 +137,11 @@ def test_labels_of_the_wrong_kind_for_the_task_are_one_line(task, info,
 
 
 def test_views_are_not_averaged_for_a_task_without_an_average():
-  from engine.compute import step as steps  # pylint: disable=import-outside-toplevel
+  from engine.compute import eval_step as eval_steps  # pylint: disable=import-outside-toplevel
   with pytest.raises(UserError, match="--eval_flip, --eval_shift: the "
                      "regression task has no average"):
-    steps.EvalStep(model=dense_model(2),
-                   task=tasks.build("regression", TARGETS), flip=True)
+    eval_steps.EvalStep(model=dense_model(2),
+                        task=tasks.build("regression", TARGETS), flip=True)
 
 
 GOOD_TASK = '''

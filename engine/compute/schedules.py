@@ -7,6 +7,7 @@ changing rate never retraces the step, and a run resumed from a checkpoint
 """
 import math
 
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -133,12 +134,16 @@ class WarmupThenDecay(keras.optimizers.schedules.LearningRateSchedule):
 
   def set_world(self, *, world_size: int, steps_per_epoch: int) -> None:
     """The rate for `world_size` processes taking `steps_per_epoch` steps
-    per epoch, from the next step on."""
+    per epoch, from the next step on; logged, with the scaling rule."""
     self.world_size = world_size
     self._peak_lr.assign(self.peak_lr)
     self._steps_per_epoch.assign(steps_per_epoch)
     self._warmup_steps.assign(round(self.warmup_epochs * steps_per_epoch))
     self._total_steps.assign(self.epochs * steps_per_epoch)
+    logging.info("learning rate %g x %d processes (%s) = %g%s", self.base_lr,
+                 world_size, self.scaling, self.peak_lr,
+                 f" after {self.warmup_epochs:g} warmup epochs"
+                 if self.warmup_epochs else "")
 
   @property
   def peak_lr(self) -> float:

@@ -1,4 +1,6 @@
-"""The compiled train and eval steps.
+"""The compiled train step: its math. How it reduces across ranks is
+engine/distributed/gradients.py's; what the host learns of each step,
+step_status.py's; the eval step, eval_step.py.
 
 The train step is where Horovod enters the math: each rank's gradients are
 averaged over all ranks (on GPU by `hvd.DistributedGradientTape`, on CPU in
@@ -11,31 +13,15 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from engine import distributed
-from engine import tasks
+from engine.compute import eval_step
 from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute import precision
-from engine.distributed import gradients as allreduce
+from engine.compute import step_status
+from engine.compute.step_status import NonFinite
 from engine.core.errors import UserError
+from engine.distributed import gradients as allreduce
 from engine.tasks import Task
-from engine.tasks.classification import Classification
-
-
-class NonFinite(Exception):
-  """A step whose loss or gradients were not finite, on some rank; it was
-  not applied. Raised on every rank after the same step: the call's
-  `step`-th (1-based; a call of `TrainStep.steps` takes several)."""
-
-  def __init__(self, what: str, step: int = 1):
-    super().__init__(what)
-    self.step = step
-
-
-# The step's status, one integer read by the host per step: its bits.
-_STOP_AGREED = 1
-_NONFINITE = 2
-_NAMES_SHOWN = 3
 
 
 class TrainStep:
@@ -47,15 +33,10 @@ class TrainStep:
   `accumulation_steps` K > 1 the batch is split into K micro-batches whose
   local gradients are averaged before the one allreduce.
 
-  How the gradients are reduced (`overlap_allreduce`): on GPU, each as soon
-  as the backward pass has it (hvd.DistributedGradientTape), so the
-  transfers overlap the rest of the backward pass. On CPU the transfers
-  and the backward pass share the same cores and nothing overlaps, so the
-  gradients and the step's flags go in one grouped allreduce after the
-  backward pass: one negotiation and one collective a step instead of one
-  per Horovod cycle that finds something ready (bench/RESULTS.md, "Horovod
-  on CPU"). With accumulation the gradients exist only after the last
-  micro-batch, so they are reduced that way on GPU too.
+  How the gradients, the step's flags and the model's statistics are
+  reduced across ranks, each as the backward pass has it or in one grouped
+  allreduce (`overlap_allreduce`), is engine/distributed/gradients.py's
+  StepReduction, which a task's own step shares.
 
   A step whose loss (on any rank) or averaged gradients are not finite is
   not applied, and raises NonFinite on every rank. Under float16 that is the
@@ -84,7 +65,7 @@ class TrainStep:
                any_image_size: bool = False):
     """`task`: what is learnt (engine/tasks); by default classification
     into the model's outputs. `weight_average`: an ema.WeightAverage,
-    updated after each update. `overlap_allreduce`: None, as suits the
+    updated after each update applied. `overlap_allreduce`: None, as suits the
     device (above). `any_image_size`: the batches' images change size
     (--progressive_resizing), and one step a call is traced once for
     images of any size, as a call of several steps is: traced for one
@@ -92,26 +73,22 @@ class TrainStep:
     3's batch normalization otherwise, and the two would part by a
     rounding."""
     self.model = model
-    self.task = task or _classification_of(model)
+    self.task = task or eval_step.classification_of(model)
     self._weight_average = weight_average
     self.optimizer = optimizer
     self._build_optimizer_state()
     self.totals = metrics.Totals("train_totals", self.task)
     self.traces = 0
-    self.skipped_steps = 0  # by the float16 loss scaler; reset per epoch
-    self._reduction = allreduce.Reduction(allreduce_op, compression)
+    # By the float16 loss scaler, since the counts were reset.
+    self.skipped_steps = 0
     self._accumulation_steps = accumulation_steps
     self._compression = compression
     if overlap_allreduce is None:
       overlap_allreduce = bool(tf.config.list_logical_devices("GPU"))
-    # The flags and statistics must be averaged, and neither Adasum nor a
-    # float16 copy is an average: under those they take an allreduce of
-    # their own.
-    self._reduce_together = (allreduce_op == "average"
-                             and compression == "none" and
-                             (accumulation_steps > 1 or not overlap_allreduce))
-    self._statistics = [v for v in model.non_trainable_variables
-                        if v.dtype == tf.float32]
+    self._reduce = allreduce.StepReduction(
+        model, op=allreduce_op, compression=compression,
+        accumulation_steps=accumulation_steps,
+        overlap_allreduce=overlap_allreduce)
     self._scales_loss = precision.scales_loss(optimizer)
     # XLA compiles the forward pass, and TensorFlow compiles its gradient
     # with it; Horovod's allreduce has no XLA kernel on CPU, so it and the
@@ -124,9 +101,11 @@ class TrainStep:
     self._step = None  # traced for the first batch's shapes (_traced)
     self._steps = tf.function(self._train_steps)
 
-  def start_epoch(self) -> None:
-    """The epoch's counters from zero: its running sums and the steps the
-    loss scaler skipped."""
+  def reset_counts(self) -> None:
+    """Its counts from zero: its running sums and the steps the loss
+    scaler skipped. They count the steps since the epoch began or was
+    committed (or since a restart or a rollback); the run's state holds
+    what was counted before (engine/loop/run_state.LoopState)."""
     self.totals.reset()
     self.skipped_steps = 0
 
@@ -180,14 +159,14 @@ class TrainStep:
     """The host's one read of a call's status: whether the ranks agreed to
     stop; raises NonFinite (or counts a step the loss scaler skipped)."""
     status = int(outcome["status"])
-    if status & _NONFINITE:
+    if status & step_status.NONFINITE:
       self._nonfinite(outcome, step)
-    return bool(status & _STOP_AGREED)
+    return bool(status & step_status.STOP_AGREED)
 
   def _train_steps(self, batches, count, stop_requested):
     """`count` steps in a while loop, ended early by a step whose status is
     not 0; returns the last step's outcome and how many steps ran."""
-    outcome = self._no_outcome()
+    outcome = step_status.no_outcome(self._gradient_checks())
     ran = tf.constant(0)
     for _ in tf.range(count):
       images, labels = next(batches)
@@ -197,35 +176,30 @@ class TrainStep:
         break
     return dict(outcome, steps=ran)
 
-  def _no_outcome(self) -> dict:
-    """What a step returns, before any step: a status of 0."""
-    return dict(status=tf.constant(0), loss=tf.constant(0.0),
-                nonfinite_loss_share=tf.constant(0.0),
-                gradients_finite=tf.ones([self._gradient_checks()], tf.bool),
-                loss_scale=tf.constant(0.0))
-
   def _gradient_checks(self) -> int:
     """How many gradients' finiteness a step's outcome gives."""
     return len(self.model.trainable_variables)
 
+  def _gradient_names(self) -> Optional[list]:
+    """The names of the variables whose gradients' finiteness a step's
+    outcome gives, in its order."""
+    return [variable.path for variable in self.model.trainable_variables]
+
   def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
     variables = self.model.trainable_variables
-    if self._accumulation_steps == 1 and not self._reduce_together:
+    reduce = self._reduce
+    if self._accumulation_steps == 1 and not reduce.together:
       with tf.GradientTape() as tape:
         loss = self._loss(images, labels)
-      shared = self._shared(stop_requested, loss)
-      gradients = self._reduction.gradients_of(tape, loss, variables)
-      shared = self._averaged_alone(shared)
+      shared = reduce.shared(stop_requested, loss)
+      gradients = reduce.gradients_of(tape, loss, variables)
+      shared = reduce.averaged_alone(shared)
     else:
       local, loss = self._local_gradients(images, labels, variables)
-      shared = self._shared(stop_requested, loss)
-      if self._reduce_together:
-        gradients, shared = self._reduced_together(local, shared)
-      else:
-        gradients = self._reduction.grouped(local, alone_skips=False)
-        shared = self._averaged_alone(shared)
-    shares = self._statistics_averaged(shared)
+      gradients, shared = reduce.local_reduced(
+          local, reduce.shared(stop_requested, loss))
+    shares = reduce.shares(shared)
     # The shares of ranks that asked to stop and whose loss was not finite.
     stop_share, nonfinite_loss_share = shares[0], shares[1]
     # The same on every rank: every rank holds the same averaged gradients
@@ -237,115 +211,41 @@ class TrainStep:
                   if self._scales_loss else tf.constant(0.0))
     with tf.control_dependencies([loss_scale]):  # the scale of this step
       self._apply(finite, gradients, variables)
-    status = (tf.cast(stop_share > 0, tf.int32) * _STOP_AGREED
-              + tf.cast(tf.logical_not(finite), tf.int32) * _NONFINITE)
-    return dict(status=status, loss=tf.cast(loss, tf.float32),
-                nonfinite_loss_share=nonfinite_loss_share,
-                gradients_finite=gradients_finite, loss_scale=loss_scale)
+    return step_status.outcome(
+        stop_share=stop_share, finite=finite, loss=loss,
+        nonfinite_loss_share=nonfinite_loss_share,
+        gradients_finite=gradients_finite, loss_scale=loss_scale)
 
   def _apply(self, finite, gradients, variables) -> None:
-    """The update, unless something was not finite. Under float16 the loss
-    scaler decides: it unscales the (allreduced) gradients, or skips the
-    update and lowers its scale; its inner optimizer's step counter then
-    stays, and is counted here as every skipped step is."""
+    """The update and the weights' average, unless something was not
+    finite. Under float16 the loss scaler decides: it unscales the
+    (allreduced) gradients, or skips the update and lowers its scale; its
+    inner optimizer's step counter then stays, and is counted here as
+    every skipped step is, and the average, which counts applied updates
+    (ema.py), stays too."""
     if self._scales_loss:
-      applied = self.optimizer.check_finite(gradients)  # its own decision
-      self._update(gradients, variables)
-      _count_if_skipped(applied, self.optimizer)
+      self.optimizer.apply_gradients(zip(gradients, variables))
+      _apply_if(self.optimizer.check_finite(gradients),  # its own decision
+                self.optimizer, self._update_average)
       return
-    _apply_if(finite, self.optimizer,
-              lambda: self._update(gradients, variables))
+    _apply_if(finite, self.optimizer, lambda: (
+        self.optimizer.apply_gradients(zip(gradients, variables)),
+        self._update_average()))
 
-  def _update(self, gradients, variables) -> None:
-    self.optimizer.apply_gradients(zip(gradients, variables))
+  def _update_average(self) -> None:
     if self._weight_average:
       self._weight_average.update()
-
-  def _shared(self, stop_requested, loss) -> tf.Tensor:
-    """What a step averages over ranks besides its gradients: its flags
-    (_step_flags), then the model's statistics, its float32 non-trainable
-    variables (BatchNorm's moving means and variances), flattened.
-
-    Each rank updates the statistics from its own batches. Averaged after
-    every step they are the same on every rank at every step, so that rank
-    0's checkpoint holds every rank's state and a run resumed mid-epoch
-    continues exactly as it would have. Moving averages are linear in the
-    batches: the average of the ranks' own is the same whether taken once
-    an epoch or every step.
-    """
-    return tf.concat([_step_flags(stop_requested, loss)]
-                     + [tf.reshape(v, [-1]) for v in self._statistics], 0)
-
-  def _statistics_averaged(self, shared: tf.Tensor) -> tf.Tensor:
-    """Sets the statistics to their average over ranks, from `shared`
-    averaged; returns the flags' average: the shares of ranks."""
-    parts = tf.split(shared, [_FLAGS] + [v.shape.num_elements()
-                                         for v in self._statistics])
-    for variable, average in zip(self._statistics, parts[1:]):
-      variable.assign(tf.reshape(average, variable.shape))
-    return parts[0]
-
-  def _averaged_alone(self, shared):
-    """What the step shares (`_shared`) averaged over ranks, beside
-    gradients reduced one by one: submitted when the gradients start to be
-    (it depends on the forward pass only), as an average like theirs, so
-    Horovod fuses it into one of their allreduces instead of running a
-    collective of its own.
-
-    Alone, a process skips Horovod's queue (as DistributedGradientTape
-    does), which would add a cycle of its background thread to every step.
-    """
-    return allreduce.averaged(shared, "step_flags")
-
-  def _reduced_together(self, local, shared=None):
-    """The local gradients and what the step shares (`_shared`, if given),
-    averaged over ranks in one grouped allreduce; a process alone skips
-    Horovod's queue."""
-    present = [i for i, gradient in enumerate(local) if gradient is not None]
-    # Dense: a grouped allreduce takes tensors, not IndexedSlices.
-    tensors = [tf.convert_to_tensor(local[i]) for i in present]
-    if shared is not None:
-      tensors.append(shared)
-    reduced = self._reduction.grouped(tensors)
-    gradients = list(local)  # a variable the loss does not use keeps None
-    for i, gradient in zip(present, reduced):
-      gradients[i] = gradient
-    return gradients, reduced[-1] if shared is not None else None
 
   def _nonfinite(self, outcome, step: int) -> None:
     """Counts a step the loss scaler skipped, or raises NonFinite (of the
     call's `step`-th step)."""
-    what = self._describe_nonfinite(outcome)
+    what = step_status.described(outcome, self._gradient_names())
     if not self._scales_loss:
       raise NonFinite(what, step)
     self.skipped_steps += 1
     if float(outcome["loss_scale"]) <= 1:
       raise NonFinite(f"{what}, at the float16 loss scale's minimum of 1",
                       step)
-
-  def _describe_nonfinite(self, outcome) -> str:
-    """What was not finite: the loss, on how many ranks, and which
-    gradients (the first few variables' names)."""
-    parts = []
-    rank, size = distributed.rank_and_size()
-    ranks = round(float(outcome["nonfinite_loss_share"]) * size)
-    if ranks:
-      parts.append(f"the loss was non-finite on {ranks} of {size} "
-                   f"processes (rank {rank}'s: "
-                   f"{float(outcome['loss']):g})")
-    finite = outcome["gradients_finite"].numpy()
-    if not finite.all():
-      parts.append(self._describe_gradients(finite))
-    return " and ".join(parts)
-
-  def _describe_gradients(self, finite) -> str:
-    """Which variables' gradients were not finite (the first few)."""
-    names = [v.path for v, ok in zip(self.model.trainable_variables, finite)
-             if not ok]
-    shown = ", ".join(names[:_NAMES_SHOWN])
-    more = ", ..." if len(names) > _NAMES_SHOWN else ""
-    return (f"the gradients of {len(names)} of {len(finite)} variables were "
-            f"non-finite ({shown}{more})")
 
   def _loss(self, images, labels):
     """The batch's loss to differentiate (times the loss scale under
@@ -426,10 +326,7 @@ class TaskTrainStep(TrainStep):
     """The gradients of `loss`, averaged across ranks as the built-in step
     averages them: each as the backward pass has it (GPU,
     hvd.DistributedGradientTape), or all in one grouped allreduce (CPU)."""
-    if not self._reduce_together:
-      return self._reduction.gradients_of(tape, loss, variables)
-    gradients, _ = self._reduced_together(tape.gradient(loss, variables))
-    return gradients
+    return self._reduce.gradients_of(tape, loss, variables)
 
   def apply_gradients(self, optimizer, gradients: list,
                       variables: list) -> None:
@@ -449,83 +346,20 @@ class TaskTrainStep(TrainStep):
     self.totals.add(sums, tf.shape(images)[0])
     if self._weight_average:
       self._weight_average.update()
-    shares = self._statistics_averaged(
-        self._averaged_alone(self._shared(stop_requested, loss)))
+    shares = self._reduce.shares(self._reduce.averaged_alone(
+        self._reduce.shared(stop_requested, loss)))
     gradients_finite = self._gradients_finite.read_value()
     finite = tf.logical_and(shares[1] == 0, gradients_finite)
-    status = (tf.cast(shares[0] > 0, tf.int32) * _STOP_AGREED
-              + tf.cast(tf.logical_not(finite), tf.int32) * _NONFINITE)
-    return dict(status=status, loss=tf.cast(loss, tf.float32),
-                nonfinite_loss_share=shares[1],
-                gradients_finite=gradients_finite[None],
-                loss_scale=tf.constant(0.0))
+    return step_status.outcome(
+        stop_share=shares[0], finite=finite, loss=loss,
+        nonfinite_loss_share=shares[1],
+        gradients_finite=gradients_finite[None], loss_scale=tf.constant(0.0))
 
   def _gradient_checks(self) -> int:
     return 1  # all of the task's gradients together
 
-  def _describe_gradients(self, finite) -> str:
-    return "the gradients of the task's step were non-finite"
-
-
-class EvalStep:
-  """Inference on one batch of any size; traced once per run.
-
-  Counts the task's sums (for classification also the confusion matrix,
-  for per-class accuracy in engine.evaluate and TensorBoard's image of it).
-
-  With `flip`, each image is also seen mirrored (test-time augmentation),
-  and the prediction is the task's average of the views' outputs (for
-  classification, of their probabilities): for data whose classes look
-  alike mirrored, as --random_flip assumes. With `shift`, each view is also
-  seen moved that many pixels left and right (the border repeated, as
-  --random_shift fills it): three times the views, for models trained with
-  shifts.
-  """
-
-  def __init__(self, *, model: keras.Model, task: Optional[Task] = None,
-               xla: bool = False, image_shape=None, flip: bool = False,
-               shift: int = 0):
-    """`task` defaults to classification into the model's outputs, and
-    `image_shape` to the model's own, which only a functional model knows
-    before it is called."""
-    self.model = model
-    self.task = task or _classification_of(model)
-    self._flip = flip
-    self._shift = shift
-    image_shape = image_shape or model.input_shape[1:]
-    if shift and 2 * shift >= image_shape[1]:
-      raise UserError(f"EvalStep(shift={shift}): must be less than half "
-                      f"the images' width ({image_shape[1]})")
-    if (flip or shift) and not tasks.defines(self.task, "average_views"):
-      raise UserError(f"--eval_flip, --eval_shift: the {self.task.name} "
-                      "task has no average of several views' outputs; "
-                      "leave them out")
-    self.totals = metrics.Totals("eval_totals", self.task)
-    self.traces = 0
-    # A batch dimension of None: the last, shorter batch reuses the trace
-    # (XLA compiles it once more, for its shape).
-    self._step = tf.function(self._eval_step, jit_compile=xla,
-                             input_signature=[
-        tf.TensorSpec([None, *image_shape], tf.float32),
-        tf.TensorSpec([None, *self.task.label_shape()],
-                      self.task.label_dtype())])
-
-  def __call__(self, images: tf.Tensor, labels: tf.Tensor) -> None:
-    self._step(images, labels)
-
-  def _eval_step(self, images, labels):
-    self.traces += 1
-    images, labels = self.task.inputs_and_targets(images, labels)
-    views = [images]
-    if self._flip:
-      views.append(tf.image.flip_left_right(images))
-    if self._shift:
-      views += [_shifted(view, pixels) for view in views
-                for pixels in (self._shift, -self._shift)]
-    each_view = [self.model(view, training=False) for view in views]
-    outputs = (each_view[0] if len(each_view) == 1
-               else self.task.average_views(each_view))
-    self.totals.update(labels, outputs, self.task.loss(labels, outputs))
+  def _gradient_names(self) -> Optional[list]:
+    return None  # checked together: no variable to name
 
 
 def _of_any_size(batch: tf.Tensor) -> tf.TensorSpec:
@@ -537,16 +371,6 @@ def _of_any_size(batch: tf.Tensor) -> tf.TensorSpec:
   return tf.TensorSpec(shape, batch.dtype)
 
 
-def _shifted(images: tf.Tensor, pixels: int) -> tf.Tensor:
-  """A batch moved `pixels` to the right (left if negative), the edge column
-  repeated into the gap."""
-  if pixels > 0:
-    edge = tf.repeat(images[:, :, :1], pixels, axis=2)
-    return tf.concat([edge, images[:, :, :-pixels]], axis=2)
-  edge = tf.repeat(images[:, :, -1:], -pixels, axis=2)
-  return tf.concat([images[:, :, -pixels:], edge], axis=2)
-
-
 def _apply_if(finite: tf.Tensor, optimizer, update) -> None:
   """`update()` if `finite`; else the update is skipped, and the
   optimizer's step counter still counts the step: it counts batches."""
@@ -556,24 +380,8 @@ def _apply_if(finite: tf.Tensor, optimizer, update) -> None:
   tf.cond(finite, apply, lambda: _count_skipped(optimizer))
 
 
-def _count_if_skipped(applied: tf.Tensor, optimizer) -> None:
-  """The step counter counts a step whose update was not `applied`."""
-  tf.cond(applied, lambda: None, lambda: _count_skipped(optimizer))
-
-
 def _count_skipped(optimizer) -> None:
   optimizer.iterations.assign_add(1)
-
-
-_FLAGS = 2  # _step_flags' length
-
-
-def _step_flags(stop_requested, loss) -> tf.Tensor:
-  """What every rank must learn of the others' step, so that all take the
-  same decisions after the same step: [asked to stop, loss not finite], as
-  0.0 or 1.0; their average over ranks is the share of ranks."""
-  return tf.stack([stop_requested,
-                   1.0 - tf.cast(tf.math.is_finite(loss), tf.float32)])
 
 
 def _is_finite(gradient) -> tf.Tensor:
@@ -582,18 +390,3 @@ def _is_finite(gradient) -> tf.Tensor:
   if isinstance(gradient, tf.IndexedSlices):
     gradient = gradient.values
   return tf.reduce_all(tf.math.is_finite(gradient))
-
-
-def _classification_of(model: keras.Model) -> Classification:
-  """Classification into the model's outputs: a step built without a task
-  (tests, benchmarks)."""
-  return Classification(num_classes=model.output_shape[-1])
-
-
-def evaluate(step: EvalStep, batches: tf.data.Dataset) -> metrics.Result:
-  """The task's figures over the whole split (each rank passes its
-  shard)."""
-  step.totals.reset()
-  for images, labels in batches:
-    step(images, labels)
-  return step.totals.result()

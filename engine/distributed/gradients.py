@@ -2,7 +2,8 @@
 figures are reduced across ranks, inside the compiled step.
 
 The step (engine/compute/step.py) says what to reduce and when; this module
-says how, and is the only place that asks Horovod to: on the tensors
+says how (`StepReduction`: the protocol the built-in step and a task's own
+step share), and is the only place that asks Horovod to: on the tensors
 themselves, and on the `tf.Variable`s behind Keras 3's variables where
 Horovod's tape keys gradients by variable (`tensorflow_variables`). A change
 of collective library is a change of this package.
@@ -57,3 +58,109 @@ def averaged(tensor: tf.Tensor, name: str) -> tf.Tensor:
   return tf.cond(hvd.size_op() > 1,
                  lambda: hvd.allreduce(tensor, op=hvd.Average, name=name),
                  lambda: tensor)
+
+
+class StepReduction:
+  """What a train step reduces across ranks, and how: its gradients with
+  `op` and `compression` (Reduction), and what it shares besides
+  (`shared`): its flags and the model's statistics.
+
+  How the gradients are reduced (`overlap_allreduce`): on GPU, each as soon
+  as the backward pass has it (hvd.DistributedGradientTape), so the
+  transfers overlap the rest of the backward pass. On CPU the transfers
+  and the backward pass share the same cores and nothing overlaps, so the
+  gradients and the step's flags go in one grouped allreduce after the
+  backward pass (`together`): one negotiation and one collective a step
+  instead of one per Horovod cycle that finds something ready
+  (bench/RESULTS.md, "Horovod on CPU"). With accumulation the gradients
+  exist only after the last micro-batch, so they are reduced that way on
+  GPU too.
+  """
+
+  def __init__(self, model, *, op: str, compression: str,
+               accumulation_steps: int, overlap_allreduce: bool):
+    self._reduction = Reduction(op, compression)
+    # The flags and statistics must be averaged, and neither Adasum nor a
+    # float16 copy is an average: under those they take an allreduce of
+    # their own.
+    self.together = (op == "average" and compression == "none" and
+                     (accumulation_steps > 1 or not overlap_allreduce))
+    self._statistics = [v for v in model.non_trainable_variables
+                        if v.dtype == tf.float32]
+
+  def shared(self, stop_requested, loss) -> tf.Tensor:
+    """What a step averages over ranks besides its gradients: its flags
+    (step_flags), then the model's statistics, its float32 non-trainable
+    variables (BatchNorm's moving means and variances), flattened.
+
+    Each rank updates the statistics from its own batches. Averaged after
+    every step they are the same on every rank at every step, so that rank
+    0's checkpoint holds every rank's state and a run resumed mid-epoch
+    continues exactly as it would have. Moving averages are linear in the
+    batches: the average of the ranks' own is the same whether taken once
+    an epoch or every step.
+    """
+    return tf.concat([step_flags(stop_requested, loss)]
+                     + [tf.reshape(v, [-1]) for v in self._statistics], 0)
+
+  def shares(self, shared: tf.Tensor) -> tf.Tensor:
+    """Sets the statistics to their average over ranks, from `shared`
+    averaged; returns the flags' average: the shares of ranks [asked to
+    stop, loss not finite]."""
+    parts = tf.split(shared, [FLAGS] + [v.shape.num_elements()
+                                        for v in self._statistics])
+    for variable, average in zip(self._statistics, parts[1:]):
+      variable.assign(tf.reshape(average, variable.shape))
+    return parts[0]
+
+  def gradients_of(self, tape: tf.GradientTape, loss, variables) -> list:
+    """The gradients of `loss`, averaged across ranks: each as the
+    backward pass has it, or all in one grouped allreduce (`together`)."""
+    if not self.together:
+      return self._reduction.gradients_of(tape, loss, variables)
+    gradients, _ = self.reduced_together(tape.gradient(loss, variables))
+    return gradients
+
+  def local_reduced(self, local: list, shared: tf.Tensor):
+    """Local gradients (a micro-batches' mean, say) and `shared`, reduced:
+    the gradients and `shared` averaged."""
+    if self.together:
+      return self.reduced_together(local, shared)
+    return (self._reduction.grouped(local, alone_skips=False),
+            self.averaged_alone(shared))
+
+  def averaged_alone(self, shared: tf.Tensor) -> tf.Tensor:
+    """`shared` averaged over ranks, beside gradients reduced one by one:
+    submitted when the gradients start to be (it depends on the forward
+    pass only), as an average like theirs, so Horovod fuses it into one of
+    their allreduces instead of running a collective of its own.
+
+    Alone, a process skips Horovod's queue (as DistributedGradientTape
+    does), which would add a cycle of its background thread to every step.
+    """
+    return averaged(shared, "step_flags")
+
+  def reduced_together(self, local: list, shared=None):
+    """The local gradients and `shared` (if given), averaged over ranks in
+    one grouped allreduce; a process alone skips Horovod's queue."""
+    present = [i for i, gradient in enumerate(local) if gradient is not None]
+    # Dense: a grouped allreduce takes tensors, not IndexedSlices.
+    tensors = [tf.convert_to_tensor(local[i]) for i in present]
+    if shared is not None:
+      tensors.append(shared)
+    reduced = self._reduction.grouped(tensors)
+    gradients = list(local)  # a variable the loss does not use keeps None
+    for i, gradient in zip(present, reduced):
+      gradients[i] = gradient
+    return gradients, reduced[-1] if shared is not None else None
+
+
+FLAGS = 2  # step_flags' length
+
+
+def step_flags(stop_requested, loss) -> tf.Tensor:
+  """What every rank must learn of the others' step, so that all take the
+  same decisions after the same step: [asked to stop, loss not finite], as
+  0.0 or 1.0; their average over ranks is the share of ranks."""
+  return tf.stack([stop_requested,
+                   1.0 - tf.cast(tf.math.is_finite(loss), tf.float32)])

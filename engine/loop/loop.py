@@ -1,70 +1,42 @@
 """The train loop: the epochs of one run, from where it stands to its end.
 
 `TrainLoop` reads top-down: a start (from a checkpoint, or after an elastic
-reset), then per epoch its steps, its evaluation and its end. Between
-steps it runs actions (actions.py); the run's state has one owner
-(run_state.LoopState); a start's resources are a Session (session.py).
-engine/train.py builds the parts and runs it.
+reset), then per epoch its steps and its end (epoch_end.py: evaluation,
+the record, the trial's report, the save and commit, the decision to
+stop). Between steps it runs actions (actions.py); the run's state has one
+owner (run_state.LoopState); a start's resources are a Session
+(session.py). engine/train.py builds the parts and runs it.
 """
-import dataclasses
 import functools
 import time
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from absl import logging
-import keras
 import tensorflow as tf
 
 from engine import datasets
 from engine import distributed
-from engine import tasks
-from engine.compute import communication
 from engine.compute import ema
 from engine.compute import metrics
 from engine.compute import optimizers
-from engine.compute import precision
-from engine.compute import schedules
-from engine.compute import step as steps
-from engine.core.config import TrainConfig
-from engine.core.errors import Diverged
+from engine.compute.step_status import NonFinite
 from engine.datasets.augmentation import Augmentation
 from engine.distributed import elastic
 from engine.input import data
 from engine.loop import actions
 from engine.loop import preemption
+from engine.loop import run_state
+from engine.loop import session as session_lib
 from engine.loop import stopping
 from engine.loop import trial
+from engine.loop.divergence import Divergence
+from engine.loop.epoch_end import EpochEnd
+from engine.loop.parts import TrainingParts
 from engine.loop.run_directory import RunDirectory
 from engine.loop.run_state import LoopState
 from engine.loop.run_state import RunState
 from engine.loop.session import Session
-from engine.records import mlperf
 from engine.records import report
-
-# Test examples the task draws in TensorBoard each evaluated epoch.
-SAMPLES = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingParts:
-  """What the loop is built from (engine.build.training_parts), in the
-  order it is built."""
-  config: TrainConfig  # as given
-  world: distributed.World
-  precision: precision.Choice  # what --mixed_precision decided at start-up
-  # What --gradient_compression decided at start-up.
-  communication: communication.Choice
-  splits: datasets.Splits
-  staged: Optional[dict]  # --stage_dir's record, for metrics.jsonl
-  task: tasks.Task
-  model: keras.Model
-  learning_rate: schedules.WarmupThenDecay
-  weight_average: Optional[ema.WeightAverage]
-  optimizer: Any
-  train_step: steps.TrainStep
-  eval_step: steps.EvalStep
-  decider: tasks.Decider
-  mlperf: mlperf.MLPerfLog  # --mlperf_log's, which rank 0 writes
 
 
 class TrainLoop:
@@ -79,28 +51,28 @@ class TrainLoop:
   def __init__(self, parts: TrainingParts,
                user_actions: Sequence[actions.Action] = ()):
     self._config = parts.config
-    self._world = parts.world
-    self._precision = parts.precision
-    self._communication = parts.communication
-    self._splits = parts.splits
+    self._parts = parts
     self._model = parts.model
     self._optimizer = parts.optimizer
     self._learning_rate = parts.learning_rate
     self._train_step = parts.train_step
-    self._eval_step = parts.eval_step
-    self._weight_average = parts.weight_average
-    self._decider = parts.decider
-    self._staged = parts.staged  # the staging's record, for metrics.jsonl
-    self._mlperf = parts.mlperf
     # The early stopping count, with --target and --patience.
     training = self._config.training
     self._stop = stopping.Target(training.target, training.patience,
                                  minimize=parts.decider.minimize)
+    # The run's counts as its checkpoints keep them.
+    self._counts = run_state.Counts(
+        self._train_step.totals.local_sums().size)
     # A sweep's trial reports to its study (--trial_study_dir).
     self._trial = (trial.TrialReports(self._config.trial, str(parts.decider))
                    if self._config.trial.study_dir else None)
+    self._epoch_end = EpochEnd(
+        config=parts.config, splits=parts.splits, model=parts.model,
+        eval_step=parts.eval_step, weight_average=parts.weight_average,
+        decider=parts.decider, trial=self._trial, commit=self._commit)
+    self._diverged = Divergence(self._config.faults, self.variables,
+                                self._commit)
     self._user_actions = list(user_actions)
-    self._rollbacks = 0  # in this process's life (see --max_rollbacks)
     self._actions = []  # the start's (_begin)
     self._elastic_state = None  # the call's elastic.TrainingState
     self.directory = None  # rank 0's model_dir: checkpoints, flags, exports
@@ -108,33 +80,31 @@ class TrainLoop:
   def variables(self) -> list[tf.Variable]:
     """What every rank must hold alike, and a checkpoint or a commit keeps:
     weights, optimizer state (its step counter first), the learning rate's
-    factor, the weights' average and the early stopping count."""
+    factor, the weights' average, the early stopping count and the run's
+    counts."""
     return (self._model.variables + optimizers.state(self._optimizer)
             + [self._learning_rate.factor]
-            + ema.variables(self._weight_average)
-            + list(self._stop.variables))
+            + ema.variables(self._parts.weight_average)
+            + list(self._stop.variables) + list(self._counts.variables))
 
   def __call__(self, elastic_state: elastic.TrainingState) -> list[dict]:
     self._elastic_state = elastic_state
     session = self._begin(elastic_state.run_state)
     state = session.state
-    last_val = None
     try:
       while state.epoch < self._config.training.epochs:
         try:
           train, train_seconds = self._train_epoch(session)
-        except steps.NonFinite as nonfinite:
-          self._diverged(session, nonfinite)
+        except NonFinite as nonfinite:
+          self._diverged(session, nonfinite)  # stops, or rolls back
           continue
-        val, pictures = (self._evaluate(session)
-                         if self._config.training.evaluates(state.epoch)
-                         else (None, {}))
-        last_val = val or last_val
-        if self._end_epoch(session, train, val, pictures, train_seconds):
+        # With the train step's skipped steps since the commit.
+        if self._epoch_end(session, train, train_seconds,
+                           self._train_step.skipped_steps):
           break
     finally:
       session.close()
-    self._say_how_it_ended(session, last_val)
+    self._epoch_end.say_how_the_run_ended(session)
     return list(state.history)
 
   # A start: where training continues from, on how many processes.
@@ -142,41 +112,35 @@ class TrainLoop:
   def _begin(self, committed: Optional[RunState]) -> Session:
     """Sets up a call: the batch and steps for the processes there are,
     the state to continue from, the learning rate, this rank's data."""
-    config, info = self._config, self._splits.info
-    world = distributed.current(self._world)
+    config, info = self._config, self._parts.splits.info
+    world = distributed.current(self._parts.world)
     chief = distributed.is_chief()
     report.configure_logging(chief)
     training = config.training
-    # A step takes grad_accum_steps micro-batches of batch_size per rank.
-    micro_batches = config.performance.grad_accum_steps
-    step_batch = training.batch_size * micro_batches
-    steps_per_epoch = data.steps_per_epoch(
-        num_train=info.num_train, batch_size=step_batch,
-        world_size=world.size, requested=training.steps_per_epoch)
-    global_batch = step_batch * world.size
-    logging.info("global batch %d on %d processes%s, %d steps per epoch",
-                 global_batch, world.size,
-                 f" ({micro_batches} micro-batches of "
-                 f"{training.batch_size} per process)"
-                 if micro_batches > 1 else "", steps_per_epoch)
+    step_batch, steps_per_epoch, global_batch = session_lib.batches(
+        config, info, world.size)
     run_state, fresh = self._continue_from(committed, world, chief,
                                            global_batch)
-    self._set_learning_rate(world, steps_per_epoch)
+    # The schedule for this number of processes.
+    self._learning_rate.set_world(world_size=world.size,
+                                  steps_per_epoch=steps_per_epoch)
     state = LoopState(optimizer=self._optimizer,
                       learning_rate=self._learning_rate, start=run_state,
                       steps_per_epoch=steps_per_epoch,
                       global_batch=global_batch, world_size=world.size,
                       gradient_bytes=self._train_step.gradient_bytes,
-                      epochs=training.epochs, best_metric=str(self._decider))
+                      epochs=training.epochs,
+                      best_metric=str(self._parts.decider), stop=self._stop,
+                      counts=self._counts)
     if committed is None:
       # What a worker lost before the first commit would go back to.
       self._commit(state.snapshot())
     session = Session(
-        config=config, precision_choice=self._precision, world=world,
+        config=config, precision_choice=self._parts.precision, world=world,
         directory=self.directory if chief else None, state=state,
         train_totals=self._train_step.totals,
         batches_from=functools.partial(
-            data.train_stream, self._splits.train, info,
+            data.train_stream, self._parts.splits.train, info,
             shard=datasets.Shard(world.rank, world.size),
             epochs=datasets.Epochs(batch_size=step_batch,
                                    steps=steps_per_epoch, seed=training.seed),
@@ -184,7 +148,7 @@ class TrainLoop:
                                               self._train_step.task)))
     if fresh and config.faults.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.
-      session.save()
+      self._save(session)
     self._actions = self._cadences(session) + self._user_actions + [
         session.profiler]
     return session
@@ -201,16 +165,17 @@ class TrainLoop:
     averaged gradient is taken at one point. A restart (elastic) continues
     from the committed state instead, whose variables Horovod has synced.
     """
+    parts = self._parts
     if chief and self.directory is None:
       self.directory = RunDirectory(
           self._config.training.model_dir, self._config,
-          precision_choice=self._precision,
-          communication_choice=self._communication, model=self._model,
-          optimizer=self._optimizer, info=self._splits.info,
-          task=self._train_step.task, decider=self._decider,
+          precision_choice=parts.precision,
+          communication_choice=parts.communication, model=self._model,
+          optimizer=self._optimizer, info=parts.splits.info,
+          task=self._train_step.task, decider=parts.decider,
           lr_factor=self._learning_rate.factor,
-          weight_average=self._weight_average, stop=self._stop,
-          mlperf=self._mlperf)
+          weight_average=parts.weight_average, stop=self._stop,
+          counts=self._counts, mlperf=parts.mlperf)
     directory = self.directory if chief else None
     if committed is not None:
       position = committed.position
@@ -225,24 +190,12 @@ class TrainLoop:
     if self._trial:
       distributed.on_chief(self._trial.open if directory else None,
                            name="trial")
-    if directory and self._staged:
-      directory.record_event(self._staged)
+    if directory and parts.staged:
+      directory.record_event(parts.staged)  # the staging's record
     distributed.broadcast_from_chief(self.variables())
     if position is None:
       return RunState.beginning(global_batch, world.size), True
-    return RunState.at(position), False
-
-  def _set_learning_rate(self, world: distributed.World,
-                         steps_per_epoch: int) -> None:
-    """The schedule for this number of processes."""
-    optimization = self._config.optimization
-    self._learning_rate.set_world(world_size=world.size,
-                                  steps_per_epoch=steps_per_epoch)
-    logging.info("learning rate %g x %d processes (%s) = %g%s",
-                 optimization.base_lr, world.size, optimization.lr_scaling,
-                 self._learning_rate.peak_lr,
-                 f" after {optimization.warmup_epochs:g} warmup epochs"
-                 if optimization.warmup_epochs else "")
+    return RunState.at(position, self._counts), False
 
   def _commit(self, run_state: RunState) -> None:
     """Under --elastic, what a reset goes back to: `run_state` and the
@@ -261,14 +214,14 @@ class TrainLoop:
         # optimizer creates at its first step rather than in
         # optimizers.build_state becomes rank 0's too. The model's
         # variables are every rank's already (BatchNorm's statistics are
-        # averaged at every step: steps.TrainStep._shared).
+        # averaged at every step: distributed/gradients.StepReduction).
         actions.Once(lambda at: (
             distributed.broadcast_from_chief(
                 optimizers.state(self._optimizer)))),
         actions.AfterEveryCall(functools.partial(self._stop_if_agreed,
                                                  session)),
         *actions.every(config.checkpoints.checkpoint_every_steps,
-                       lambda at: session.save()),
+                       lambda at: self._save(session)),
         *actions.every(config.faults.commit_every_steps
                        if config.faults.elastic else 0,
                        functools.partial(self._commit_within_epoch,
@@ -276,6 +229,8 @@ class TrainLoop:
         *(actions.every(config.training.summary_every_steps,
                         functools.partial(self._summarize, session))
           if session.directory else []),
+        # Progress: the bar, or a log line each time another
+        # 1/progress.LOG_LINES_PER_EPOCH of the epoch is done.
         actions.AfterEveryCall(
             lambda at: session.progress.step(at.step)),
     ]
@@ -286,18 +241,31 @@ class TrainLoop:
     if not at.stop_agreed:
       return
     state, directory = session.state, session.directory
+    self._keep_counts(state)
     preemption.stop(
         session.stop_requests.signum,
         f"epoch {state.epoch + 1}, step {state.step}",
         directory and functools.partial(directory.save, state.position(),
                                         state.global_step))
 
+  def _save(self, session: Session) -> str:
+    """Rank 0 saves a checkpoint where the run stands, with its counts;
+    every rank gets its path."""
+    self._keep_counts(session.state)
+    return session.save()
+
+  def _keep_counts(self, state: LoopState) -> None:
+    """The run's counts, with the train step's since the commit (over
+    every rank: a collective), for the checkpoint saved next."""
+    state.keep(self._train_step.totals.sums(),
+               self._train_step.skipped_steps)
+
   def _commit_within_epoch(self, session: Session, at: actions.At) -> None:
-    # The epoch's figures so far go with the commit: the steps a restart
+    # The epoch's counts so far go with the commit: the steps a restart
     # redoes are counted once.
-    totals = self._train_step.totals
-    session.state.committed(totals.sums())
-    totals.reset()
+    session.state.committed(self._train_step.totals.sums(),
+                            self._train_step.skipped_steps)
+    self._train_step.reset_counts()
     self._commit(session.state.snapshot())
 
   def _summarize(self, session: Session, at: actions.At) -> None:
@@ -308,14 +276,16 @@ class TrainLoop:
                             session.times.step_seconds),
         learning_rate=session.state.learning_rate()))
 
-  # An epoch: its steps, its evaluation, its record.
+  # An epoch's steps (its end: epoch_end.py).
 
   def _train_epoch(self, session: Session) -> tuple[metrics.Result, float]:
     """The epoch's remaining steps; its train figures over all ranks and
     this rank's seconds."""
     state = session.state
     began = time.perf_counter()
-    self._train_step.start_epoch()
+    # The step counts from here: the state holds what was counted before
+    # (in this epoch, before a commit, a restart or a rollback).
+    self._train_step.reset_counts()
     session.start_epoch()
     # The step counter is read once a call, after it (_at).
     at = self._at(session)
@@ -359,145 +329,3 @@ class TrainLoop:
                       is_chief=session.directory is not None,
                       model_dir=self._config.training.model_dir,
                       stop_agreed=stop_agreed)
-
-  def _evaluate(self, session: Session) -> tuple[metrics.Result, dict]:
-    """The whole test split, each rank its shard, reduced exactly; and on
-    rank 0 the task's pictures of the first few test examples."""
-    pictures = {}
-    with session.times.evaluation(), ema.averaged(self._weight_average):
-      val = steps.evaluate(self._eval_step, data.eval_batches(
-          self._splits.test, self._splits.info,
-          shard=datasets.Shard(session.world.rank, session.world.size),
-          batch_size=self._config.training.batch_size))
-      if session.directory:
-        pictures = self._pictures()
-    return val, pictures
-
-  def _pictures(self) -> dict:
-    """The task's TensorBoard pictures of the first SAMPLES test examples
-    (segmentation: image, true and predicted masks; reconstruction: image,
-    noisy image, reconstruction)."""
-    task = self._eval_step.task
-    if not tasks.defines(task, "sample_images"):
-      return {}  # the task draws none
-    for images, labels in data.eval_batches(
-        self._splits.test, self._splits.info, shard=datasets.Shard(0, 1),
-        batch_size=SAMPLES).take(1):
-      return task.sample_images(self._model, images, labels)
-    return {}  # an empty test split
-
-  def _end_epoch(self, session: Session, train: metrics.Result,
-                 val: Optional[metrics.Result], pictures: dict,
-                 train_seconds: float) -> bool:
-    """Records, saves and commits the epoch (`val` None: not evaluated),
-    with the task's TensorBoard `pictures`; returns whether to stop."""
-    training, state = self._config.training, session.state
-    record = state.end_epoch(
-        train, val, train_seconds=train_seconds,
-        input_seconds=session.times.input_seconds,
-        step_seconds=session.times.step_seconds,
-        eval_seconds=session.times.eval_seconds if val else None,
-        skipped_steps=self._train_step.skipped_steps)
-    stop_now = bool(val) and self._stop.update(
-        epoch=record["epoch"], value=val.figures[self._decider.figure],
-        cumulative_seconds=record["cumulative_seconds"])
-    if stop_now:
-      record["stopped_early"] = True
-    pruned = bool(val) and not stop_now and self._pruned(session, record)
-    if pruned:
-      record["pruned"] = True
-    if training.target:
-      record["target_accuracy_first_epoch"] = self._stop.first_reached_epoch
-      record["target_accuracy_first_seconds"] = \
-          self._stop.first_reached_seconds
-    position = state.position(seconds=record["cumulative_seconds"])
-    global_step = state.global_step
-    session.on_chief(lambda directory: directory.end_epoch(
-        record, {**self._eval_step.task.summary_images(val.sums), **pictures}
-        if val else {}, position, global_step), name="end_epoch")
-    self._commit(state.snapshot(seconds=record["cumulative_seconds"]))
-    if pruned:
-      session.on_chief(lambda directory: directory.record_pruned(
-          record["epoch"], self._trial.pruner), name="pruned")
-      return True
-    if stop_now:
-      logging.info("stopping early: %s %s %g for %d epochs; first reached "
-                   "at epoch %d, %.1fs", self._decider.key,
-                   "<=" if self._decider.minimize else ">=",
-                   training.target, training.patience,
-                   self._stop.first_reached_epoch,
-                   self._stop.first_reached_seconds)
-    return stop_now
-
-  def _pruned(self, session: Session, record: dict) -> bool:
-    """A sweep's trial: whether its study prunes it after this epoch.
-    Rank 0 asks; every rank gets the answer, so all stop together."""
-    if not self._trial:
-      return False
-    return session.on_chief(lambda directory: self._trial.pruned_after(
-        record["epoch"], record[self._decider.key]), name="trial_report")
-
-  def _say_how_it_ended(self, session: Session,
-                        last_val: Optional[metrics.Result]) -> None:
-    if last_val:
-      logging.info("final %s (%d examples); metrics in %s",
-                   report.in_words(last_val.figures), last_val.examples,
-                   session.reporter.metrics_path)
-    elif not session.state.history:
-      logging.info("%s has finished its %d epochs already; pass a larger "
-                   "--epochs to train on, or another --model_dir for a new "
-                   "run", self._config.training.model_dir,
-                   self._config.training.epochs)
-
-  # A divergence: stop, or roll back.
-
-  def _diverged(self, session: Session, nonfinite: steps.NonFinite) -> None:
-    """After a step that was not finite (and not applied, on any rank; the
-    step counter counted it): stops with Diverged, or rolls back
-    (--on_nonfinite=rollback)."""
-    faults, state = self._config.faults, session.state
-    what = (f"at global step {state.global_step} (epoch {state.epoch + 1}, "
-            f"step {state.step}) with learning rate "
-            f"{state.learning_rate():.4g}: {nonfinite}")
-    rolling_back = faults.on_nonfinite == "rollback"
-    if rolling_back and self._rollbacks < faults.max_rollbacks:
-      self._roll_back(session, what)
-      return
-    latest = session.on_chief(
-        lambda directory: directory.checkpoints.latest_path, name="latest")
-    kept = (f"nothing was saved after {latest}, the last good checkpoint"
-            if latest else "no checkpoint was saved")
-    advice = (f"{self._rollbacks} rollbacks (--max_rollbacks) did not get "
-              "past it; lower --base_lr" if rolling_back else
-              "lower --base_lr, or pass --on_nonfinite=rollback")
-    raise Diverged(f"training diverged {what}; the step was not applied and "
-                   f"{kept}; {advice}")
-
-  def _roll_back(self, session: Session, what: str) -> None:
-    """Back to the last good checkpoint (rank 0 restores it, every rank
-    receives it: weights, optimizer, and the early stopping count as it
-    was then), with the learning rate multiplied by --rollback_lr_factor
-    from then on: what practitioners do by hand after a loss spike."""
-    faults, state = self._config.faults, session.state
-    diverged_at_step = state.global_step
-    factor = float(self._learning_rate.factor.numpy()) * \
-        faults.rollback_lr_factor
-    position, path = session.on_chief(
-        lambda directory: directory.roll_back(), name="rollback")
-    distributed.broadcast_from_chief(self.variables())
-    self._learning_rate.factor.assign(factor)
-    self._rollbacks += 1
-    state.rolled_back(position)
-    session.read_from_state()
-    logging.warning("rolling back %s; back to %s (global step %d), learning "
-                    "rate x%g from now on (rollback %d of at most %d)", what,
-                    path, state.global_step, factor, self._rollbacks,
-                    faults.max_rollbacks)
-    record = {"event": "rollback", "epoch": state.epoch,
-              "global_step": state.global_step,
-              "diverged_at_step": diverged_at_step, "checkpoint": path,
-              "learning_rate_factor": factor, "rollback": self._rollbacks}
-    session.on_chief(lambda directory: directory.record_rollback(record),
-                     name="record_rollback")
-    # The run's clock goes on: the time of the undone steps was spent.
-    self._commit(state.snapshot())

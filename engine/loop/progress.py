@@ -1,8 +1,10 @@
 """Progress through an epoch's steps, on the chief.
 
 A bar when the chief writes to a terminal (one process, run by hand); plain
-log lines, one per tenth of the epoch, when it does not (horovodrun pipes
-every rank's output, CI, files), so logs stay readable.
+log lines, LOG_LINES_PER_EPOCH of them (one per tenth of the epoch), when
+it does not (horovodrun pipes every rank's output, CI, files), so logs
+stay readable. The loop calls `step` after every call (an action:
+engine/loop/loop.py's cadences); this says when a line is due.
 """
 import sys
 import time
@@ -12,6 +14,9 @@ import keras
 
 MODES = ("auto", "bar", "log", "none")
 _BAR_REFRESH_SECONDS = 0.2
+# The log's cadence: a line each time this fraction of an epoch's steps is
+# passed (every step of an epoch shorter than this).
+LOG_LINES_PER_EPOCH = 10
 
 
 class Progress:
@@ -24,7 +29,7 @@ class Progress:
     self._steps = steps_per_epoch
     self._epochs = epochs
     self._global_batch = global_batch
-    self._log_every = max(1, steps_per_epoch // 10)
+    self._log_every = max(1, steps_per_epoch // LOG_LINES_PER_EPOCH)
 
   def start_epoch(self, epoch: int, first_step: int = 0) -> None:
     """`first_step` steps of the epoch were done before (a resumed run):

@@ -28,6 +28,7 @@ from engine.core.errors import Diverged
 from engine.core.errors import UserError
 from engine.core.errors import WriteFailed
 from engine.loop import preemption
+from engine.loop import run_state
 from engine.loop import stopping
 from engine.records import checkpoint
 from engine.records import export
@@ -49,10 +50,13 @@ class RunDirectory:
                info: datasets.DatasetInfo, task: tasks.Task,
                decider: tasks.Decider, lr_factor: tf.Variable,
                weight_average: Optional[ema.WeightAverage],
-               stop: stopping.Target, mlperf: MLPerfLog):
+               stop: stopping.Target, counts: run_state.Counts,
+               mlperf: MLPerfLog):
     """`precision_choice` and `communication_choice`: the start-up's, whose
     figures a first start records; `decider`: the validation figure that
-    decides best/; `mlperf`: --mlperf_log's, which this writes."""
+    decides best/; `stop`, `counts`: the run's state the checkpoints keep
+    besides its variables' (run_state.py); `mlperf`: --mlperf_log's, which
+    this writes."""
     self.model_dir = model_dir
     self._config = config
     self._precision = precision_choice
@@ -65,6 +69,7 @@ class RunDirectory:
     self._lr_factor = lr_factor
     self._weight_average = weight_average
     self._stop = stop
+    self._counts = counts
     self.mlperf = mlperf
     self._identity = checkpoint.identity(model, info)
     self.checkpoints = None
@@ -133,7 +138,7 @@ class RunDirectory:
         keep=self._config.checkpoints.keep_checkpoints,
         identity=self._identity,
         lr_factor=self._lr_factor, weight_average=self._weight_average,
-        stop=self._stop)
+        stop=self._stop, counts=self._counts)
 
   def save(self, position: checkpoint.Position, global_step: int) -> str:
     with self._writes():

@@ -8,23 +8,33 @@ continue from is split by where it lives:
 
 * In variables, which every rank holds alike, the checkpoints save and an
   elastic commit copies: the weights, the optimizer, the learning rate's
-  factor (lowered by rollbacks), the weights' average, and the early
-  stopping count (stopping.Target). The train loop lists them in
-  one place (`variables()`).
-* In a `RunState`: the position in the data and the run's clock, and for
-  an elastic commit, what the epoch has counted so far and the epochs'
-  records. A checkpoint keeps the position and the clock; the loop builds a
-  RunState in one place and commits it in one place.
+  factor (lowered by rollbacks), the weights' average, the early stopping
+  count (stopping.Target), and the run's counts as a checkpoint keeps them
+  (`Counts`). engine/loop/loop.py's TrainLoop lists them in one place
+  (`variables()`).
+* In a `RunState`: the position in the data and the run's clock, what the
+  epoch has counted so far (its train sums and skipped steps), the
+  rollbacks, and for an elastic commit the epochs' records. A checkpoint
+  keeps all but the records; the loop builds a RunState in one place and
+  commits it in one place.
+
+`LoopState` owns all of it while the run moves on: the loop changes the
+learning rate's factor, the early stopping count and the counts through
+its methods only, so a resumed run stops, rolls back and reports as the
+run that went on would have.
 """
 import dataclasses
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from absl import logging
 import numpy as np
 
+import tensorflow as tf
+
 from engine.compute import metrics
 from engine.compute import optimizers
+from engine.loop import stopping
 from engine.records.checkpoint import Position
 
 # The sums of an epoch before its first step (metrics.Totals): a zero that
@@ -40,24 +50,58 @@ class RunState:
   evaluation and saving, over every start); `epoch_began_seconds` the clock
   when the position's epoch began, so that epoch's time is whole after a
   reset. `epoch_sums` are the train figures of the epoch's steps before the
-  position, so a reset counts each step once.
+  position, and `skipped_steps` the steps of it the float16 loss scaler
+  skipped, so a reset or a resume counts each step once; `rollbacks` those
+  of the run so far (--max_rollbacks).
   """
   position: Position
   epoch_began_seconds: float
   epoch_sums: np.ndarray = dataclasses.field(
       default_factory=NO_EXAMPLES.copy)
   history: tuple = ()  # the epochs' metrics.jsonl records
+  skipped_steps: int = 0
+  rollbacks: int = 0
 
   @classmethod
-  def at(cls, position: Position) -> "RunState":
-    """The state a checkpoint gives: its position and clock; the epoch's
-    figures and time are counted again from its step."""
-    return cls(position=position, epoch_began_seconds=position.seconds)
+  def at(cls, position: Position,
+         counts: Optional["Counts"] = None) -> "RunState":
+    """The state a checkpoint gives: its position and clock, and its
+    `counts` (restored); the epoch's time is counted again from its
+    step."""
+    if counts is None:
+      return cls(position=position, epoch_began_seconds=position.seconds)
+    return cls(position=position, epoch_began_seconds=position.seconds,
+               epoch_sums=counts.epoch_sums.numpy(),
+               skipped_steps=int(counts.skipped_steps.numpy()),
+               rollbacks=int(counts.rollbacks.numpy()))
 
   @classmethod
   def beginning(cls, global_batch: int, world_size: int) -> "RunState":
     """A new run's state: nothing done, no time spent."""
     return cls.at(Position(0, 0, global_batch, world_size))
+
+
+class Counts(tf.Module):
+  """What a checkpoint keeps of the run's counts (RunState's): the epoch's
+  train sums and skipped steps up to its position, and the rollbacks.
+
+  A copy, written before each save (LoopState.keep) and read at a start
+  and a rollback: the counts themselves move on in LoopState. A checkpoint
+  written before they were kept restores them as nothing counted
+  (`reset`): the epoch's figures then count from its step.
+  """
+
+  def __init__(self, sums_size: int):
+    super().__init__(name="run_counts")
+    self.epoch_sums = tf.Variable(tf.zeros([sums_size], tf.float64),
+                                  trainable=False)
+    self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self.rollbacks = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+  def reset(self) -> None:
+    self.epoch_sums.assign(tf.zeros_like(self.epoch_sums))
+    self.skipped_steps.assign(0)
+    self.rollbacks.assign(0)
 
 
 def starting_point(position: Position, steps_per_epoch: int,
@@ -93,20 +137,32 @@ class LoopState:
   steps are all done but which is not yet evaluated and recorded is
   (epoch, steps_per_epoch), never (epoch + 1, 0).
 
-  A start (engine/loop/session.py) makes one from the RunState it continues
-  from; a commit, a checkpoint and a rollback read and set it as a whole
-  (`snapshot`, `position`, `rolled_back`).
+  The train step counts the steps it takes since the epoch began or was
+  last committed (its running sums and skipped steps, which `committed`,
+  `keep` and `end_epoch` are given); this state holds what the epoch
+  counted before, and takes them in at a commit and at the epoch's end.
+
+  Each start of the loop (engine/loop/loop.py's TrainLoop._begin) makes
+  one from the RunState it continues from, which its Session
+  (session.py) holds; a commit, a checkpoint and a rollback read and set
+  it as a whole (`snapshot`, `position` and `keep`, `roll_back`).
   """
 
   def __init__(self, *, optimizer, learning_rate, start: RunState,
                steps_per_epoch: int, global_batch: int, world_size: int,
-               gradient_bytes: int, epochs: int, best_metric: str):
-    """`learning_rate`: the schedule of the step; `best_metric`: the
-    deciding figure, as "val_accuracy:max", which each epoch's record
-    names for engine.runs; `gradient_bytes`: an update's allreduce, which
-    the records give engine.runs' scaling model."""
+               gradient_bytes: int, epochs: int, best_metric: str,
+               stop: Optional[stopping.Target] = None,
+               counts: Optional[Counts] = None):
+    """`learning_rate`: the schedule of the step, whose factor rollbacks
+    lower; `best_metric`: the deciding figure, as "val_accuracy:max",
+    which each epoch's record names for engine.runs; `gradient_bytes`: an
+    update's allreduce, which the records give engine.runs' scaling model;
+    `stop`: the early stopping count (none: never stops early); `counts`:
+    the checkpoints' copy of the counts (none: not checkpointed)."""
     self._optimizer = optimizer
     self._learning_rate = learning_rate
+    self._stop = stop or stopping.Target(target=0, patience=0)
+    self._counts = counts
     self.steps_per_epoch = steps_per_epoch
     self.global_batch = global_batch
     self.world_size = world_size
@@ -115,6 +171,8 @@ class LoopState:
     self._best_metric = best_metric
     self._history = list(start.history)
     self._epoch_sums = start.epoch_sums  # of steps committed before
+    self._skipped_steps = start.skipped_steps  # committed before too
+    self._rollbacks = start.rollbacks
     self._epoch_began_seconds = start.epoch_began_seconds
     self._began = time.perf_counter()
     self._seconds_before = start.position.seconds  # before this start
@@ -155,6 +213,16 @@ class LoopState:
     """The epochs' metrics.jsonl records."""
     return tuple(self._history)
 
+  @property
+  def rollbacks(self) -> int:
+    """The run's rollbacks so far (--max_rollbacks)."""
+    return self._rollbacks
+
+  @property
+  def learning_rate_factor(self) -> float:
+    """What rollbacks multiplied the learning rate by."""
+    return float(self._learning_rate.factor.numpy())
+
   def learning_rate(self) -> float:
     """The rate of the last step taken, as the optimizer applied it."""
     return float(self._learning_rate(self.global_step - 1))
@@ -174,27 +242,45 @@ class LoopState:
     """The run state now, for a commit."""
     return RunState(position=self.position(seconds),
                     epoch_began_seconds=self._epoch_began_seconds,
-                    epoch_sums=self._epoch_sums, history=self.history)
+                    epoch_sums=self._epoch_sums, history=self.history,
+                    skipped_steps=self._skipped_steps,
+                    rollbacks=self._rollbacks)
 
   def epoch_sums(self, since_commit: np.ndarray) -> np.ndarray:
     """The epoch's train sums: those committed before, and `since_commit`
     (the train step's running sums over every rank)."""
     return self._epoch_sums + since_commit
 
+  def keep(self, sums: np.ndarray = NO_EXAMPLES,
+           skipped_steps: int = 0) -> None:
+    """Before a checkpoint is saved: its copy of the counts (Counts), with
+    the train step's `sums` (over every rank) and `skipped_steps` since
+    the commit (none at an epoch's end, recorded already)."""
+    if self._counts is None:
+      return
+    self._counts.epoch_sums.assign(np.broadcast_to(
+        self.epoch_sums(sums), self._counts.epoch_sums.shape))
+    self._counts.skipped_steps.assign(self._skipped_steps + skipped_steps)
+    self._counts.rollbacks.assign(self._rollbacks)
+
   # How it moves on.
 
-  def committed(self, sums: np.ndarray) -> None:
-    """A commit within the epoch took the steps' sums so far with it
-    (counted once, if a restart redoes the steps after it)."""
+  def committed(self, sums: np.ndarray, skipped_steps: int = 0) -> None:
+    """A commit within the epoch took the steps' sums and skipped steps so
+    far with it (counted once, if a restart redoes the steps after it)."""
     self._epoch_sums = self._epoch_sums + sums
+    self._skipped_steps += skipped_steps
 
   def end_epoch(self, train: metrics.Result, val: Optional[metrics.Result],
                 *, train_seconds: float, input_seconds: float,
                 step_seconds: float, eval_seconds: Optional[float],
                 skipped_steps: int) -> dict:
-    """Records the epoch that is done (`val` None: not evaluated) and moves
-    on to the next; returns its line in metrics.jsonl, with its time since
-    it began or since this start (its saves count too)."""
+    """Records the epoch that is done (`val` None: not evaluated; if it
+    was, its deciding figure counts for early stopping) and moves on to
+    the next; returns its line in metrics.jsonl, with its time since it
+    began or since this start (its saves count too), and whether the run
+    stops early (`stopped_early`). `skipped_steps`: the train step's since
+    the commit."""
     cumulative_seconds = self.seconds()
     epoch_seconds = cumulative_seconds - self._epoch_began_seconds
     steps_run = self.steps_per_epoch - self._first_step
@@ -221,26 +307,54 @@ class LoopState:
         "world_size": self.world_size,
         "global_batch": self.global_batch,
         "gradient_bytes": self._gradient_bytes,
-        "skipped_steps": skipped_steps,
+        "skipped_steps": self._skipped_steps + skipped_steps,
         "epochs": self._epochs,
         "best_metric": self._best_metric,
         "time": round(time.time(), 3),
     }
+    record.update(self._stopping(record))
     self._history.append(record)
     self._epoch_began_seconds = cumulative_seconds
     self._epoch_sums = NO_EXAMPLES
+    self._skipped_steps = 0
     self._epoch += 1
     self._first_step = 0
     return record
 
-  def rolled_back(self, position: Position) -> None:
-    """Back at a checkpoint's `position`: its epochs' records kept, the
-    epoch's sums counted again from there. The run's clock goes on: the
-    time of the undone steps was spent."""
+  def _stopping(self, record: dict) -> dict:
+    """The early stopping count moved on by the epoch's deciding figure,
+    if it was evaluated: what the epoch's record says of it."""
+    value = record[self._best_metric.partition(":")[0]]
+    fields = {}
+    if value is not None and self._stop.update(
+        epoch=record["epoch"], value=value,
+        cumulative_seconds=record["cumulative_seconds"]):
+      fields["stopped_early"] = True
+    if self._stop.target:
+      fields["target_accuracy_first_epoch"] = self._stop.first_reached_epoch
+      fields["target_accuracy_first_seconds"] = \
+          self._stop.first_reached_seconds
+    return fields
+
+  def roll_back(self, restore: Callable[[], tuple[Position, str]],
+                lr_factor: float) -> str:
+    """Back at a checkpoint, which `restore()` restores into the variables
+    on every rank (the early stopping count as it was then, the counts)
+    and whose position and path it returns: its epochs' records kept, the
+    epoch's counts as they were there; one more rollback, and the learning
+    rate multiplied by `lr_factor` from now on. The run's clock goes on:
+    the time of the undone steps was spent. Returns the path."""
+    factor = self.learning_rate_factor * lr_factor
+    position, path = restore()
+    self._learning_rate.factor.assign(factor)
+    self._rollbacks += 1
     self._continue_at(*starting_point(position, self.steps_per_epoch,
                                       self.global_batch, self.world_size))
     self._history = [r for r in self._history if r["epoch"] <= self._epoch]
-    self._epoch_sums = NO_EXAMPLES
+    restored = RunState.at(position, self._counts)
+    self._epoch_sums = restored.epoch_sums
+    self._skipped_steps = restored.skipped_steps
+    return path
 
   def _continue_at(self, epoch: int, step: int) -> None:
     self._epoch = epoch

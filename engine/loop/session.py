@@ -9,18 +9,40 @@ which `close()` ends however the start ends.
 import functools
 from typing import Any, Callable, Optional
 
+from absl import logging
 import tensorflow as tf
 
 from engine import distributed
 from engine.compute import metrics
 from engine.compute import precision
 from engine.core.config import TrainConfig
+from engine.input import data
 from engine.loop import preemption
 from engine.loop import profiling
 from engine.loop import progress as progress_lib
 from engine.loop.run_directory import RunDirectory
 from engine.loop.run_state import LoopState
 from engine.records import report
+
+
+def batches(config: TrainConfig, info, world_size: int
+            ) -> tuple[int, int, int]:
+  """A start's batches on `world_size` processes: a step's batch per
+  process (--grad_accum_steps micro-batches of --batch_size), the steps
+  per epoch and the global batch; logged."""
+  training = config.training
+  micro_batches = config.performance.grad_accum_steps
+  step_batch = training.batch_size * micro_batches
+  steps_per_epoch = data.steps_per_epoch(
+      num_train=info.num_train, batch_size=step_batch,
+      world_size=world_size, requested=training.steps_per_epoch)
+  global_batch = step_batch * world_size
+  logging.info("global batch %d on %d processes%s, %d steps per epoch",
+               global_batch, world_size,
+               f" ({micro_batches} micro-batches of "
+               f"{training.batch_size} per process)"
+               if micro_batches > 1 else "", steps_per_epoch)
+  return step_batch, steps_per_epoch, global_batch
 
 
 class Session:

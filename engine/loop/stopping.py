@@ -6,7 +6,8 @@ decision is taken on that figure reduced across ranks, the
 same number on every rank, so all ranks stop after the same epoch: a rank
 that stopped alone would leave the others waiting at their next allreduce.
 
-Its count is part of the run's state (engine/loop/run_state.py): it is kept in
+Its count is part of the run's state (engine/loop/run_state.py), which
+moves it on as it records each epoch (LoopState.end_epoch): it is kept in
 variables, which the checkpoints save and restore and an elastic commit
 copies, so a resumed run goes on counting where it stopped, a rollback
 forgets the epochs it undid, and the first time the target was reached

@@ -1,9 +1,11 @@
 """Checkpoints: rank 0 alone writes and reads them; every rank resumes.
 
 A checkpoint holds the model, the optimizer (its step counter, which drives
-the learning-rate schedule, and its slots), and the position in the data:
-the epoch and the step within it, with the global batch those steps were
-taken with. The data order and augmentation are functions of (seed, epoch,
+the learning-rate schedule, and its slots), the position in the data: the
+epoch and the step within it, with the global batch those steps were taken
+with, and the rest of the run's state the train loop gives it
+(engine/loop/run_state.py: the learning rate's factor, the early stopping
+count, the run's counts; the weights' average). The data order and augmentation are functions of (seed, epoch,
 step), so that position is all it takes to continue the same stream.
 
 Only rank 0 touches the files, so N processes never race on one directory
@@ -81,14 +83,17 @@ class Checkpoints:
   `lr_factor` is the learning rate's factor (schedules), which rollbacks
   lower and checkpoints keep; `weight_average` the ema.WeightAverage of a
   run with --ema_decay; `stop` the stopping.Target whose count a
-  resume continues.
+  resume continues; `counts` the run's counts as a checkpoint keeps them
+  (run_state.Counts: the epoch's train sums and skipped steps, the
+  rollbacks).
   """
 
   def __init__(self, model_dir: str, *, model: keras.Model, optimizer,
                keep: int, identity: str,
                lr_factor: Optional[tf.Variable] = None,
                weight_average: Optional[tf.Module] = None,
-               stop: Optional[tf.Module] = None):
+               stop: Optional[tf.Module] = None,
+               counts: Optional[tf.Module] = None):
     self.directory = os.path.join(model_dir, run_files.CHECKPOINT_DIR)
     self._format = _checked_format(
         self.directory, f"--model_dir={model_dir} holds checkpoints",
@@ -118,9 +123,12 @@ class Checkpoints:
       if saved is not None:
         objects[name] = saved
     self._objects = objects
-    self._weight_average = weight_average
-    self._checkpoint = tf.train.Checkpoint(**objects, **(
-        {} if weight_average is None else {_AVERAGE: weight_average}))
+    # What a checkpoint may be without, and starts afresh (`reset`) when it
+    # is: --ema_decay may be turned on when a run resumes, and checkpoints
+    # of this format written before the counts were kept have none.
+    self._optional = {name: saved for name, saved in (
+        (_AVERAGE, weight_average), (_COUNTS, counts)) if saved is not None}
+    self._checkpoint = tf.train.Checkpoint(**objects, **self._optional)
     self.size = storage.size_of(model.variables + (
         optimizers.state(optimizer) if optimizer is not None else []))
     self.restored_path = None  # the last checkpoint restored
@@ -199,13 +207,13 @@ class Checkpoints:
                       "--mixed_precision=float16; resume it with "
                       "--mixed_precision=none or bfloat16")
     checkpoint = self._checkpoint
-    # --ema_decay may be turned on when a run resumes: the average of a
-    # checkpoint saved without one starts at the weights restored.
-    starts_average = self._weight_average is not None and not any(
-        key.startswith(f"{_AVERAGE}/")
-        for key in reader.get_variable_to_shape_map())
-    if starts_average:
-      checkpoint = tf.train.Checkpoint(**self._objects)
+    keys = reader.get_variable_to_shape_map()
+    missing = [name for name in self._optional
+               if not any(key.startswith(f"{name}/") for key in keys)]
+    if missing:
+      checkpoint = tf.train.Checkpoint(**self._objects, **{
+          name: saved for name, saved in self._optional.items()
+          if name not in missing})
     try:
       # expect_partial: evaluation restores a model without its optimizer.
       checkpoint.restore(path).expect_partial() \
@@ -215,8 +223,10 @@ class Checkpoints:
     except (AssertionError, ValueError) as e:
       raise UserError(f"checkpoint {path} does not match this model: "
                       f"{first_line(e)}") from None
-    if starts_average:
-      self._weight_average.reset()
+    for name in missing:
+      # The average starts at the weights restored; the counts at nothing
+      # counted.
+      self._optional[name].reset()
     self.restored_path = path
     return Position(int(self._epoch.numpy()), int(self._step.numpy()),
                     int(self._global_batch.numpy()),
@@ -327,6 +337,7 @@ def resolve(path: str) -> str:
 _IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
 _BEST_SCORE_KEY = "best_score/.ATTRIBUTES/VARIABLE_VALUE"
 _AVERAGE = "weight_average"  # the weights' average, with --ema_decay
+_COUNTS = "run_counts"  # the run's counts (run_state.Counts)
 _LOSS_SCALE_KEY = "loss_scale/.ATTRIBUTES/VARIABLE_VALUE"
 # What TensorFlow's checkpoint reader raises for truncated or garbled files.
 _DAMAGE = (tf.errors.OpError, IndexError, OSError)
