@@ -31,7 +31,7 @@ from engine.core.errors import UserError
 from engine.datasets import Shard
 from engine.input import data
 from engine.input import staging
-from engine.loop.loop import TrainingParts
+from engine.loop.parts import TrainingParts
 from engine.records import mlperf
 from engine.records import report
 from models import whitening

@@ -30,8 +30,8 @@ from engine.distributed import elastic
 from engine.input import data
 from engine.loop import actions
 from engine.loop import preemption
-from engine.loop.loop import TrainingParts
 from engine.loop.loop import TrainLoop
+from engine.loop.parts import TrainingParts
 from tests import fixtures
 
 # fixtures.write_fashion_mnist's 601 training examples in batches of 32.
