@@ -17,6 +17,11 @@ from engine.core.errors import UserError
 OPS = ("average", "adasum")
 _OPS = {"average": hvd.Average, "adasum": hvd.Adasum}
 _COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+# What calls Horovod from inside the step is left as written, not converted
+# by AutoGraph: Horovod's graph code makes its own tf.cond and needs no
+# conversion, and converting it (its tape, its ops, a hundred small
+# functions) cost each process about a second of start-up.
+_AS_WRITTEN = tf.autograph.experimental.do_not_convert
 
 
 class Reduction:
@@ -31,6 +36,7 @@ class Reduction:
                       "use --allreduce_op=average")
     self._options = dict(op=_OPS[op], compression=_COMPRESSIONS[compression])
 
+  @_AS_WRITTEN
   def gradients_of(self, tape: tf.GradientTape, target, variables) -> list:
     """The gradients of `target`, each reduced as soon as the backward pass
     has it (hvd.DistributedGradientTape), so that its transfer overlaps the
@@ -38,6 +44,7 @@ class Reduction:
     return hvd.DistributedGradientTape(tape, **self._options).gradient(
         target, distributed.tensorflow_variables(variables))
 
+  @_AS_WRITTEN
   def grouped(self, tensors: list, *, alone_skips: bool = True) -> list:
     """`tensors` reduced in one grouped allreduce: one negotiation and one
     collective. A process alone skips Horovod's queue (as
@@ -51,6 +58,7 @@ class Reduction:
                    lambda: tensors)
 
 
+@_AS_WRITTEN
 def averaged(tensor: tf.Tensor, name: str) -> tf.Tensor:
   """`tensor` averaged over ranks, inside a compiled step; submitted beside
   gradients reduced one by one, Horovod fuses it into one of their
