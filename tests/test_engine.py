@@ -103,6 +103,13 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str]:
   return []
 
 
+def test_a_run_outside_a_sweep_loads_neither_optuna_nor_sqlalchemy():
+  """Each process of a run would pay their import at start-up for a
+  trial's reports it never makes."""
+  assert fixtures.packages_imported_by(
+      "engine.train", {"optuna", "sqlalchemy"}) == []
+
+
 def test_the_engines_modules_import_each_other_without_cycles(tmp_path):
   graph = tree_imports(fixtures.REPO)
   assert len(graph) > 40 and graph["engine.train"] >= {"engine.loop.actions",

@@ -13,7 +13,6 @@ study so when the run has exited.
 from typing import Optional
 
 from absl import logging
-import sqlalchemy.exc
 
 from engine.core.config import TrialConfig
 from engine.core.errors import UserError
@@ -59,7 +58,10 @@ class TrialReports:
     if value is None:
       return False
     # Optuna keeps a step's first report: a resumed trial that reports an
-    # epoch again is judged on the same figure.
+    # epoch again is judged on the same figure. (SQLAlchemy is imported
+    # here, as by study.storage, so that a run outside a sweep never loads
+    # it.)
+    import sqlalchemy.exc  # pylint: disable=g-import-not-at-top
     try:
       self._trial.report(value, epoch)
       pruned = self._trial.should_prune()
