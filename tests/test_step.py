@@ -345,3 +345,31 @@ def test_eval_shift_adds_each_view_moved_left_and_right():
   with pytest.raises(UserError, match=r"EvalStep\(shift=14\): must be less "
                      "than half the images' width"):
     eval_steps.EvalStep(model=model, shift=14)
+
+
+@pytest.mark.parametrize("options, phases", [
+    (dict(overlap_allreduce=False),
+     ["forward", "backward", "communication", "optimizer"]),
+    (dict(overlap_allreduce=True), ["forward", "backward", "optimizer"]),
+    (dict(accumulation_steps=2), ["backward", "communication", "optimizer"]),
+])
+def test_a_timed_step_updates_as_the_step_does_and_its_phases_fit_its_call(
+    options, phases):
+  """A profiled window's steps (TrainStep.timed) train exactly as the
+  others, and their phases, stamped inside the graph, fit inside the
+  call that ran them."""
+  plain, timed = tiny_model(), tiny_model()
+  plain_step, timed_step = (
+      steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1),
+                      **options) for model in (plain, timed))
+  for seed in range(3):
+    plain_step(*batch(16, seed))
+    began = tf.timestamp()
+    stop, seconds = timed_step.timed(*batch(16, seed))
+    call = float(tf.timestamp() - began)
+    assert not stop and list(seconds) == phases
+    assert all(s >= 0 for s in seconds.values())
+    assert 0 < sum(seconds.values()) <= call
+  for a, b in zip(plain.weights, timed.weights):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+  assert (plain_step.traces, timed_step.traces) == (1, 1)

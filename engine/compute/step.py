@@ -17,6 +17,7 @@ from engine.compute import eval_step
 from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute import precision
+from engine.compute import step_clock
 from engine.compute import step_status
 from engine.compute.step_status import NonFinite
 from engine.core.errors import UserError
@@ -99,6 +100,8 @@ class TrainStep:
     self._flags = {False: tf.constant(0.0), True: tf.constant(1.0)}
     self._any_image_size = any_image_size
     self._step = None  # traced for the first batch's shapes (_traced)
+    self._timed_step = None  # the same, with a StepClock (`timed`)
+    self._clock = step_clock.NoClock()
     self._steps = tf.function(self._train_steps)
 
   def reset_counts(self) -> None:
@@ -133,16 +136,40 @@ class TrainStep:
     return self._read(self._traced(images, labels)(
         images, labels, self._flags[stop_requested]))
 
+  def timed(self, images: tf.Tensor, labels: tf.Tensor,
+            stop_requested: bool = False) -> tuple[bool, dict]:
+    """One step, as `__call__`, and its phases' seconds on this rank's
+    clock (step_clock.py): for a profiled window's steps only, traced the
+    first time it is called."""
+    if self._timed_step is None:
+      self._timed_step = self._function(self._clocked_step, images, labels)
+    outcome = self._timed_step(images, labels, self._flags[stop_requested])
+    phases = {phase: float(seconds)
+              for phase, seconds in outcome.pop("phases").items()}
+    return self._read(outcome), phases
+
+  def _clocked_step(self, images, labels, stop_requested):
+    self._clock = step_clock.StepClock()
+    try:
+      outcome = self._train_step(images, labels, stop_requested)
+      return dict(outcome, phases=self._clock.seconds())
+    finally:
+      self._clock = step_clock.NoClock()
+
   def _traced(self, images, labels):
-    """The step's tf.function, for batches like these: of any image size
-    if `any_image_size`."""
+    """The step's tf.function, for batches like these."""
     if self._step is None:
-      signature = None
-      if self._any_image_size:
-        signature = [_of_any_size(images), _of_any_size(labels),
-                     tf.TensorSpec([], tf.float32)]
-      self._step = tf.function(self._train_step, input_signature=signature)
+      self._step = self._function(self._train_step, images, labels)
     return self._step
+
+  def _function(self, step, images, labels):
+    """`step` as a tf.function for batches like these: of any image size
+    if `any_image_size`."""
+    signature = None
+    if self._any_image_size:
+      signature = [_of_any_size(images), _of_any_size(labels),
+                   tf.TensorSpec([], tf.float32)]
+    return tf.function(step, input_signature=signature)
 
   def steps(self, batches, count: int,
             stop_requested: bool = False) -> tuple[int, bool]:
@@ -188,17 +215,24 @@ class TrainStep:
   def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
     variables = self.model.trainable_variables
-    reduce = self._reduce
+    reduce, clock = self._reduce, self._clock
+    images, labels = clock.started(images, labels)
     if self._accumulation_steps == 1 and not reduce.together:
       with tf.GradientTape() as tape:
         loss = self._loss(images, labels)
-      shared = reduce.shared(stop_requested, loss)
-      gradients = reduce.gradients_of(tape, loss, variables)
-      shared = reduce.averaged_alone(shared)
+      clock.ended("forward", loss)
+      with clock.next_phase():  # the allreduce it overlaps included
+        shared = reduce.shared(stop_requested, loss)
+        gradients = reduce.gradients_of(tape, loss, variables)
+        shared = reduce.averaged_alone(shared)
+      clock.ended("backward", [gradients, shared])
     else:
       local, loss = self._local_gradients(images, labels, variables)
+      clock.ended("backward", local)
       gradients, shared = reduce.local_reduced(
-          local, reduce.shared(stop_requested, loss))
+          clock.gated(local), reduce.shared(stop_requested, loss))
+      clock.ended("communication", [gradients, shared])
+      gradients = clock.gated(gradients)
     shares = reduce.shares(shared)
     # The shares of ranks that asked to stop and whose loss was not finite.
     stop_share, nonfinite_loss_share = shares[0], shares[1]
@@ -211,6 +245,7 @@ class TrainStep:
                   if self._scales_loss else tf.constant(0.0))
     with tf.control_dependencies([loss_scale]):  # the scale of this step
       self._apply(finite, gradients, variables)
+    clock.ended("optimizer", variables)  # their values, updated
     return step_status.outcome(
         stop_share=stop_share, finite=finite, loss=loss,
         nonfinite_loss_share=nonfinite_loss_share,
@@ -267,11 +302,13 @@ class TrainStep:
 
   def _local_gradients(self, images, labels, variables):
     """This rank's gradients of its batch's loss, and the loss."""
-    if self._accumulation_steps > 1:
+    if self._accumulation_steps > 1:  # the forward passes in backward's
       return self._accumulated_gradients(images, labels, variables)
     with tf.GradientTape() as tape:
       loss = self._loss(images, labels)
-    return tape.gradient(loss, variables), loss
+    self._clock.ended("forward", loss)
+    with self._clock.next_phase():
+      return tape.gradient(loss, variables), loss
 
   def _accumulated_gradients(self, images, labels, variables):
     """The mean of the micro-batches' local gradients (the gradient of the
