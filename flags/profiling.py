@@ -4,8 +4,12 @@ from absl import flags
 flags.DEFINE_string("profile_steps", "",
                     "START,END: trace global steps START to END (1-based, "
                     "inclusive) with the TensorFlow profiler into "
-                    "model_dir/profile (open with TensorBoard's Profile tab). "
-                    "Skip the first step, which includes tracing. Empty: off.")
+                    "model_dir/profile (open with TensorBoard's Profile tab), "
+                    "and time each rank's steps into "
+                    "model_dir/profile/step_report.json (rank 0 logs its "
+                    "table: input, forward, backward, communication, "
+                    "optimizer, the host's share). Skip the first step, "
+                    "which includes tracing. Empty: off.")
 flags.DEFINE_bool("profile_all_ranks", False,
                   "Profile every process, not rank 0 alone; rank r > 0 "
                   "writes model_dir/profile/rank_<r>.")

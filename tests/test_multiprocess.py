@@ -216,6 +216,32 @@ def test_profile_steps_trace_rank_zero_with_step_markers(command_line):
   assert "profiling steps 3 to 5" in result.stderr
 
 
+def test_the_profiled_steps_report_each_ranks_step_split(command_line):
+  """Every rank times its own window; rank 0 writes the ranks side by
+  side: the first profiled step (which traces the timed step) left out,
+  each part of the step on the host or in the graph, the phases inside
+  the call that ran them, and the slowest rank named."""
+  model_dir, result = command_line
+  report = json.loads((model_dir / "profile" / "step_report.json")
+                      .read_text())
+  assert report["window"] == [4, 5] and len(report["ranks"]) == 2
+  for rank, figures in enumerate(report["ranks"]):
+    parts = figures["parts"]
+    assert figures["rank"] == rank and figures["steps"] == 2
+    assert list(parts) == ["input", "forward", "backward", "communication",
+                           "optimizer", "launch_and_read", "between_calls"]
+    assert all(seconds > 0 for seconds in parts.values()), parts
+    assert sum(parts.values()) == pytest.approx(figures["step"])
+    assert 0 < figures["in_graph"] <= 1
+    assert figures["waiting"] == pytest.approx(
+        parts["communication"] - report["transfer"])
+  assert min(r["waiting"] for r in report["ranks"]) == 0
+  busy = [r["busy"] for r in report["ranks"]]
+  assert busy[report["slowest_rank"]] == max(busy)
+  assert "step report of steps 4-5 in " in result.stderr
+  assert f"slowest rank {report['slowest_rank']}, busy " in result.stderr
+
+
 def test_horovod_timeline_records_the_profiled_steps_allreduces(
     command_line):
   model_dir, _ = command_line

@@ -372,4 +372,5 @@ def test_a_timed_step_updates_as_the_step_does_and_its_phases_fit_its_call(
     assert 0 < sum(seconds.values()) <= call
   for a, b in zip(plain.weights, timed.weights):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
-  assert (plain_step.traces, timed_step.traces) == (1, 1)
+  assert (plain_step.traces, timed_step.traces, timed_step.timed_traces) \
+      == (1, 0, 1)

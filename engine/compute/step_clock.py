@@ -61,6 +61,8 @@ class StepClock:
   def seconds(self) -> dict:
     """Each phase's seconds in this step, as tensors; a phase the step
     did not stamp is absent."""
+    if not self._stamps:  # a task's own step, unmarked
+      return {}
     (_, previous), *stamps = self._stamps
     found = {}
     for phase, stamp in stamps:

@@ -318,6 +318,14 @@ def on_chief(action: Optional[Callable[[], Any]], name: str) -> Any:
   return result
 
 
+def gathered(value: Any, name: str) -> list:
+  """Every rank's `value` (a picklable object), in rank order, on every
+  rank."""
+  if hvd.size() == 1:
+    return [value]
+  return hvd.allgather_object(value, name=name)
+
+
 def agree(action: Callable[[], Any], name: str,
           collective: bool = True) -> Any:
   """Runs `action` on every rank; if it fails on any, fails on every one.

@@ -311,6 +311,10 @@ class TrainLoop:
     batches inside (their wait is then step time). Returns whether the
     ranks agreed to stop."""
     requested = session.stop_requests.requested
+    if session.profiler.timing:  # a profiled step: one a call, timed
+      with session.times.step():
+        return session.profiler.timed(self._train_step, session.batches,
+                                      requested)
     if self._config.performance.steps_per_call == 1:
       with session.times.input():
         images, labels = next(session.batches)

@@ -7,7 +7,10 @@ of steps with TensorFlow's profiler (kernels, host threads, the input
 pipeline; TensorBoard's Profile tab) and, with `timeline`, Horovod's
 timeline (each allreduce's negotiation, wait and transfer; chrome://tracing
 or Perfetto). Each traced step is marked with its number, so the profile's
-overview shows step times and the trace viewer separates steps.
+overview shows step times and the trace viewer separates steps. Every
+rank also times its own window, step by step, into the step report
+(engine/records/step_report.py): rank 0 writes it beside the trace and
+logs its table.
 """
 import contextlib
 import os
@@ -20,6 +23,7 @@ import tensorflow as tf
 from engine import distributed
 from engine.core import run_files
 from engine.loop import actions
+from engine.records import step_report
 from engine.records import storage
 
 
@@ -74,11 +78,16 @@ class StepProfiler(actions.Action):
     self._first, self._last = steps or (0, -1)
     self._traces = bool(steps) and (rank == 0 or all_ranks)
     self._logdir = run_files.profile_dir(model_dir, rank)
+    self._rank = rank
     # Every rank starts and stops the timeline (a collective setting);
     # Horovod's coordinator, rank 0, writes it.
     self._timeline = os.path.join(model_dir, run_files.TIMELINE_FILE) if (
         steps and timeline) else None
     self._tracing = False
+    self._model_dir = model_dir
+    self.timing = False  # inside a step of the range: `timed` runs it
+    self._timed_steps = []  # each step's parts, seconds (step_report.PARTS)
+    self._call_ended = None  # when the previous timed call returned
 
   def close(self) -> None:
     self._stop()
@@ -94,9 +103,27 @@ class StepProfiler(actions.Action):
     return None
 
   def run(self, at: actions.At) -> None:
-    """Ends the trace after the range's last step."""
+    """Ends the trace after the range's last step, and reports it."""
     if at.global_step >= self._last:
       self._stop()
+      if self._timed_steps:
+        self._report()
+
+  def timed(self, train_step, batches, stop_requested: bool) -> bool:
+    """One step of the range, on the next of `batches`, timed part by part
+    (the step's phases by `train_step.timed`); whether the ranks agreed to
+    stop."""
+    began = time.perf_counter()
+    images, labels = next(batches)
+    called = time.perf_counter()
+    stop_agreed, phases = train_step.timed(images, labels, stop_requested)
+    ended = time.perf_counter()
+    between = began - self._call_ended if self._call_ended else 0.0
+    self._call_ended = ended
+    self._timed_steps.append(dict(
+        phases, input=called - began, between_calls=between,
+        launch_and_read=ended - called - sum(phases.values())))
+    return stop_agreed
 
   @contextlib.contextmanager
   def step(self, global_step: int):
@@ -106,12 +133,34 @@ class StepProfiler(actions.Action):
       return
     if not self._tracing:
       self._start(global_step)
-    if self._traces:
-      with tf.profiler.experimental.Trace("train", step_num=global_step,
-                                          _r=1):
+    self.timing = True
+    try:
+      if self._traces:
+        with tf.profiler.experimental.Trace("train", step_num=global_step,
+                                            _r=1):
+          yield
+      else:
         yield
-    else:
-      yield
+    finally:
+      self.timing = False
+
+  def _report(self) -> None:
+    """Every rank's window gathered; rank 0 writes the report and logs its
+    table. The range's first step traces the timed step and is left out,
+    unless it is the only one."""
+    steps = self._timed_steps[1:] or self._timed_steps
+    self._timed_steps = []
+    ranks = distributed.gathered(step_report.of_rank(steps),
+                                 name="step_report")
+    report = step_report.across(ranks, (self._last - len(steps) + 1,
+                                        self._last))
+    def write():
+      with storage.writing("step report", self._model_dir):
+        path = step_report.write(self._model_dir, report)
+      logging.info("step report of steps %d-%d in %s:\n%s",
+                   *report["window"], path, step_report.table(report))
+    distributed.on_chief(write if self._rank == 0 else None,
+                         name="step_report_written")
 
   def _start(self, global_step: int) -> None:
     if self._traces:
