@@ -13,8 +13,9 @@ Outside the window the step is the one traced without, and holds no stamp.
 The phases sum to the graph's time by construction. A rank that waits in
 the allreduce for another shows it as communication; the smallest
 communication across ranks is about the transfer itself (the report's
-part). On a GPU the stamps order the ops' launches, not their completion:
-there the report reads the device's time from the profile instead.
+part). On a GPU the stamps order the ops' launches, not their completion,
+so there the phases are the host's view until the device's own times are
+read from the profile (issue 51, not yet).
 """
 import contextlib
 
