@@ -70,6 +70,7 @@ EXPORT_DIR = "export"
 FINAL_EXPORT, BEST_EXPORT = "final", "best"
 PROFILE_DIR = "profile"
 TIMELINE_FILE = "timeline.json"
+STEP_REPORT_FILE = "step_report.json"  # in PROFILE_DIR
 
 
 def profile_dir(model_dir: str, rank: int) -> str:

@@ -13,13 +13,11 @@ waits least, so the smallest communication is about the transfer itself,
 and each rank's excess over it is waiting for a slower rank. The slowest
 rank is the one busiest outside the allreduce.
 """
-import json
 import os
 
 from engine.compute import step_clock
 from engine.core import run_files
 
-REPORT_FILE = "step_report.json"
 # A step's parts, in the order a step runs them.
 PARTS = ("input", *step_clock.PHASES, "launch_and_read", "between_calls")
 
@@ -69,10 +67,7 @@ def table(report: dict) -> str:
 
 def write(model_dir: str, report: dict) -> str:
   """model_dir/profile/step_report.json; its path."""
-  directory = os.path.join(model_dir, run_files.PROFILE_DIR)
+  directory = run_files.profile_dir(model_dir, rank=0)
   os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, REPORT_FILE)
-  with open(path + ".tmp", "w") as f:
-    json.dump(report, f, indent=1)
-  os.replace(path + ".tmp", path)
-  return path
+  run_files.write_record(directory, run_files.STEP_REPORT_FILE, report)
+  return os.path.join(directory, run_files.STEP_REPORT_FILE)
