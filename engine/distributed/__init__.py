@@ -340,8 +340,8 @@ def agree(action: Callable[[], Any], name: str,
     result, message = action(), ""
   except UserError as e:
     result, message = None, str(e)
-  if collective and hvd.size() > 1:
-    messages = hvd.allgather_object(message, name=name)
+  if collective:
+    messages = gathered(message, name=name)
     failed = [(rank, m) for rank, m in enumerate(messages) if m]
     if failed and not message:
       rank, first = failed[0]
