@@ -9,8 +9,10 @@ a metrics.jsonl or, before its first epoch, a flags.txt; a DIR may be a run
 itself): the flags that differ between the runs, epochs done of those
 planned, best and final validation accuracy (or the figure a task decides
 by), seconds to --target,
-median images/s, processes, and the run's state (finished, stopped by a
-signal, diverged, an error, running, or ended without a word: killed).
+median images/s, processes, what bounded its step in its profiled window
+(--profile_steps' step report: input, compute, communication or host),
+and the run's state (finished, stopped by a signal, diverged, an error,
+running, or ended without a word: killed).
 A sweep's study directory (engine.sweep) lists its trials so: the values
 drawn are the flags that differ, and the state is the study's (complete,
 pruned, or failed with its reason) from each trial's trial.json.
@@ -22,8 +24,8 @@ Runs whose checkpoints are of another format than this engine's, which it
 neither resumes nor evaluates, are listed like the others, with a column
 of each run's checkpoint format.
 
-It reads only metrics.jsonl, flags.txt, flags.latest.txt, trial.json and
-the checkpoints' format.json, never checkpoints or TensorBoard files, and does
+It reads only metrics.jsonl, flags.txt, flags.latest.txt, trial.json,
+profile/step_report.json and the checkpoints' format.json, never checkpoints or TensorBoard files, and does
 not import TensorFlow: it starts in a fraction of a second, and works on a
 copy of a model_dir or while the run trains. --plot draws validation
 accuracy against training time.
@@ -71,6 +73,9 @@ class Run:
   state: str             # "finished", "running", "stopped by SIGTERM", ...
   # Of its checkpoints (run_files.checkpoint_format); None: it has none.
   checkpoint_format: Optional[int] = None
+  # What bounded its profiled window's step (its step report's verdict);
+  # None: no window reported.
+  bound: Optional[str] = None
 
   def planned_epochs(self) -> Optional[int]:
     """The last record's `epochs` (a resume may change them); before the
@@ -116,9 +121,14 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
     # A sweep's trial: as its study has it (a failure with its reason).
     state = trial["state"] + (f": {_shortened(str(trial['reason']))}"
                               if trial["state"] == "failed" else "")
+  step_report = run_files.read_record(
+      run_files.profile_dir(path, rank=0), run_files.STEP_REPORT_FILE,
+      lambda found: str(found["verdict"]["bound"]),
+      keeps="the step report of the run's profiled window")
   return Run(path=path, flags=run_flags, records=records, events=events,
              state=state, checkpoint_format=run_files.checkpoint_format(
-                 os.path.join(path, run_files.CHECKPOINT_DIR)))
+                 os.path.join(path, run_files.CHECKPOINT_DIR)),
+             bound=step_report)
 
 
 def find_runs(directories: list[str]) -> dict[str, str]:
@@ -197,6 +207,7 @@ class _Columns:
   target: bool           # some run has a --target
   scaling: bool
   checkpoint_format: bool  # some run's checkpoints are not this engine's
+  bound: bool  # some run has a step report
 
   @classmethod
   def of(cls, runs: dict[str, Run], summaries: dict[str, dict],
@@ -210,14 +221,16 @@ class _Columns:
                    for run in runs.values()),
         scaling=scaling,
         checkpoint_format=any(run.checkpoint_format not in (
-            None, run_files.CHECKPOINT_FORMAT) for run in runs.values()))
+            None, run_files.CHECKPOINT_FORMAT) for run in runs.values()),
+        bound=any(run.bound for run in runs.values()))
 
   def header(self) -> list[str]:
     return ["run", *(f"--{name}" for name in self.flag_names), "epochs",
             *(["metric"] if self.metric else []), "best", "final",
             *(["s to target"] if self.target else []), "img/s", "procs",
             *(["speedup", "efficiency"] if self.scaling else []),
-            *(["ckpt format"] if self.checkpoint_format else []), "state"]
+            *(["ckpt format"] if self.checkpoint_format else []),
+            *(["bound"] if self.bound else []), "state"]
 
   def row(self, label: str, run: Run, figures: dict,
           speedup: Optional[tuple[float, float]]) -> list[str]:
@@ -238,6 +251,7 @@ class _Columns:
       row += [_number(times, ".2f") + ("x" if times else ""),
               _number(efficiency, ".0%")]
     row += [_number(run.checkpoint_format)] if self.checkpoint_format else []
+    row += [run.bound or "-"] if self.bound else []
     return row + [run.state]
 
 

@@ -8,8 +8,11 @@ flags.DEFINE_string("profile_steps", "",
                     "and time each rank's steps into "
                     "model_dir/profile/step_report.json (rank 0 logs its "
                     "table: input, forward, backward, communication, "
-                    "optimizer, the host's share). Skip the first step, "
-                    "which includes tracing. Empty: off.")
+                    "optimizer, the host's share; what bounds the step, "
+                    "the slowest rank, and flags to try; TensorBoard shows "
+                    "it under profile/; docs/performance.md). The window's "
+                    "first step, which includes tracing, is left out of "
+                    "the report. Empty: off.")
 flags.DEFINE_bool("profile_all_ranks", False,
                   "Profile every process, not rank 0 alone; rank r > 0 "
                   "writes model_dir/profile/rank_<r>.")

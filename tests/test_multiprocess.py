@@ -1,8 +1,9 @@
 """Real multi-process runs: `horovodrun -np 2` on small generated data.
 
-Three launches for the whole module (module-scoped fixtures), each asserted
+Four launches for the whole module (module-scoped fixtures), each asserted
 on by several tests: the checks worker at 2 processes and at 1 (the
-reference), and the command line at 2 processes.
+reference), the command line at 2 processes, and a run with one rank
+slowed on purpose.
 """
 import json
 import os
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from xprof.convert import raw_to_tool_data
 
+from engine.records import step_report
 from tests import fixtures
 
 WORKER = os.path.join(fixtures.REPO, "tests", "workers",
@@ -240,6 +242,52 @@ def test_the_profiled_steps_report_each_ranks_step_split(command_line):
   assert busy[report["slowest_rank"]] == max(busy)
   assert "step report of steps 4-5 in " in result.stderr
   assert f"slowest rank {report['slowest_rank']}, busy " in result.stderr
+  # The verdict is the largest part of the slowest rank's step.
+  slowest = report["ranks"][report["slowest_rank"]]["parts"]
+  groups = {bound: sum(slowest[part] for part in parts)
+            for bound, parts in step_report.BOUNDS.items()}
+  assert report["verdict"]["bound"] == max(groups, key=groups.get)
+  assert f"{report['verdict']['bound']}-bound: " in result.stderr
+  assert b"profile/report" in b"".join(
+      path.read_bytes() for path in (model_dir / "tensorboard" / "train")
+      .glob("events.*"))
+
+
+@pytest.fixture(scope="module")
+def slowed(data_dir, tmp_path_factory):
+  """Rank 1's forward pass sleeps 30 ms; two micro-batches a step, two
+  steps a call, and a window that runs past the run's 8 steps."""
+  model_dir = tmp_path_factory.mktemp("slowed") / "run"
+  result = fixtures.launch(
+      ["-m", "engine.train", f"--data_dir={data_dir}", "--epochs=2",
+       "--batch_size=16", "--grad_accum_steps=2", "--steps_per_epoch=4",
+       "--steps_per_call=2", f"--model_dir={model_dir}",
+       "--model=tests/workers/slowed_model.py:conv_net",
+       "--profile_steps=3,20"],
+      processes=2, env=dict(SLOWED_RANK="1", SLOWED_MS="30"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  return model_dir, result
+
+
+def test_a_slowed_rank_is_named_with_where_its_time_goes(slowed):
+  """Reported at the run's end, on the steps the window had (its first
+  left out), with the slowest rank's extra time where the sleep put it:
+  the others wait for it in the allreduce."""
+  model_dir, result = slowed
+  report = json.loads((model_dir / "profile" / "step_report.json")
+                      .read_text())
+  assert report["window"] == [4, 8]
+  assert [r["steps"] for r in report["ranks"]] == [5, 5]
+  assert report["slowest_rank"] == 1 and report["slowest_in"] == "compute"
+  # Two forward passes a step, 30 ms each, on rank 1 alone.
+  assert report["slowest_by"] > 0.04
+  assert report["ranks"][0]["waiting"] > 0.04
+  assert report["ranks"][1]["waiting"] == 0
+  assert report["verdict"]["bound"] == "compute"
+  assert report["verdict"]["straggler"].startswith(
+      "rank 1 computes longer than the others")
+  assert "step report of steps 4-8 in " in result.stderr
+  assert "a straggler: rank 1 computes longer" in result.stderr
 
 
 def test_horovod_timeline_records_the_profiled_steps_allreduces(

@@ -164,3 +164,32 @@ def test_tensorflows_own_info_lines_are_dropped_and_its_warnings_kept(
                       (python_logging.WARNING, True)]:
     record = absl_logger.makeRecord("absl", level, inside, 1, "m", (), None)
     assert bool(absl_logger.filter(record)) == kept
+
+
+def test_a_step_report_goes_to_tensorboard_at_its_windows_last_step(
+    tmp_path):
+  from engine.records import step_report  # pylint: disable=import-outside-toplevel
+  found = step_report.across(
+      [step_report.of_rank([dict(input=0.001, forward=0.002, backward=0.003,
+                                 communication=0.004, optimizer=0.001,
+                                 launch_and_read=0.001,
+                                 between_calls=0.001)])] * 2,
+      (4, 5), dict(device="CPU"))
+  reporter = report.Reporter(str(tmp_path), chief=True, epochs=1)
+  reporter.step_report(found, step_report.table(found))
+  reporter.close()
+  figures = scalars(str(tmp_path), "train")
+  assert figures[("profile/step_ms", 5)] == pytest.approx(13.0)
+  assert figures[("profile/communication_ms", 5)] == pytest.approx(4.0)
+  assert figures[("profile/slowest_by_ms", 5)] == pytest.approx(0.0)
+  texts = [value for tag, step, value in events(str(tmp_path), "train")
+           if tag == "profile/report" and step == 5]
+  text = tf.make_ndarray(texts[0].tensor).item().decode()
+  assert "compute-bound: " in text and "  try --mixed_precision" in text
+  # Indexed by the step, as the batch scalars: a resume before it drops it.
+  report.Reporter(str(tmp_path), chief=True, epochs=1).keep_epochs_up_to(
+      1, 4)
+  assert not [tag for tag, _ in scalars(str(tmp_path), "train")
+              if tag.startswith("profile/")]
+  report.Reporter(str(tmp_path), chief=False, epochs=1).step_report(
+      found, "")  # another rank: nothing, and no error

@@ -57,7 +57,7 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
   session = Session(config=fixtures.train_config(training=dict(
                         model_dir=str(tmp_path), progress="none")),
                     precision_choice=precision.Choice(mode="none"),
-                    world=world, directory=None, state=state,
+                    compression="none", world=world, directory=None, state=state,
                     batches_from=lambda **at: [at],
                     train_totals=metrics.Totals(
                         "train", Classification(num_classes=2)))

@@ -387,3 +387,21 @@ def test_the_final_accuracy_is_the_last_evaluated_epochs():
   figures = run_files.summary(records)
   assert figures["final_val_accuracy"] == 0.6
   assert figures["best_val_accuracy"] == 0.6
+
+
+def test_a_run_with_a_step_report_shows_what_bounded_its_step(tmp_path):
+  write_run(tmp_path / "profiled", three_epochs())
+  write_run(tmp_path / "plain", three_epochs())
+  os.makedirs(tmp_path / "profiled" / "profile")
+  (tmp_path / "profiled" / "profile" / "step_report.json").write_text(
+      json.dumps({"verdict": {"bound": "communication"}}))
+  rows = table_rows(tmp_path)
+  assert rows["profiled"]["bound"] == "communication"
+  assert rows["plain"]["bound"] == "-"
+  (tmp_path / "profiled" / "profile" / "step_report.json").write_text("{")
+  with pytest.raises(UserError, match=r"step_report.json: unreadable .*; "
+                     "it records the step report of the run's profiled "
+                     "window"):
+    table(tmp_path)
+  os.remove(tmp_path / "profiled" / "profile" / "step_report.json")
+  assert "bound" not in table(tmp_path).splitlines()[0]

@@ -664,3 +664,22 @@ def test_the_confusion_matrix_is_drawn_row_by_row():
   assert cell[0, 0] < cell[0, 1] < cell[0, 2] == 255
   assert list(cell[1]) == [255, 255, 255]
   assert cell[2, 1] == cell[2, 2] < cell[2, 0]
+
+
+def test_a_tasks_own_step_is_timed_in_the_phases_it_runs():
+  """A profiled window's step of a task's own (a GAN's: two models, two
+  optimizers) splits where the engine's helpers run: each tape's forward
+  pass, its backward pass, the allreduce, each optimizer's update; the
+  phases fit inside the call, and the step trains as the plain one."""
+  model, _, step = tiny_gan_step()
+  images = tf.random.normal([6, 8, 8, 1])
+  began = tf.timestamp()
+  stop, seconds = step.timed(images, tf.zeros([6], tf.int64))
+  call = float(tf.timestamp() - began)
+  assert not stop
+  assert list(seconds) == ["forward", "backward", "communication",
+                           "optimizer"]
+  assert all(s >= 0 for s in seconds.values())
+  assert 0 < sum(seconds.values()) <= call
+  assert (step.traces, step.timed_traces) == (0, 1)
+  assert step.totals.result().examples == 6

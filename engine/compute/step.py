@@ -228,7 +228,9 @@ class TrainStep:
       clock.ended("forward", loss)
       with clock.next_phase():  # the allreduce it overlaps included
         shared = reduce.shared(stop_requested, loss)
-        gradients = reduce.gradients_of(tape, loss, variables)
+        # Stamped here with the flags, whose allreduce joins theirs.
+        gradients = reduce.gradients_of(tape, loss, variables,
+                                        step_clock.NoClock())
         shared = reduce.averaged_alone(shared)
       clock.ended("backward", [gradients, shared])
     else:
@@ -367,8 +369,11 @@ class TaskTrainStep(TrainStep):
                         variables: list) -> list:
     """The gradients of `loss`, averaged across ranks as the built-in step
     averages them: each as the backward pass has it (GPU,
-    hvd.DistributedGradientTape), or all in one grouped allreduce (CPU)."""
-    return self._reduce.gradients_of(tape, loss, variables)
+    hvd.DistributedGradientTape), or all in one grouped allreduce (CPU).
+    In a profiled window the step's phases are stamped here: what the
+    tape recorded as forward, then backward and communication."""
+    self._clock.ended("forward", loss)
+    return self._reduce.gradients_of(tape, loss, variables, self._clock)
 
   def apply_gradients(self, optimizer, gradients: list,
                       variables: list) -> None:
@@ -379,17 +384,22 @@ class TaskTrainStep(TrainStep):
         tf.logical_and(self._gradients_finite, finite))
     _apply_if(finite, optimizer,
               lambda: optimizer.apply_gradients(zip(gradients, variables)))
+    self._clock.ended("optimizer", variables)  # their values, updated
 
   def _train_step(self, images, labels, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
     self._gradients_finite.assign(True)
+    images, labels = self._clock.started(images, labels)
     loss, sums = self.task.train_step(self.model, self.optimizer.by_name,
                                       images, labels, self)
     self.totals.add(sums, tf.shape(images)[0])
     if self._weight_average:
       self._weight_average.update()
-    shares = self._reduce.shares(self._reduce.averaged_alone(
-        self._reduce.shared(stop_requested, loss)))
+    with self._clock.next_phase():
+      shared = self._reduce.averaged_alone(
+          self._reduce.shared(stop_requested, loss))
+    self._clock.ended("communication", shared)
+    shares = self._reduce.shares(shared)
     gradients_finite = self._gradients_finite.read_value()
     finite = tf.logical_and(shares[1] == 0, gradients_finite)
     return step_status.outcome(

@@ -121,13 +121,22 @@ class StepReduction:
       variable.assign(tf.reshape(average, variable.shape))
     return parts[0]
 
-  def gradients_of(self, tape: tf.GradientTape, loss, variables) -> list:
+  def gradients_of(self, tape: tf.GradientTape, loss, variables,
+                   clock) -> list:
     """The gradients of `loss`, averaged across ranks: each as the
-    backward pass has it, or all in one grouped allreduce (`together`)."""
-    if not self.together:
-      return self._reduction.gradients_of(tape, loss, variables)
-    gradients, _ = self.reduced_together(tape.gradient(loss, variables))
-    return gradients
+    backward pass has it, or all in one grouped allreduce (`together`);
+    `clock` stamps the backward pass and the communication it leaves
+    exposed (engine/compute/step_clock.py)."""
+    with clock.next_phase():
+      if not self.together:  # the allreduce it overlaps included
+        gradients = self._reduction.gradients_of(tape, loss, variables)
+        clock.ended("backward", gradients)
+        return clock.gated(gradients)
+      local = tape.gradient(loss, variables)
+    clock.ended("backward", local)
+    gradients, _ = self.reduced_together(clock.gated(local))
+    clock.ended("communication", gradients)
+    return clock.gated(gradients)
 
   def local_reduced(self, local: list, shared: tf.Tensor):
     """Local gradients (a micro-batches' mean, say) and `shared`, reduced:

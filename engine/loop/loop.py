@@ -102,6 +102,7 @@ class TrainLoop:
         if self._epoch_end(session, train, train_seconds,
                            self._train_step.skipped_steps):
           break
+      session.profiler.finish()
     finally:
       session.close()
     self._epoch_end.say_how_the_run_ended(session)
@@ -136,7 +137,8 @@ class TrainLoop:
       # What a worker lost before the first commit would go back to.
       self._commit(state.snapshot())
     session = Session(
-        config=config, precision_choice=self._parts.precision, world=world,
+        config=config, precision_choice=self._parts.precision,
+        compression=self._parts.communication.compression, world=world,
         directory=self.directory if chief else None, state=state,
         train_totals=self._train_step.totals,
         batches_from=functools.partial(

@@ -9,8 +9,8 @@ timeline (each allreduce's negotiation, wait and transfer; chrome://tracing
 or Perfetto). Each traced step is marked with its number, so the profile's
 overview shows step times and the trace viewer separates steps. Every
 rank also times its own window, step by step, into the step report
-(engine/records/step_report.py): rank 0 writes it beside the trace and
-logs its table.
+(engine/records/step_report.py): rank 0 writes it beside the trace, logs
+its table and verdict, and gives its figures to TensorBoard.
 """
 import contextlib
 import os
@@ -23,6 +23,7 @@ import tensorflow as tf
 from engine import distributed
 from engine.core import run_files
 from engine.loop import actions
+from engine.records import report
 from engine.records import step_report
 from engine.records import storage
 
@@ -67,14 +68,19 @@ class StepProfiler(actions.Action):
   """Traces global steps `steps[0]..steps[1]` (inclusive, 1-based).
 
   Wrap each call (its input and the step) in `step(global_step)`, run it
-  as an action after the calls it says (engine/loop/actions.py), and call
+  as an action after the calls it says (engine/loop/actions.py), call
+  `start_epoch()` as each epoch begins, `finish()` when the loop ends with
+  every rank (a window the run's end cut short is reported then), and
   `close()` when the loop ends, however it ends: a run that stops or fails
   inside the range still closes its trace. Rank 0 writes model_dir/profile;
   with `all_ranks`, every rank writes its own (run_files.profile_dir).
+  `settings`: what the run already does, which the report's verdict does
+  not suggest (step_report.verdict).
   """
 
   def __init__(self, model_dir: str, *, steps: Optional[tuple[int, int]],
-               rank: int, all_ranks: bool, timeline: bool):
+               rank: int, all_ranks: bool, timeline: bool,
+               settings: dict, reporter: report.Reporter):
     self._first, self._last = steps or (0, -1)
     self._traces = bool(steps) and (rank == 0 or all_ranks)
     self._logdir = run_files.profile_dir(model_dir, rank)
@@ -87,10 +93,28 @@ class StepProfiler(actions.Action):
     self._model_dir = model_dir
     self.timing = False  # inside a step of the range: `timed` runs it
     self._timed_steps = []  # each step's parts, seconds (step_report.PARTS)
-    self._call_ended = None  # when the previous timed call returned
+    self._global_step = None  # of the step `step` is around
+    self._timed_last = None  # the global step of the last timed step
+    # When the previous timed call returned; None after an epoch's end (its
+    # evaluation and save are not the host's time between calls).
+    self._call_ended = None
+    self._settings = settings  # the run's, for the verdict's suggestions
+    self._reporter = reporter
 
   def close(self) -> None:
     self._stop()
+
+  def start_epoch(self) -> None:
+    """An epoch begins: its first call is not timed from the last one's."""
+    self._call_ended = None
+
+  def finish(self) -> None:
+    """The loop ended with every rank: a window cut short by the run's end
+    (a stop, early stopping, fewer steps than it names) is reported on
+    the steps it timed."""
+    self._stop()
+    if self._timed_steps:
+      self._report()
 
   def next_due(self, global_step: int) -> Optional[int]:
     """The step after `global_step` that ends a call: the one before the
@@ -118,8 +142,9 @@ class StepProfiler(actions.Action):
     called = time.perf_counter()
     stop_agreed, phases = train_step.timed(images, labels, stop_requested)
     ended = time.perf_counter()
-    between = began - self._call_ended if self._call_ended else 0.0
+    between = began - self._call_ended if self._call_ended else None
     self._call_ended = ended
+    self._timed_last = self._global_step
     self._timed_steps.append(dict(
         phases, input=called - began, between_calls=between,
         launch_and_read=ended - called - sum(phases.values())))
@@ -133,6 +158,7 @@ class StepProfiler(actions.Action):
       return
     if not self._tracing:
       self._start(global_step)
+    self._global_step = global_step
     self.timing = True
     try:
       if self._traces:
@@ -145,20 +171,23 @@ class StepProfiler(actions.Action):
       self.timing = False
 
   def _report(self) -> None:
-    """Every rank's window gathered; rank 0 writes the report and logs its
-    table. The range's first step traces the timed step and is left out,
-    unless it is the only one."""
+    """Every rank's window gathered; rank 0 writes the report, logs its
+    table, and gives its figures to TensorBoard. The range's first step
+    traces the timed step and is left out, unless it is the only one."""
     steps = self._timed_steps[1:] or self._timed_steps
     self._timed_steps = []
     ranks = distributed.gathered(step_report.of_rank(steps),
                                  name="step_report")
-    report = step_report.across(ranks, (self._last - len(steps) + 1,
-                                        self._last))
+    found = step_report.across(
+        ranks, (self._timed_last - len(steps) + 1, self._timed_last),
+        self._settings)
     def write():
       with storage.writing("step report", self._model_dir):
-        path = step_report.write(self._model_dir, report)
+        path = step_report.write(self._model_dir, found)
+      text = step_report.table(found)
       logging.info("step report of steps %d-%d in %s:\n%s",
-                   *report["window"], path, step_report.table(report))
+                   *found["window"], path, text)
+      self._reporter.step_report(found, text)
     distributed.on_chief(write if self._rank == 0 else None,
                          name="step_report_written")
 

@@ -45,17 +45,34 @@ def batches(config: TrainConfig, info, world_size: int
   return step_batch, steps_per_epoch, global_batch
 
 
+def _profiled_settings(config: TrainConfig, world: distributed.World,
+                       precision_mode: str, compression: str) -> dict:
+  """What the run already does that a step report would otherwise suggest
+  (step_report.verdict)."""
+  performance = config.performance
+  return dict(
+      device=world.device, processes_per_host=distributed.hosts()[1],
+      mixed_precision=precision_mode, xla=performance.xla,
+      gradient_compression=compression,
+      allreduce_op=performance.allreduce_op,
+      grad_accum_steps=performance.grad_accum_steps,
+      steps_per_call=performance.steps_per_call,
+      cache_records=bool(config.data.params.get("cache_records")),
+      stage_dir=bool(config.data.stage_dir))
+
+
 class Session:
   """What a start set up: the run's state and what it reads and reports
   with."""
 
   def __init__(self, *, config: TrainConfig,
-               precision_choice: precision.Choice, world: distributed.World,
+               precision_choice: precision.Choice, compression: str,
+               world: distributed.World,
                directory: Optional[RunDirectory], state: LoopState,
                train_totals: metrics.Totals,
                batches_from: Callable[..., tf.data.Dataset]):
     """`precision_choice`: the start-up's, whose mode the run's hparams
-    name. `train_totals`: the train step's running sums, which summaries
+    name; `compression`, the gradients' as start-up decided it. `train_totals`: the train step's running sums, which summaries
     within an epoch read. `batches_from(first_epoch=, first_step=)`: this
     rank's training batches from there on (data.train_stream, all else
     given)."""
@@ -84,7 +101,10 @@ class Session:
     self.profiler = profiling.StepProfiler(
         training.model_dir, steps=profile.profile_steps, rank=world.rank,
         all_ranks=profile.profile_all_ranks,
-        timeline=profile.horovod_timeline)
+        timeline=profile.horovod_timeline,
+        settings=_profiled_settings(config, world, precision_choice.mode,
+                                    compression),
+        reporter=self.reporter)
 
   def read_from_state(self) -> None:
     """This rank's batches from where the state stands on (a start, or a
@@ -96,6 +116,7 @@ class Session:
     """The epoch's timing, summaries' window and progress, from the step
     its training begins at."""
     self.times.reset()
+    self.profiler.start_epoch()
     self.window.start_epoch(self.state.first_step)
     self.progress.start_epoch(self.state.epoch, self.state.first_step)
 

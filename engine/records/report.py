@@ -28,6 +28,10 @@ from engine.records import storage
 _TRAIN_SCALARS = ("learning_rate", "images_per_sec")
 # Within an epoch, every --summary_every_steps steps, in the train run.
 STEP_TAG_PREFIX = "batch_"
+# A profiled window's step report (engine/records/step_report.py), at its
+# last step, in the train run: milliseconds a step of each part, on the
+# slowest rank, and the report as text.
+PROFILE_TAG_PREFIX = "profile/"
 # The run's figures for the HParams dashboard (run_files.summary), written each
 # epoch into model_dir/tensorboard itself, beside the run's hparams: the
 # best and final deciding figure (best_val_accuracy, ...) and these.
@@ -169,6 +173,26 @@ class Reporter:
           if value is not None:  # a figure undefined over these steps
             tf.summary.scalar(STEP_TAG_PREFIX + name, value)
 
+  def step_report(self, found: dict, text: str) -> None:
+    """A profiled window's step report (`found`, as step_report.across
+    gives it; `text`, its table), as TensorBoard scalars and text under
+    profile/ at the window's last step."""
+    if not self._chief:
+      return
+    slowest = found["ranks"][found["slowest_rank"]]
+    scalars = {**{f"{part}_ms": 1e3 * seconds
+                  for part, seconds in slowest["parts"].items()},
+               "step_ms": 1e3 * slowest["step"],
+               "slowest_by_ms": 1e3 * found["slowest_by"]}
+    with self._tensorboard(run_files.TRAIN_RUN) as writer:
+      with writer.as_default(step=found["window"][1]):
+        for name, value in scalars.items():
+          tf.summary.scalar(PROFILE_TAG_PREFIX + name, value)
+        # Markdown: the table keeps its columns as code.
+        tf.summary.text(PROFILE_TAG_PREFIX + "report",
+                        "    " + text.replace("\n", "\n    "))
+    self.flush()
+
   def epoch(self, record: dict, images: Optional[dict] = None) -> None:
     """`images`: the task's TensorBoard images of the validation figures,
     {tag: (image [1, H, W, 3] uint8, description)} (classification's
@@ -268,9 +292,10 @@ def _kept_on_resume(record: dict, epoch: int) -> bool:
 
 def _drop_events_after(directory: str, epoch: int, global_step: int) -> None:
   """Rewrites the event files under `directory` without the summaries of
-  steps a resumed run redoes: batch scalars after `global_step`, epoch
-  ones after `epoch`. Left in, TensorBoard would draw each redone stretch
-  as a second line doubling back over the first."""
+  steps a resumed run redoes: batch scalars and a step report's after
+  `global_step`, epoch ones after `epoch`. Left in, TensorBoard would
+  draw each redone stretch as a second line doubling back over the
+  first."""
   for path in sorted(glob.glob(os.path.join(directory, "**", "events.*"),
                                recursive=True)):
     kept, dropped = [], 0
@@ -278,7 +303,7 @@ def _drop_events_after(directory: str, epoch: int, global_step: int) -> None:
       event = event_pb2.Event.FromString(raw)
       values = event.summary.value
       if values and event.step > (global_step if values[0].tag.startswith(
-          STEP_TAG_PREFIX) else epoch):
+          (STEP_TAG_PREFIX, PROFILE_TAG_PREFIX)) else epoch):
         dropped += 1
       else:
         kept.append(raw)

@@ -1,0 +1,129 @@
+"""The step report's figures, verdict and suggestions, from made-up
+windows: what engine/records/step_report.py decides from each rank's
+parts (the parts themselves are measured in test_step.py and, on two
+processes, test_multiprocess.py and test_multihost.py)."""
+import pytest
+
+from engine.records import step_report
+
+CPU = dict(device="CPU", processes_per_host=2, mixed_precision="none",
+           xla=False, gradient_compression="none", allreduce_op="average",
+           grad_accum_steps=1, steps_per_call=1, cache_records=False,
+           stage_dir=False)
+
+
+def rank(input=0.001, forward=0.004, backward=0.008, communication=0.002,
+         optimizer=0.001, launch_and_read=0.001, between_calls=0.001):
+  """One rank's parts, seconds a step."""
+  return step_report.of_rank([dict(
+      input=input, forward=forward, backward=backward,
+      communication=communication, optimizer=optimizer,
+      launch_and_read=launch_and_read, between_calls=between_calls)])
+
+
+def test_a_ranks_parts_are_their_means_and_sum_to_its_step():
+  figures = step_report.of_rank([
+      dict(input=0.001, forward=0.002, backward=0.004, launch_and_read=0.001,
+           between_calls=None),
+      dict(input=0.003, forward=0.002, backward=0.006, launch_and_read=0.001,
+           between_calls=0.002)])
+  parts = figures["parts"]
+  assert parts["input"] == pytest.approx(0.002)
+  assert parts["backward"] == pytest.approx(0.005)
+  # Not measured after an epoch's end: the mean of the steps that were.
+  assert parts["between_calls"] == pytest.approx(0.002)
+  assert parts["communication"] == parts["optimizer"] == 0.0
+  assert figures["step"] == pytest.approx(sum(parts.values()))
+  assert figures["in_graph"] == pytest.approx(0.007 / 0.008)
+
+
+def test_the_verdict_is_the_largest_part_of_the_slowest_ranks_step():
+  report = step_report.across([rank(), rank(forward=0.002)], (4, 5), CPU)
+  assert report["slowest_rank"] == 0
+  found = report["verdict"]
+  assert found["bound"] == "compute"
+  assert found["shares"]["compute"] == pytest.approx(0.013 / 0.018)
+  assert sum(found["shares"].values()) == pytest.approx(1.0)
+  # What the engine offers against compute on a CPU, nothing else: the
+  # other parts are small.
+  assert found["suggestions"] == [
+      "--mixed_precision=bfloat16 (where the CPU has AVX512_BF16 or AMX)"]
+
+
+@pytest.mark.parametrize("slow, bound, first", [
+    (dict(input=0.05), "input", "--cache_records"),
+    (dict(communication=0.05), "communication",
+     "--gradient_compression=fp16"),
+    (dict(between_calls=0.05), "host", "--steps_per_call above 1"),
+])
+def test_each_bound_gets_what_the_engine_offers_against_it(slow, bound,
+                                                           first):
+  found = step_report.across([rank(**slow)] * 2, (1, 2), CPU)["verdict"]
+  assert found["bound"] == bound
+  assert found["suggestions"][0].startswith(first)
+
+
+def test_what_the_run_already_does_is_not_suggested():
+  slow = dict(communication=0.05)
+  done = dict(CPU, gradient_compression="fp16", grad_accum_steps=4,
+              processes_per_host=1, allreduce_op="adasum")
+  found = step_report.across([rank(**slow)] * 2, (1, 2), done)["verdict"]
+  assert found["suggestions"] == [
+      "Horovod's fusion and cycle (horovodrun --fusion-threshold-mb, "
+      "--cycle-time-ms)"]
+  found = step_report.across(
+      [rank()] * 2, (1, 2), dict(CPU, mixed_precision="bfloat16")
+  )["verdict"]
+  assert found["bound"] == "compute" and found["suggestions"] == []
+  gpu = step_report.across([rank()] * 2, (1, 2), dict(CPU, device="GPU"))
+  assert gpu["verdict"]["suggestions"] == ["--mixed_precision=float16",
+                                           "--xla"]
+
+
+def test_a_second_notable_part_gets_its_suggestions_after_the_bounds():
+  found = step_report.across([rank(input=0.009)] * 2, (1, 2),
+                             CPU)["verdict"]
+  assert found["bound"] == "compute" and found["shares"]["input"] > 0.25
+  assert found["suggestions"][0].startswith("--mixed_precision")
+  assert found["suggestions"][1].startswith("--cache_records")
+
+
+def test_a_rank_busy_longer_is_named_with_where_its_time_goes():
+  # Rank 1 computes 10 ms longer; rank 0 waits for it in the allreduce.
+  ranks = [rank(communication=0.012), rank(forward=0.014)]
+  report = step_report.across(ranks, (4, 5), CPU)
+  assert report["slowest_rank"] == 1
+  assert report["slowest_by"] == pytest.approx(0.010)
+  assert report["slowest_in"] == "compute"
+  assert report["transfer"] == pytest.approx(0.002)
+  assert [r["waiting"] for r in report["ranks"]] == pytest.approx(
+      [0.010, 0.0])
+  assert report["verdict"]["straggler"].startswith(
+      "rank 1 computes longer than the others")
+  # Waiting for its batches instead.
+  report = step_report.across([rank(communication=0.012),
+                               rank(input=0.011)], (4, 5), CPU)
+  assert (report["slowest_rank"], report["slowest_in"]) == (1, "input")
+  assert report["verdict"]["straggler"].startswith("rank 1 waits longer")
+
+
+def test_ranks_alike_have_no_straggler():
+  report = step_report.across([rank(), rank(forward=0.0041)], (4, 5), CPU)
+  assert report["verdict"]["straggler"] is None
+
+
+def test_the_table_shows_each_rank_the_verdict_and_what_to_try():
+  report = step_report.across([rank(communication=0.012),
+                               rank(forward=0.014)], (4, 5), CPU)
+  lines = step_report.table(report).splitlines()
+  assert lines[0].split() == ["rank", "step", *step_report.PARTS,
+                              "waiting"]
+  assert [line.split()[0] for line in lines[1:3]] == ["0", "1"]
+  assert lines[1].split()[1] == "28.00"  # ms, rank 0's step
+  assert lines[3].startswith("steps 4-5, ms a step; slowest rank 1, busy "
+                             "10.00 ms a step longer than the least busy, "
+                             "in its compute")
+  assert lines[4].startswith("compute-bound: input 4%, compute 82%, communication 7%, ")
+  assert lines[5].startswith("a straggler: rank 1 computes longer")
+  assert lines[6] == ("  try --mixed_precision=bfloat16 (where the CPU has "
+                      "AVX512_BF16 or AMX)")
