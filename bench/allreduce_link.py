@@ -37,7 +37,7 @@ from absl import flags
 
 from bench import interleaved
 from bench import ring_allreduce
-from bench import shaped_links
+from tests import shaped_links
 from engine import scaling
 from tests import simulated_hosts
 

@@ -1,12 +1,14 @@
 """Multi-host training, for real: horovodrun over ssh between simulated hosts.
 
 tests/simulated_hosts.py builds two hosts on this machine (network
-namespaces with their own hostnames, addresses and sshd). Three jobs, run
+namespaces with their own hostnames, addresses and sshd). Four jobs, run
 from the first host through tests/workers/recorded_run.py on TFRecord
 shards:
 
   2 hosts x 1 process, 1 epoch; the same command with --epochs=2, which
-  resumes; and 2 hosts x 2 processes (local and cross ranks both > 1).
+  resumes, its second epoch profiled; 2 hosts x 2 processes (local and
+  cross ranks both > 1); and 2 hosts x 1 process on links shaped to
+  SHAPED_LINK (tc), 2 epochs, the second profiled as the resumed run's.
 
 Skipped, with the reason, where hosts cannot be simulated (not root, no
 network namespaces, no sshd).
@@ -20,9 +22,14 @@ import numpy as np
 import pytest
 
 from tests import fixtures
+from tests import shaped_links
 from tests import simulated_hosts
 
 TRAIN_FILES = 4
+# A link slow enough that the allreduce, not the tiny model, bounds the
+# step; the window comes after tbf's bucket (64 KB) has drained.
+SHAPED_LINK = "1mbit"
+PROFILED = "--profile_steps=10,16"
 WORKER = os.path.join(fixtures.REPO, "tests", "workers", "recorded_run.py")
 
 reason = simulated_hosts.unavailable()
@@ -31,7 +38,7 @@ pytestmark = [pytest.mark.serial,
               pytest.mark.skipif(reason is not None, reason=str(reason))]
 
 
-def run_job(hosts, tmp, name, *, per_host, epochs, model_dir):
+def run_job(hosts, tmp, name, *, per_host, epochs, model_dir, flags=()):
   out = tmp / name
   out.mkdir()
   command = [
@@ -42,7 +49,7 @@ def run_job(hosts, tmp, name, *, per_host, epochs, model_dir):
       fixtures.PYTHON, WORKER, "--dataset=tfrecord",
       f"--data_dir={tmp / 'data'}", "--image_size=16", "--num_classes=10",
       "--model=cnn", "--filters=4", "--batch_size=4", f"--epochs={epochs}",
-      f"--model_dir={model_dir}", "--progress=none"]
+      f"--model_dir={model_dir}", "--progress=none", *flags]
   env = fixtures.engine_env(RECORD_OUT=str(out))
   result = hosts.run(command, env=env)
   processes = fixtures.recorded_processes(out)
@@ -79,13 +86,22 @@ def jobs(tmp_path_factory, before):  # pylint: disable=redefined-outer-name
         "2x1": run_job(hosts, tmp, "2x1", per_host=1, epochs=1,
                        model_dir=tmp / "run_2x1"),
         "2x1 resumed": run_job(hosts, tmp, "2x1_resumed", per_host=1,
-                               epochs=2, model_dir=tmp / "run_2x1"),
+                               epochs=2, model_dir=tmp / "run_2x1",
+                               flags=[PROFILED]),
         "2x2": run_job(hosts, tmp, "2x2", per_host=2, epochs=1,
                        model_dir=tmp / "run_2x2"),
+        "2x1 shaped": shaped_job(hosts, tmp),
     }
 
 
-@pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2"])
+def shaped_job(hosts, tmp):
+  shaped_links.shape(hosts, SHAPED_LINK, burst_ms=2.0)
+  return run_job(hosts, tmp, "2x1_shaped", per_host=1, epochs=2,
+                 model_dir=tmp / "run_2x1_shaped", flags=[PROFILED])
+
+
+@pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2",
+                                  "2x1 shaped"])
 def test_training_finishes_on_every_rank_of_every_host(jobs, name):
   job = jobs[name]
   assert job["result"].returncode == 0, job["output"][-3000:]
@@ -100,7 +116,8 @@ def test_training_finishes_on_every_rank_of_every_host(jobs, name):
       (c, l) for c in range(2) for l in range(per_host)]
 
 
-@pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2"])
+@pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2",
+                                  "2x1 shaped"])
 def test_weights_are_identical_everywhere(jobs, name):
   first, *others = jobs[name]["processes"]
   for other in others:
@@ -136,8 +153,29 @@ def test_a_second_run_resumes_across_hosts(jobs):
   assert steps == [len(p["steps"]) for p in jobs["2x1"]["processes"]]
 
 
+def step_report(job):
+  return json.loads((job["model_dir"] / "profile" / "step_report.json")
+                    .read_text())
+
+
+def test_a_slow_link_makes_the_step_communication_bound(jobs):
+  """The same steps of the same run, on links as they are and shaped:
+  each rank's own window gathered across hosts, and the allreduce's
+  exposed time grown into the part that bounds the step."""
+  unshaped, shaped = (step_report(jobs[name])
+                      for name in ("2x1 resumed", "2x1 shaped"))
+  assert unshaped["window"] == shaped["window"] == [11, 16]
+  assert shaped["verdict"]["bound"] == "communication"
+  assert shaped["verdict"]["suggestions"][0].startswith(
+      "--gradient_compression=fp16")
+  assert shaped["transfer"] > 5 * unshaped["transfer"]
+  assert shaped["verdict"]["shares"]["communication"] > \
+      unshaped["verdict"]["shares"]["communication"]
+  assert "communication-bound: " in jobs["2x1 shaped"]["output"]
+
+
 def test_the_hosts_leave_the_machine_as_they_found_it(jobs, before):
-  del jobs  # all three jobs have run, and their hosts are gone
+  del jobs  # all the jobs have run, and their hosts are gone
   with pytest.raises(RuntimeError, match="a failure inside"):
     with simulated_hosts.SimulatedHosts(2):
       raise RuntimeError("a failure inside")

@@ -1,9 +1,9 @@
-"""bench/shaped_links.py's arithmetic: a --links entry's rate, and tbf's
-bucket (shaping itself needs root and simulated hosts, and is not tested
-here)."""
+"""tests/shaped_links.py's arithmetic: a --links entry's rate, and tbf's
+bucket (shaping itself needs root and simulated hosts: test_multihost.py
+shapes them, and bench/allreduce_link.py)."""
 import pytest
 
-from bench import shaped_links
+from tests import shaped_links
 
 
 @pytest.mark.parametrize("link, bits", [("1gbit", 1e9), ("10gbit", 1e10),

@@ -51,11 +51,13 @@ _saved = []
 
 
 def _step_with_events(original):
+  """A step (TrainStep.__call__, or .timed in a profiled window) journaled,
+  and the events the environment asks for after it."""
   def step(self, images, labels, stop_requested=False):
     entry = dict(size=hvd.size(),
                  iteration=int(self.optimizer.iterations.numpy()))
     _journal.append(entry)  # a step that fails is journaled too
-    stop = original(self, images, labels, stop_requested)
+    outcome = original(self, images, labels, stop_requested)
     # Keras' optimizer keeps the rate of its last update.
     entry["learning_rate"] = float(self.optimizer.learning_rate)
     done = len(_journal)
@@ -73,7 +75,7 @@ def _step_with_events(original):
       with open(os.environ["ELASTIC_HOSTS"], "a") as f:
         f.write(os.environ["ELASTIC_ADD_HOST"] + "\n")
       _wait_for_announced_hosts()
-    return stop
+    return outcome
   return step
 
 
@@ -122,6 +124,7 @@ def _train_and_record(original):
 
 if __name__ == "__main__":
   steps.TrainStep.__call__ = _step_with_events(steps.TrainStep.__call__)
+  steps.TrainStep.timed = _step_with_events(steps.TrainStep.timed)
   RecordFiles.rank_files = _rank_files_recorded(RecordFiles.rank_files)
   checkpoint.Checkpoints.save = _save_recorded(checkpoint.Checkpoints.save)
   engine_train.train = _train_and_record(engine_train.train)

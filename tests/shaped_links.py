@@ -1,4 +1,4 @@
-"""(library) Links between simulated hosts shaped with tc, inside their
+"""Links between simulated hosts shaped with tc, inside their
 namespaces (tests/simulated_hosts.py): a rate on every host's egress.
 
 tc's token bucket (`tbf`) on each host's interface shapes what the host
