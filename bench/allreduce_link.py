@@ -69,7 +69,7 @@ flags.DEFINE_string("out", None, "Where to write every time and the fits, "
 def run(hosts: simulated_hosts.SimulatedHosts, link: str,
         controller: str) -> dict:
   """One launch: rank 0's times per size, and its controller and cores."""
-  shaped_links.shape(hosts, link, FLAGS.burst_ms)
+  hosts.shape(link, FLAGS.burst_ms)
   command = [
       interleaved.HOROVODRUN, f"--{controller}", "-np", str(len(hosts.names)),
       "-H", ",".join(f"{name}:1" for name in hosts.names),

@@ -1,5 +1,6 @@
 """Links between simulated hosts shaped with tc, inside their
-namespaces (tests/simulated_hosts.py): a rate on every host's egress.
+namespaces (SimulatedHosts.shape, tests/simulated_hosts.py): a rate on
+every host's egress; here, its arithmetic.
 
 tc's token bucket (`tbf`) on each host's interface shapes what the host
 sends, so that each direction of every path between two hosts is shaped
@@ -8,11 +9,7 @@ sch_netem ("Specified qdisc kind is unknown"), so the links keep the
 veth's own latency. The shaping goes with the hosts' namespaces.
 """
 import re
-import subprocess
-import sys
 from typing import Optional
-
-from tests import simulated_hosts
 
 _RATE = re.compile(r"(\d+(?:\.\d+)?)(mbit|gbit)")
 
@@ -32,24 +29,3 @@ def burst_bytes(rate: float, burst_ms: float) -> int:
   """tbf's bucket for `rate` bits/s: `burst_ms` of it, at least 64 KB (a
   GSO packet)."""
   return max(64 * 1024, int(rate / 8 * burst_ms / 1e3))
-
-
-def shape(hosts: simulated_hosts.SimulatedHosts, link: str,
-          burst_ms: float) -> None:
-  """Every host's egress shaped to `link` (tbf, a bucket of `burst_ms` at
-  the rate), inside its namespace; `unshaped` removes the shaping."""
-  rate = link_rate(link)
-  for i, _ in enumerate(hosts.names):
-    qdisc = ["tc", "qdisc"]
-    if rate is None:
-      qdisc += ["del", "dev", hosts.interface, "root"]
-    else:
-      qdisc += ["replace", "dev", hosts.interface, "root", "tbf", "rate",
-                f"{rate:.0f}bit", "burst", str(burst_bytes(rate, burst_ms)),
-                "latency", "100ms"]
-    done = subprocess.run(hosts.on_host(i, qdisc), capture_output=True,
-                          text=True)
-    # Deleting the root qdisc of an unshaped interface fails: nothing to do.
-    if done.returncode and rate is not None:
-      sys.exit(f"{' '.join(qdisc)} on {hosts.names[i]} failed: "
-               f"{done.stderr.strip()}")

@@ -26,6 +26,9 @@ By hand (as root), a command run on the first host, with {hosts},
       .venv/bin/horovodrun --gloo -np 2 -H {hosts} --ssh-port {ssh_port} \
       --ssh-identity-file {ssh_key} --network-interface {interface} \
       .venv/bin/python -m engine.train --epochs=1
+
+`--link=100mbit` (any rate in mbit or gbit) shapes each host's egress
+with tc first (`SimulatedHosts.shape`).
 """
 import argparse
 import itertools
@@ -37,6 +40,8 @@ import sys
 import tempfile
 import time
 from typing import Optional
+
+from tests import shaped_links
 
 from tests import timeouts
 
@@ -224,6 +229,28 @@ class SimulatedHosts:
             "--mount", "--propagation", "private", "sh", "-c", setup, "sh",
             *command]
 
+  def shape(self, link: str, burst_ms: float = 2.0) -> None:
+    """Every host's egress shaped to `link` (a rate such as 100mbit:
+    tests/shaped_links.py; tc's tbf, a bucket of `burst_ms` at the rate),
+    inside its namespace; `unshaped` removes the shaping."""
+    rate = shaped_links.link_rate(link)
+    for i, _ in enumerate(self.names):
+      qdisc = ["tc", "qdisc"]
+      if rate is None:
+        qdisc += ["del", "dev", self.interface, "root"]
+      else:
+        qdisc += ["replace", "dev", self.interface, "root", "tbf", "rate",
+                  f"{rate:.0f}bit", "burst",
+                  str(shaped_links.burst_bytes(rate, burst_ms)),
+                  "latency", "100ms"]
+      done = subprocess.run(self.on_host(i, qdisc), capture_output=True,
+                            text=True)
+      # Deleting the root qdisc of an unshaped interface fails: nothing to
+      # do.
+      if done.returncode and rate is not None:
+        raise RuntimeError(f"{' '.join(qdisc)} on {self.names[i]} failed: "
+                           f"{done.stderr.strip()}")
+
   def _start_sshd(self, i: int) -> None:
     sshd = subprocess.Popen(
         self.on_host(i, [SSHD, "-D", "-e", "-f",
@@ -263,28 +290,37 @@ def kill_group(process: subprocess.Popen) -> None:
 
 
 def command_line_main(doc: str, name: str, unavailable_here, run) -> int:
-  """`--hosts=N -- COMMAND...` by hand: `run(hosts, command)` gives the
-  CompletedProcess whose output and exit code are passed on; `name:
-  reason` and exit 2 where `unavailable_here()` gives a reason."""
+  """`--hosts=N [--link=RATE] -- COMMAND...` by hand: `run(hosts,
+  command, link)` gives the CompletedProcess whose output and exit code
+  are passed on; `name: reason` and exit 2 where `unavailable_here()`
+  gives a reason."""
   parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
   parser.add_argument("--hosts", type=int, default=2)
+  parser.add_argument("--link", default="unshaped",
+                      help="each host's egress shaped to this rate (tc): "
+                           "100mbit, 1gbit, ...")
   parser.add_argument("command", nargs=argparse.REMAINDER)
   args = parser.parse_args()
   command = args.command[1:] if args.command[:1] == ["--"] else args.command
+  try:
+    shaped_links.link_rate(args.link)
+  except ValueError as e:
+    parser.error(str(e).replace("--links", "--link"))
   reason = unavailable_here()
   if reason:
     print(f"{name}: {reason}", file=sys.stderr)
     return 2
   # SIGTERM and SIGINT go through the context managers' __exit__ too.
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-  result = run(args.hosts, command)
+  result = run(args.hosts, command, args.link)
   sys.stdout.write(result.stdout)
   sys.stderr.write(result.stderr)
   return result.returncode
 
 
-def _run_on_first_host(count: int, command: list[str]):
+def _run_on_first_host(count: int, command: list[str], link: str):
   with SimulatedHosts(count) as hosts:
+    hosts.shape(link)
     values = dict(hosts=",".join(f"{n}:1" for n in hosts.names),
                   ssh_port=hosts.ssh_port, ssh_key=hosts.ssh_key,
                   interface=hosts.interface)

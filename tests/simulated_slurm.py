@@ -248,9 +248,10 @@ SlurmdLogFile={d}/slurmd.%n.log
       time.sleep(0.3)
 
 
-def _run_on_first_host(count: int, command: list[str]):
+def _run_on_first_host(count: int, command: list[str], link: str):
   with simulated_hosts.SimulatedHosts(count) as hosts, \
       SimulatedSlurm(hosts) as slurm:
+    hosts.shape(link)
     return slurm.run(command, timeout=600)
 
 

@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 from tests import fixtures
-from tests import shaped_links
 from tests import simulated_hosts
 
 TRAIN_FILES = 4
@@ -95,7 +94,7 @@ def jobs(tmp_path_factory, before):  # pylint: disable=redefined-outer-name
 
 
 def shaped_job(hosts, tmp):
-  shaped_links.shape(hosts, SHAPED_LINK, burst_ms=2.0)
+  hosts.shape(SHAPED_LINK)
   return run_job(hosts, tmp, "2x1_shaped", per_host=1, epochs=2,
                  model_dir=tmp / "run_2x1_shaped", flags=[PROFILED])
 

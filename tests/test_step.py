@@ -350,7 +350,8 @@ def test_eval_shift_adds_each_view_moved_left_and_right():
 @pytest.mark.parametrize("options, phases", [
     (dict(overlap_allreduce=False),
      ["forward", "backward", "communication", "optimizer"]),
-    (dict(overlap_allreduce=True), ["forward", "backward", "optimizer"]),
+    (dict(overlap_allreduce=True),
+     ["forward", "backward", "communication", "optimizer"]),
     (dict(accumulation_steps=2), ["backward", "communication", "optimizer"]),
 ])
 def test_a_timed_step_updates_as_the_step_does_and_its_phases_fit_its_call(

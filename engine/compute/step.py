@@ -222,19 +222,14 @@ class TrainStep:
     variables = self.model.trainable_variables
     reduce, clock = self._reduce, self._clock
     images, labels = clock.started(images, labels)
-    if self._accumulation_steps == 1 and not reduce.together:
+    if self._accumulation_steps == 1:
       with tf.GradientTape() as tape:
         loss = self._loss(images, labels)
       clock.ended("forward", loss)
-      with clock.next_phase():  # the allreduce it overlaps included
-        shared = reduce.shared(stop_requested, loss)
-        # Stamped here with the flags, whose allreduce joins theirs.
-        gradients = reduce.gradients_of(tape, loss, variables,
-                                        step_clock.NoClock())
-        shared = reduce.averaged_alone(shared)
-      clock.ended("backward", [gradients, shared])
-    else:
-      local, loss = self._local_gradients(images, labels, variables)
+      gradients, shared = reduce.gradients_of(
+          tape, loss, variables, clock, reduce.shared(stop_requested, loss))
+    else:  # the forward passes in backward's
+      local, loss = self._accumulated_gradients(images, labels, variables)
       clock.ended("backward", local)
       gradients, shared = reduce.local_reduced(
           clock.gated(local), reduce.shared(stop_requested, loss))
@@ -307,16 +302,6 @@ class TrainStep:
       loss += tf.add_n(self.model.losses)
     return per_example_loss, outputs, loss
 
-  def _local_gradients(self, images, labels, variables):
-    """This rank's gradients of its batch's loss, and the loss."""
-    if self._accumulation_steps > 1:  # the forward passes in backward's
-      return self._accumulated_gradients(images, labels, variables)
-    with tf.GradientTape() as tape:
-      loss = self._loss(images, labels)
-    self._clock.ended("forward", loss)
-    with self._clock.next_phase():
-      return tape.gradient(loss, variables), loss
-
   def _accumulated_gradients(self, images, labels, variables):
     """The mean of the micro-batches' local gradients (the gradient of the
     whole batch's mean loss, with the activations of one micro-batch alive
@@ -373,7 +358,9 @@ class TaskTrainStep(TrainStep):
     In a profiled window the step's phases are stamped here: what the
     tape recorded as forward, then backward and communication."""
     self._clock.ended("forward", loss)
-    return self._reduce.gradients_of(tape, loss, variables, self._clock)
+    gradients, _ = self._reduce.gradients_of(tape, loss, variables,
+                                             self._clock)
+    return gradients
 
   def apply_gradients(self, optimizer, gradients: list,
                       variables: list) -> None:

@@ -21,9 +21,11 @@ import contextlib
 
 import tensorflow as tf
 
-# In the order a step runs them. Where the backward pass hands each
-# gradient to the allreduce as it has it (GPU), backward includes the
-# communication it overlaps, and communication is what is left exposed.
+# In the order a step runs them. Backward ends when the backward pass has
+# every gradient, communication when they are reduced: where the backward
+# pass hands each gradient to the allreduce as it has it (GPU), what the
+# transfers overlap is in backward, and communication is what is left
+# exposed after it.
 PHASES = ("forward", "backward", "communication", "optimizer")
 
 

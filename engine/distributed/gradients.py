@@ -4,14 +4,11 @@ figures are reduced across ranks, inside the compiled step.
 The step (engine/compute/step.py) says what to reduce and when; this module
 says how (`StepReduction`: the protocol the built-in step and a task's own
 step share), and is the only place that asks Horovod to: on the tensors
-themselves, and on the `tf.Variable`s behind Keras 3's variables where
-Horovod's tape keys gradients by variable (`tensorflow_variables`). A change
-of collective library is a change of this package.
+themselves. A change of collective library is a change of this package.
 """
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from engine import distributed
 from engine.core.errors import UserError
 
 OPS = ("average", "adasum")
@@ -37,12 +34,21 @@ class Reduction:
     self._options = dict(op=_OPS[op], compression=_COMPRESSIONS[compression])
 
   @_AS_WRITTEN
-  def gradients_of(self, tape: tf.GradientTape, target, variables) -> list:
-    """The gradients of `target`, each reduced as soon as the backward pass
-    has it (hvd.DistributedGradientTape), so that its transfer overlaps the
-    rest of the backward pass."""
-    return hvd.DistributedGradientTape(tape, **self._options).gradient(
-        target, distributed.tensorflow_variables(variables))
+  def gradients_of(self, tape: tf.GradientTape, target, variables,
+                   clock) -> list:
+    """The gradients of `target`, each handed to an allreduce of its own as
+    the backward pass has it, so that its transfer overlaps the rest of
+    the backward pass (what hvd.DistributedGradientTape does, on the
+    tensors). `clock` stamps the backward pass's end without holding an
+    allreduce back: what follows it is the communication left exposed
+    (engine/compute/step_clock.py). A process alone skips Horovod's
+    queue."""
+    local = tape.gradient(target, variables)
+    clock.ended("backward", local)
+    return [None if gradient is None else tf.cond(
+        hvd.size_op() > 1,
+        lambda gradient=gradient: hvd.allreduce(gradient, **self._options),
+        lambda gradient=gradient: gradient) for gradient in local]
 
   @_AS_WRITTEN
   def grouped(self, tensors: list, *, alone_skips: bool = True) -> list:
@@ -121,22 +127,25 @@ class StepReduction:
       variable.assign(tf.reshape(average, variable.shape))
     return parts[0]
 
-  def gradients_of(self, tape: tf.GradientTape, loss, variables,
-                   clock) -> list:
-    """The gradients of `loss`, averaged across ranks: each as the
-    backward pass has it, or all in one grouped allreduce (`together`);
-    `clock` stamps the backward pass and the communication it leaves
-    exposed (engine/compute/step_clock.py)."""
+  def gradients_of(self, tape: tf.GradientTape, loss, variables, clock,
+                   shared=None):
+    """The gradients of `loss` averaged across ranks (each as the backward
+    pass has it, or all in one grouped allreduce: `together`), and
+    `shared` (if given) averaged, or None. `clock` stamps the backward
+    pass and the communication after it (engine/compute/step_clock.py);
+    the gradients returned wait for the last stamp."""
     with clock.next_phase():
-      if not self.together:  # the allreduce it overlaps included
-        gradients = self._reduction.gradients_of(tape, loss, variables)
-        clock.ended("backward", gradients)
-        return clock.gated(gradients)
-      local = tape.gradient(loss, variables)
-    clock.ended("backward", local)
-    gradients, _ = self.reduced_together(clock.gated(local))
-    clock.ended("communication", gradients)
-    return clock.gated(gradients)
+      if self.together:
+        local = tape.gradient(loss, variables)
+      else:  # the flags' allreduce fused into one of the gradients'
+        gradients = self._reduction.gradients_of(tape, loss, variables,
+                                                 clock)
+        shared = None if shared is None else self.averaged_alone(shared)
+    if self.together:
+      clock.ended("backward", local)
+      gradients, shared = self.reduced_together(clock.gated(local), shared)
+    clock.ended("communication", [gradients, shared])
+    return clock.gated(gradients), shared
 
   def local_reduced(self, local: list, shared: tf.Tensor):
     """Local gradients (a micro-batches' mean, say) and `shared`, reduced:

@@ -80,7 +80,8 @@ class StepProfiler(actions.Action):
 
   def __init__(self, model_dir: str, *, steps: Optional[tuple[int, int]],
                rank: int, all_ranks: bool, timeline: bool,
-               settings: dict, reporter: report.Reporter):
+               settings: Optional[dict] = None,
+               reporter: Optional[report.Reporter] = None):
     self._first, self._last = steps or (0, -1)
     self._traces = bool(steps) and (rank == 0 or all_ranks)
     self._logdir = run_files.profile_dir(model_dir, rank)
@@ -98,8 +99,8 @@ class StepProfiler(actions.Action):
     # When the previous timed call returned; None after an epoch's end (its
     # evaluation and save are not the host's time between calls).
     self._call_ended = None
-    self._settings = settings  # the run's, for the verdict's suggestions
-    self._reporter = reporter
+    self._settings = settings or {}  # the run's, for the suggestions
+    self._reporter = reporter  # TensorBoard's writer of the report, if any
 
   def close(self) -> None:
     self._stop()
@@ -187,7 +188,8 @@ class StepProfiler(actions.Action):
       text = step_report.table(found)
       logging.info("step report of steps %d-%d in %s:\n%s",
                    *found["window"], path, text)
-      self._reporter.step_report(found, text)
+      if self._reporter:
+        self._reporter.step_report(found, text)
     distributed.on_chief(write if self._rank == 0 else None,
                          name="step_report_written")
 
