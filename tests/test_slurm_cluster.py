@@ -41,6 +41,8 @@ pytestmark = [pytest.mark.serial,
 
 # A run of a few seconds: the cnn at width 4 on 601 images, batch 32.
 ENGINE = ["--model=cnn", "--filters=4", "--batch_size=32", "--progress=none"]
+# Of its 9 steps, in the jobs on MPI's controller.
+PROFILED = "--profile_steps=3,6"
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +120,10 @@ def launchers(cluster):  # pylint: disable=redefined-outer-name
   each on a core of each host."""
   return {
       "horovodrun": cluster.submit("horovodrun", "--epochs=1"),
-      "mpirun": cluster.submit("mpirun", "--epochs=1", launcher="mpirun"),
+      "mpirun": cluster.submit("mpirun", "--epochs=1", PROFILED,
+                               launcher="mpirun"),
       "srun": cluster.submit("srun", "--epochs=1", "--allreduce_op=adasum",
-                             launcher="srun"),
+                             PROFILED, launcher="srun"),
       # A user's (or site's) choice of PMI: a version of PMIx by name.
       "srun chosen": cluster.submit("srun_chosen", "--epochs=1",
                                     launcher="srun", SLURM_MPI_TYPE="pmix_v4"),
@@ -148,6 +151,26 @@ def test_srun_chooses_pmix_where_the_sites_default_is_none(launchers):
   job = launchers["srun"]
   assert_trained_on_both_hosts(job)  # with Adasum: MPI's controller
   assert "via srun --mpi=pmix" in job.output
+
+
+@pytest.mark.parametrize("name, op", [("mpirun", "average"),
+                                      ("srun", "adasum")])
+def test_the_step_report_gathers_both_hosts_under_mpi(launchers, name, op):
+  """On MPI's controller, averaging or with Adasum (whose gradients are
+  reduced each as the backward pass has it): each host's rank timed its
+  own window, every phase of the step in it."""
+  job = launchers[name]
+  assert job.wait()["JobState"] == "COMPLETED", job.output[-3000:]
+  report = json.loads((job.out / "run" / "profile" / "step_report.json")
+                      .read_text())
+  assert report["window"] == [4, 6]
+  assert report["settings"]["allreduce_op"] == op
+  for figures in report["ranks"]:
+    assert all(figures["parts"][phase] > 0 for phase in (
+        "forward", "backward", "communication", "optimizer")), figures
+    assert sum(figures["parts"].values()) == pytest.approx(figures["step"])
+  assert [r["rank"] for r in report["ranks"]] == [0, 1]
+  assert f"{report['verdict']['bound']}-bound: " in job.output
 
 
 def test_srun_keeps_the_pmi_the_user_or_site_chose(launchers):
