@@ -8,8 +8,8 @@ from engine.records import step_report
 
 CPU = dict(device="CPU", processes_per_host=2, mixed_precision="none",
            xla=False, gradient_compression="none", allreduce_op="average",
-           grad_accum_steps=1, steps_per_call=1, cache_records=False,
-           stage_dir=False)
+           grad_accum_steps=1, steps_per_call=1, records=True,
+           cache_records=False, stage_dir=False)
 
 
 def rank(input=0.001, forward=0.004, backward=0.008, communication=0.002,
@@ -75,6 +75,12 @@ def test_what_the_run_already_does_is_not_suggested():
       [rank()] * 2, (1, 2), dict(CPU, mixed_precision="bfloat16")
   )["verdict"]
   assert found["bound"] == "compute" and found["suggestions"] == []
+  # Data that is not TFRecords is neither cached nor staged.
+  found = step_report.across([rank(input=0.05)] * 2, (1, 2),
+                             dict(CPU, records=False))["verdict"]
+  assert found["suggestions"] == [
+      "more cores for each process's reads (tf.data reads in parallel, as "
+      "many as it has cores)"]
   gpu = step_report.across([rank()] * 2, (1, 2), dict(CPU, device="GPU"))
   assert gpu["verdict"]["suggestions"] == ["--mixed_precision=float16",
                                            "--xla"]

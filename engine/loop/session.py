@@ -57,6 +57,7 @@ def _profiled_settings(config: TrainConfig, world: distributed.World,
       allreduce_op=performance.allreduce_op,
       grad_accum_steps=performance.grad_accum_steps,
       steps_per_call=performance.steps_per_call,
+      records=config.data.name == "tfrecord",
       cache_records=bool(config.data.params.get("cache_records")),
       stage_dir=bool(config.data.stage_dir))
 

@@ -116,9 +116,10 @@ def _suggestions(bound: str, settings: dict) -> list[str]:
   gpu = settings.get("device") == "GPU"
   offered = {
       "input": [
-          (not settings.get("cache_records"),
-           "--cache_records: TFRecords decoded once and kept in memory"),
-          (not settings.get("stage_dir"),
+          (settings.get("records") and not settings.get("cache_records"),
+           "--cache_records: TFRecords of declared features decoded once "
+           "and kept in memory"),
+          (settings.get("records") and not settings.get("stage_dir"),
            "--stage_dir: TFRecords copied to node-local storage first"),
           (True, "more cores for each process's reads (tf.data reads in "
                  "parallel, as many as it has cores)")],
