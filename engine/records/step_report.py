@@ -154,11 +154,12 @@ def _of(rank: dict, bound: str) -> float:
 def table(report: dict) -> str:
   """The report as the log's table: milliseconds per step, a row a rank."""
   heads = ["rank", "step", *PARTS, "waiting"]
-  lines = ["  ".join(f"{h:>13}" for h in heads)]
+  widths = [max(len(head), 7) for head in heads]
+  lines = ["  ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
   for rank in report["ranks"]:
     cells = [rank["step"], *rank["parts"].values(), rank["waiting"]]
-    lines.append("  ".join([f"{rank['rank']:>13}",
-                            *(f"{1e3 * c:>13.2f}" for c in cells)]))
+    lines.append("  ".join([f"{rank['rank']:>{widths[0]}}", *(
+        f"{1e3 * c:>{w}.2f}" for c, w in zip(cells, widths[1:]))]))
   first, last = report["window"]
   lines.append(
       f"steps {first}-{last}, ms a step; slowest rank {report['slowest_rank']}"
