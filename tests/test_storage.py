@@ -79,3 +79,31 @@ def test_a_profile_trace_that_cannot_be_written_is_one_line(tmp_path):
                             rank=0, world_size=1, is_chief=True,
                             model_dir=str(tmp_path)))
   profiler.close()  # after a failed write: nothing left to stop
+
+
+def test_a_step_report_that_cannot_be_written_is_one_line(tmp_path):
+  """The window timed and gathered, the report's file a directory."""
+  from engine import distributed  # pylint: disable=import-outside-toplevel
+  distributed.start_horovod()
+  (tmp_path / run_files.PROFILE_DIR / run_files.STEP_REPORT_FILE).mkdir(
+      parents=True)
+  profiler = profiling.StepProfiler(str(tmp_path), steps=(1, 2), rank=0,
+                                    all_ranks=False, timeline=False)
+
+  class TimedStep:  # what the loop's train step gives a profiled call
+    def timed(self, images, labels, stop_requested):
+      del images, labels, stop_requested
+      return False, {"forward": 0.001, "backward": 0.002}
+
+  batches = iter([(None, None)] * 2)
+  with pytest.raises(WriteFailed, match=rf"^could not write step report "
+                     rf"{tmp_path}: "):
+    for global_step in (1, 2):
+      with profiler.step(global_step):
+        assert profiler.timing
+        assert profiler.timed(TimedStep(), batches, False) is False
+      profiler.run(actions.At(global_step=global_step, epoch=0,
+                              step=global_step, model=None, rank=0,
+                              world_size=1, is_chief=True,
+                              model_dir=str(tmp_path)))
+  profiler.close()
