@@ -1,7 +1,8 @@
 """The step report's figures, verdict and suggestions, from made-up
 windows: what engine/records/step_report.py decides from each rank's
 parts (the parts themselves are measured in test_step.py and, on two
-processes, test_multiprocess.py and test_multihost.py)."""
+processes, test_multiprocess.py and test_multihost.py); and what the
+profiler leaves out of them across an epoch's end."""
 import pytest
 
 from engine.records import step_report
@@ -133,3 +134,38 @@ def test_the_table_shows_each_rank_the_verdict_and_what_to_try():
   assert lines[5].startswith("a straggler: rank 1 computes longer")
   assert lines[6] == ("  try --mixed_precision=bfloat16 (where the CPU has "
                       "AVX512_BF16 or AMX)")
+
+
+def test_the_call_after_an_epochs_end_is_not_timed_from_the_last(tmp_path):
+  """Between two calls across an epoch's end lie its evaluation and save,
+  not the loop's time between calls: left out of the mean."""
+  import json  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+  from engine import distributed  # pylint: disable=import-outside-toplevel
+  from engine.loop import actions  # pylint: disable=import-outside-toplevel
+  from engine.loop import profiling  # pylint: disable=import-outside-toplevel
+  distributed.start_horovod()
+  profiler = profiling.StepProfiler(str(tmp_path), steps=(1, 3), rank=0,
+                                    all_ranks=False, timeline=False)
+
+  class TimedStep:
+    def timed(self, images, labels, stop_requested):
+      del images, labels, stop_requested
+      return False, {"forward": 0.001}
+
+  batches = iter([(None, None)] * 3)
+  for global_step, pause in ((1, 0.0), (2, 0.05), (3, 0.6)):
+    if global_step == 3:
+      profiler.start_epoch()
+    time.sleep(pause)
+    with profiler.step(global_step):
+      profiler.timed(TimedStep(), batches, False)
+    profiler.run(actions.At(global_step=global_step, epoch=0,
+                            step=global_step, model=None, rank=0,
+                            world_size=1, is_chief=True,
+                            model_dir=str(tmp_path)))
+  report = json.loads((tmp_path / "profile" / "step_report.json")
+                      .read_text())
+  assert report["window"] == [2, 3]
+  between = report["ranks"][0]["parts"]["between_calls"]
+  assert 0.04 < between < 0.2, between  # step 2's alone: with 3's, 0.3
