@@ -3,8 +3,8 @@ engine/distributed/gradients.py's; what the host learns of each step,
 step_status.py's; the eval step, eval_step.py.
 
 The train step is where Horovod enters the math: each rank's gradients are
-averaged over all ranks (on GPU by `hvd.DistributedGradientTape`, on CPU in
-one grouped allreduce; see `TrainStep`). With every rank holding the same
+averaged over all ranks (on GPU each by an allreduce of its own as the
+backward pass has it, on CPU in one grouped allreduce; see `TrainStep`). With every rank holding the same
 weights, that is the gradient of the mean loss over the global batch, so N
 processes with batch B take the step one process with batch N*B would.
 """
@@ -353,8 +353,8 @@ class TaskTrainStep(TrainStep):
   def average_gradients(self, tape: tf.GradientTape, loss: tf.Tensor,
                         variables: list) -> list:
     """The gradients of `loss`, averaged across ranks as the built-in step
-    averages them: each as the backward pass has it (GPU,
-    hvd.DistributedGradientTape), or all in one grouped allreduce (CPU).
+    averages them: each as the backward pass has it (GPU), or all in one
+    grouped allreduce (CPU).
     In a profiled window the step's phases are stamped here: what the
     tape recorded as forward, then backward and communication."""
     self._clock.ended("forward", loss)

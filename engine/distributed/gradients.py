@@ -80,7 +80,7 @@ class StepReduction:
   (`shared`): its flags and the model's statistics.
 
   How the gradients are reduced (`overlap_allreduce`): on GPU, each as soon
-  as the backward pass has it (hvd.DistributedGradientTape), so the
+  as the backward pass has it (`Reduction.gradients_of`), so the
   transfers overlap the rest of the backward pass. On CPU the transfers
   and the backward pass share the same cores and nothing overlaps, so the
   gradients and the step's flags go in one grouped allreduce after the
