@@ -8,7 +8,8 @@ shards:
   2 hosts x 1 process, 1 epoch; the same command with --epochs=2, which
   resumes, its second epoch profiled; 2 hosts x 2 processes (local and
   cross ranks both > 1); and 2 hosts x 1 process on links shaped to
-  SHAPED_LINK (tc), 2 epochs, the second profiled as the resumed run's.
+  SHAPED_LINK (tc), one epoch of 16 steps at half the batch, profiled at
+  the steps the resumed run was.
 
 Skipped, with the reason, where hosts cannot be simulated (not root, no
 network namespaces, no sshd).
@@ -26,8 +27,10 @@ from tests import simulated_hosts
 
 TRAIN_FILES = 4
 # A link slow enough that the allreduce, not the tiny model, bounds the
-# step; the window comes after tbf's bucket (64 KB) has drained.
-SHAPED_LINK = "1mbit"
+# step. tbf lets a bucket of 64 KB (several steps' gradients) through at once,
+# which refills while an epoch ends: the window is inside the one epoch,
+# after 9 steps have drained it.
+SHAPED_LINK = "0.25mbit"
 PROFILED = "--profile_steps=10,16"
 WORKER = os.path.join(fixtures.REPO, "tests", "workers", "recorded_run.py")
 
@@ -95,8 +98,9 @@ def jobs(tmp_path_factory, before):  # pylint: disable=redefined-outer-name
 
 def shaped_job(hosts, tmp):
   hosts.shape(SHAPED_LINK)
-  return run_job(hosts, tmp, "2x1_shaped", per_host=1, epochs=2,
-                 model_dir=tmp / "run_2x1_shaped", flags=[PROFILED])
+  return run_job(hosts, tmp, "2x1_shaped", per_host=1, epochs=1,
+                 model_dir=tmp / "run_2x1_shaped",
+                 flags=[PROFILED, "--batch_size=2"])
 
 
 @pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2",
@@ -158,7 +162,7 @@ def step_report(job):
 
 
 def test_a_slow_link_makes_the_step_communication_bound(jobs):
-  """The same steps of the same run, on links as they are and shaped:
+  """The same steps of the same model, on links as they are and shaped:
   each rank's own window gathered across hosts, and the allreduce's
   exposed time grown into the part that bounds the step."""
   unshaped, shaped = (step_report(jobs[name])
