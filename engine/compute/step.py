@@ -4,9 +4,10 @@ step_status.py's; the eval step, eval_step.py.
 
 The train step is where Horovod enters the math: each rank's gradients are
 averaged over all ranks (on GPU each by an allreduce of its own as the
-backward pass has it, on CPU in one grouped allreduce; see `TrainStep`). With every rank holding the same
-weights, that is the gradient of the mean loss over the global batch, so N
-processes with batch B take the step one process with batch N*B would.
+backward pass has it, on CPU in one grouped allreduce; see `TrainStep`).
+With every rank holding the same weights, that is the gradient of the mean
+loss over the global batch, so N processes with batch B take the step one
+process with batch N*B would.
 """
 from typing import Optional
 
@@ -230,11 +231,8 @@ class TrainStep:
           tape, loss, variables, clock, reduce.shared(stop_requested, loss))
     else:  # the forward passes in backward's
       local, loss = self._accumulated_gradients(images, labels, variables)
-      clock.ended("backward", local)
       gradients, shared = reduce.local_reduced(
-          clock.gated(local), reduce.shared(stop_requested, loss))
-      clock.ended("communication", [gradients, shared])
-      gradients = clock.gated(gradients)
+          local, clock, reduce.shared(stop_requested, loss))
     shares = reduce.shares(shared)
     # The shares of ranks that asked to stop and whose loss was not finite.
     stop_share, nonfinite_loss_share = shares[0], shares[1]
@@ -354,9 +352,9 @@ class TaskTrainStep(TrainStep):
                         variables: list) -> list:
     """The gradients of `loss`, averaged across ranks as the built-in step
     averages them: each as the backward pass has it (GPU), or all in one
-    grouped allreduce (CPU).
-    In a profiled window the step's phases are stamped here: what the
-    tape recorded as forward, then backward and communication."""
+    grouped allreduce (CPU). In a profiled window the step's phases are
+    stamped here: what the tape recorded as forward, then backward and
+    communication."""
     self._clock.ended("forward", loss)
     gradients, _ = self._reduce.gradients_of(tape, loss, variables,
                                              self._clock)

@@ -14,8 +14,8 @@ The phases sum to the graph's time by construction. A rank that waits in
 the allreduce for another shows it as communication; the smallest
 communication across ranks is about the transfer itself (the report's
 part). On a GPU the stamps order the ops' launches, not their completion,
-so there the phases are the host's view until the device's own times are
-read from the profile (issue 51, not yet).
+so there the phases are the host's view; the device's own times are in
+the profile's trace.
 """
 import contextlib
 
@@ -64,8 +64,6 @@ class StepClock:
   def seconds(self) -> dict:
     """Each phase's seconds in this step, as tensors; a phase the step
     did not stamp is absent."""
-    if not self._stamps:  # a task's own step, unmarked
-      return {}
     (_, previous), *stamps = self._stamps
     found = {}
     for phase, stamp in stamps:

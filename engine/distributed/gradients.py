@@ -134,26 +134,31 @@ class StepReduction:
     `shared` (if given) averaged, or None. `clock` stamps the backward
     pass and the communication after it (engine/compute/step_clock.py);
     the gradients returned wait for the last stamp."""
-    with clock.next_phase():
-      if self.together:
-        local = tape.gradient(loss, variables)
-      else:  # the flags' allreduce fused into one of the gradients'
-        gradients = self._reduction.gradients_of(tape, loss, variables,
-                                                 clock)
-        shared = None if shared is None else self.averaged_alone(shared)
     if self.together:
-      clock.ended("backward", local)
-      gradients, shared = self.reduced_together(clock.gated(local), shared)
+      with clock.next_phase():
+        local = tape.gradient(loss, variables)
+      return self.local_reduced(local, clock, shared)
+    with clock.next_phase():  # the flags' allreduce fused into one of theirs
+      gradients = self._reduction.gradients_of(tape, loss, variables, clock)
+      shared = None if shared is None else self.averaged_alone(shared)
     clock.ended("communication", [gradients, shared])
     return clock.gated(gradients), shared
 
-  def local_reduced(self, local: list, shared: tf.Tensor):
-    """Local gradients (a micro-batches' mean, say) and `shared`, reduced:
-    the gradients and `shared` averaged."""
+  def local_reduced(self, local: list, clock, shared=None):
+    """Local gradients (a micro-batches' mean, say), once the backward pass
+    has them all, and `shared` (if given), reduced: the gradients and
+    `shared` averaged (or None). `clock` stamps the end of the backward
+    pass and of the communication; the gradients returned wait for the
+    last stamp."""
+    clock.ended("backward", local)
+    local = clock.gated(local)
     if self.together:
-      return self.reduced_together(local, shared)
-    return (self._reduction.grouped(local, alone_skips=False),
-            self.averaged_alone(shared))
+      gradients, shared = self.reduced_together(local, shared)
+    else:
+      gradients = self._reduction.grouped(local, alone_skips=False)
+      shared = None if shared is None else self.averaged_alone(shared)
+    clock.ended("communication", [gradients, shared])
+    return clock.gated(gradients), shared
 
   def averaged_alone(self, shared: tf.Tensor) -> tf.Tensor:
     """`shared` averaged over ranks, beside gradients reduced one by one:

@@ -93,9 +93,10 @@ class StepProfiler(actions.Action):
     self._tracing = False
     self._model_dir = model_dir
     self.timing = False  # inside a step of the range: `timed` runs it
-    self._timed_steps = []  # each step's parts, seconds (step_report.PARTS)
+    # Each timed step: its global step, and its parts in seconds
+    # (step_report.PARTS).
+    self._timed_steps = []
     self._global_step = None  # of the step `step` is around
-    self._timed_last = None  # the global step of the last timed step
     # When the previous timed call returned; None after an epoch's end (its
     # evaluation and save are not the host's time between calls).
     self._call_ended = None
@@ -113,9 +114,7 @@ class StepProfiler(actions.Action):
     """The loop ended with every rank: a window cut short by the run's end
     (a stop, early stopping, fewer steps than it names) is reported on
     the steps it timed."""
-    self._stop()
-    if self._timed_steps:
-      self._report()
+    self._end()
 
   def next_due(self, global_step: int) -> Optional[int]:
     """The step after `global_step` that ends a call: the one before the
@@ -130,9 +129,7 @@ class StepProfiler(actions.Action):
   def run(self, at: actions.At) -> None:
     """Ends the trace after the range's last step, and reports it."""
     if at.global_step >= self._last:
-      self._stop()
-      if self._timed_steps:
-        self._report()
+      self._end()
 
   def timed(self, train_step, batches, stop_requested: bool) -> bool:
     """One step of the range, on the next of `batches`, timed part by part
@@ -145,9 +142,9 @@ class StepProfiler(actions.Action):
     ended = time.perf_counter()
     between = began - self._call_ended if self._call_ended else None
     self._call_ended = ended
-    self._timed_last = self._global_step
     self._timed_steps.append(dict(
-        phases, input=called - began, between_calls=between,
+        phases, global_step=self._global_step, input=called - began,
+        between_calls=between,
         launch_and_read=ended - called - sum(phases.values())))
     return stop_agreed
 
@@ -171,6 +168,12 @@ class StepProfiler(actions.Action):
     finally:
       self.timing = False
 
+  def _end(self) -> None:
+    """The trace stopped, and the steps timed reported."""
+    self._stop()
+    if self._timed_steps:
+      self._report()
+
   def _report(self) -> None:
     """Every rank's window gathered; rank 0 writes the report, logs its
     table, and gives its figures to TensorBoard. The range's first step
@@ -180,7 +183,7 @@ class StepProfiler(actions.Action):
     ranks = distributed.gathered(step_report.of_rank(steps),
                                  name="step_report")
     found = step_report.across(
-        ranks, (self._timed_last - len(steps) + 1, self._timed_last),
+        ranks, (steps[0]["global_step"], steps[-1]["global_step"]),
         self._settings)
     def write():
       with storage.writing("step report", self._model_dir):

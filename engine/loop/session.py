@@ -73,8 +73,9 @@ class Session:
                train_totals: metrics.Totals,
                batches_from: Callable[..., tf.data.Dataset]):
     """`precision_choice`: the start-up's, whose mode the run's hparams
-    name; `compression`, the gradients' as start-up decided it. `train_totals`: the train step's running sums, which summaries
-    within an epoch read. `batches_from(first_epoch=, first_step=)`: this
+    name; `compression`, the gradients' as start-up decided it.
+    `train_totals`: the train step's running sums, which summaries within
+    an epoch read. `batches_from(first_epoch=, first_step=)`: this
     rank's training batches from there on (data.train_stream, all else
     given)."""
     self.world = world
