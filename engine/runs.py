@@ -25,10 +25,11 @@ neither resumes nor evaluates, are listed like the others, with a column
 of each run's checkpoint format.
 
 It reads only metrics.jsonl, flags.txt, flags.latest.txt, trial.json,
-profile/step_report.json and the checkpoints' format.json, never checkpoints or TensorBoard files, and does
-not import TensorFlow: it starts in a fraction of a second, and works on a
-copy of a model_dir or while the run trains. --plot draws validation
-accuracy against training time.
+profile/step_report.json and the checkpoints' format.json, never
+checkpoints or TensorBoard files, and does not import TensorFlow: it
+starts in a fraction of a second, and works on a copy of a model_dir or
+while the run trains. --plot draws validation accuracy against training
+time.
 
 Its figures are engine.core.run_files.summary's, which engine.records.report
 logs to TensorBoard's HParams dashboard too.
@@ -121,14 +122,14 @@ def read_run(path: str, now: Optional[float] = None) -> Run:
     # A sweep's trial: as its study has it (a failure with its reason).
     state = trial["state"] + (f": {_shortened(str(trial['reason']))}"
                               if trial["state"] == "failed" else "")
-  step_report = run_files.read_record(
+  bound = run_files.read_record(
       run_files.profile_dir(path, rank=0), run_files.STEP_REPORT_FILE,
       lambda found: str(found["verdict"]["bound"]),
       keeps="the step report of the run's profiled window")
   return Run(path=path, flags=run_flags, records=records, events=events,
              state=state, checkpoint_format=run_files.checkpoint_format(
                  os.path.join(path, run_files.CHECKPOINT_DIR)),
-             bound=step_report)
+             bound=bound)
 
 
 def find_runs(directories: list[str]) -> dict[str, str]:

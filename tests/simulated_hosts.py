@@ -42,7 +42,6 @@ import time
 from typing import Optional
 
 from tests import shaped_links
-
 from tests import timeouts
 
 SUBNET = "10.77.0"
