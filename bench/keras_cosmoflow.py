@@ -7,7 +7,8 @@ import: its model, input pipeline, schedules and evaluation are not used),
 so an engine lever that also speeds up the model or the input does not
 reach this trainer. As the reference:
 - the model: blocks of Conv3D (kernel, "same", bias) -> LeakyReLU ->
-  MaxPool3D(2), as many as halve 32^3 down to 2 voxels (4), filters
+  MaxPool3D(2), --conv_layers of them (0: as many as halve 32^3 down to
+  2 voxels, 4; the reference's 5 on its 128^3 volumes), filters
   doubling from --filters; Flatten; Dense 128 and 64, each LeakyReLU and
   Dropout(--dropout); Dense(targets, tanh) scaled by 1.2;
 - the data: GZIP TFRecords listed, sharded by rank (files, as the
@@ -38,7 +39,7 @@ It reads the engine's flagfile: the settings both share keep the engine's
 names and meanings (--data_dir, --batch_size per process, --epochs,
 --seed, --optimizer sgd|adam, --momentum, --base_lr, --lr_scaling,
 --warmup_epochs, --lr_schedule cosine|linear|constant, --filters,
---kernel_size, --dropout, --log_transform, --random_flip,
+--kernel_size, --conv_layers, --dropout, --log_transform, --random_flip,
 --random_transpose); the engine's others are ignored, and named on rank 0.
 
 Validation after each epoch, exactly over the whole validation set: each
@@ -92,6 +93,9 @@ flags.DEFINE_enum("lr_schedule", "constant", ["constant", "cosine", "linear"],
                   "After warmup, per step, to 0 at the end (or constant).")
 flags.DEFINE_integer("filters", 16, "The first block's filters.")
 flags.DEFINE_integer("kernel_size", 3, "Conv3D's kernel side.")
+flags.DEFINE_integer("conv_layers", 0, "Blocks; 0 = as many as leave 2 "
+                     "voxels or more along the smallest axis, at most 5.",
+                     lower_bound=0)
 flags.DEFINE_float("dropout", 0.0, "Dropout after each dense layer.")
 flags.DEFINE_bool("log_transform", True, "log(1 + x), the reference's "
                   "apply_log.")
@@ -235,7 +239,8 @@ def dataset(files, parse, *, training: bool) -> tf.data.Dataset:
 def build_model(shape, targets) -> tf.keras.Model:
   layers = tf.keras.layers
   model = tf.keras.Sequential([tf.keras.Input(shape)])
-  blocks = max(1, min(5, int(np.log2(min(shape[:3]))) - 1))
+  blocks = FLAGS.conv_layers or max(1, min(5, int(np.log2(min(shape[:3])))
+                                           - 1))
   for i in range(blocks):
     model.add(layers.Conv3D(FLAGS.filters * 2 ** i, FLAGS.kernel_size,
                             padding="same"))
