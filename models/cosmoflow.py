@@ -29,10 +29,17 @@ zeros. Each LeakyReLU's gradient is taken from its output
 graph rewriter free to fuse a Dense layer's bias and activation into its
 matrix product (with the input's, the rewrite fails and is skipped).
 bench/RESULTS.md, "CosmoFlow's step", measures both.
+
+A block whose input is at most 2 voxels a side (the reference's fifth on
+32^3 volumes) convolves by taps (`convolution_by_taps`): there most of a
+kernel's taps fall on the padding, where oneDNN's direct convolution
+runs at a fraction of its speed.
 """
+import itertools
 import math
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from engine.core.errors import UserError
@@ -44,6 +51,9 @@ DENSE_SIZES = (128, 64)
 # The reference's LeakyReLU: Keras' default slope.
 LEAKY_SLOPE = 0.3
 OUTPUT_SCALE = 1.2
+# Volumes at most this many voxels a side are convolved by taps
+# (`convolution_by_taps`).
+MAX_SIDE_BY_TAPS = 2
 
 
 def leaky_relu(x: tf.Tensor) -> tf.Tensor:
@@ -85,8 +95,18 @@ class PooledConv3D(layers.Conv3D):
   def __init__(self, filters, kernel_size, **kwargs):
     super().__init__(filters, kernel_size, padding="same", **kwargs)
 
+  def build(self, input_shape):
+    super().build(input_shape)
+    # From the model's input, since augmentation (a random order of the
+    # axes) leaves the sides of the batches it gives unknown.
+    side = tuple(input_shape[1:4])
+    self._side_by_taps = side if max(side) <= MAX_SIDE_BY_TAPS else None
+
   def call(self, inputs):
-    outputs = self.convolution_op(inputs, self.kernel)
+    if self._side_by_taps:
+      outputs = convolution_by_taps(inputs, self.kernel, self._side_by_taps)
+    else:
+      outputs = self.convolution_op(inputs, self.kernel)
     outputs = tf.nn.max_pool3d(outputs, 2, 2, "VALID")
     return leaky_relu(tf.nn.bias_add(outputs, self.bias))
 
@@ -94,6 +114,60 @@ class PooledConv3D(layers.Conv3D):
     shape = super().compute_output_shape(input_shape)
     return tf.TensorShape([shape[0]] + [d // 2 for d in shape[1:4]]
                           + [shape[4]])
+
+
+def convolution_by_taps(inputs: tf.Tensor, kernel: tf.Tensor,
+                        side: tuple) -> tf.Tensor:
+  """A "same"-padded, stride-1 Conv3D of volumes `side` voxels a side,
+  as one matrix product a kernel tap (every voxel times the tap's matrix:
+  one batched product, at a matrix product's full speed), then each
+  output voxel's sum of the products that reach it: the convolution's
+  sums in another order (float rounding).
+
+  On a few voxels a side it is faster, though it multiplies products the
+  padding would discard (27 taps a voxel, of which 8 reach an output on
+  2^3 voxels): forward and backward 2.1x oneDNN's direct convolution on
+  the reference's fifth block (bench/RESULTS.md, "CosmoFlow's reference
+  network"). Its products, and the gather of them, grow with the volume:
+  on 4^3 voxels it takes 1.8x the direct convolution's time, so larger
+  volumes are convolved directly."""
+  taps = kernel.shape[:3]
+  voxels, tap_count = math.prod(side), math.prod(taps)
+  channels_in, channels_out = kernel.shape[3], kernel.shape[4]
+  products = tf.matmul(
+      tf.reshape(inputs, [1, -1, channels_in]),
+      tf.reshape(kernel, [tap_count, channels_in, channels_out]))
+  # [example, tap x input voxel, channel], and a zero row after them for
+  # the taps that fall on the padding, where there are such.
+  products = tf.reshape(
+      tf.transpose(tf.reshape(products, [tap_count, -1, voxels,
+                                         channels_out]), [1, 0, 2, 3]),
+      [-1, tap_count * voxels, channels_out])
+  reaching = _products_reaching(side, taps)
+  if (reaching == tap_count * voxels).any():
+    products = tf.pad(products, [[0, 0], [0, 1], [0, 0]])
+  outputs = tf.reduce_sum(tf.gather(products, reaching, axis=1), axis=2)
+  return tf.reshape(outputs, [-1, *side, channels_out])
+
+
+def _products_reaching(side, taps) -> np.ndarray:
+  """For each output voxel, the rows of `convolution_by_taps`' products
+  (tap x voxels + input voxel) that it sums: the taps whose input voxel
+  lies inside the volume, the rest the zero row past them, so that every
+  output voxel sums as many. "Same" padding puts (k - 1) // 2 of a
+  kernel's k taps before a voxel, as TensorFlow's convolution does."""
+  voxels, tap_count = math.prod(side), math.prod(taps)
+  rows = []
+  for output in itertools.product(*map(range, side)):
+    reaching = []
+    for tap in itertools.product(*map(range, taps)):
+      source = [o + t - (k - 1) // 2 for o, t, k in zip(output, tap, taps)]
+      if all(0 <= s < n for s, n in zip(source, side)):
+        reaching.append(np.ravel_multi_index(tap, taps) * voxels
+                        + np.ravel_multi_index(source, side))
+    rows.append(reaching)
+  width = max(map(len, rows))
+  return np.array([r + [tap_count * voxels] * (width - len(r)) for r in rows])
 
 
 def build(*, input_shape, num_classes, filters=32, conv_layers=0,

@@ -513,6 +513,49 @@ def test_cosmoflow_builds_the_references_kernel_unless_told():
     kernels(kernel_size=0)
 
 
+def references_layers(size, kernel_size, blocks):
+  """CosmoFlow's network as the reference orders its layers, in stock
+  Keras: Conv3D, LeakyReLU, MaxPool3D a block."""
+  layers = keras.layers
+  stack = [keras.Input((size, size, size, 2))]
+  for i in range(blocks):
+    stack += [layers.Conv3D(2 * 2 ** i, kernel_size, padding="same"),
+              layers.LeakyReLU(0.3), layers.MaxPool3D(2)]
+  stack += [layers.Flatten(), layers.Dense(128), layers.LeakyReLU(0.3),
+            layers.Dense(64), layers.LeakyReLU(0.3),
+            layers.Dense(4, activation="tanh"), layers.Rescaling(1.2)]
+  return keras.Sequential(stack)
+
+
+@pytest.mark.parametrize("size, kernel_size, blocks, by_taps", [
+    (16, 3, 4, [False, False, False, True]),  # the last on 2^3 voxels
+    (16, 2, 4, [False, False, False, True]),  # padded after each voxel
+    (8, 3, 2, [False, False]),
+])
+def test_cosmoflows_blocks_compute_the_references_layers(size, kernel_size,
+                                                         blocks, by_taps):
+  keras.utils.set_random_seed(0)
+  model = models.build("cosmoflow", input_shape=(size, size, size, 2),
+                       num_classes=4, filters=2, conv_layers=blocks,
+                       kernel_size=kernel_size)
+  assert [bool(l._side_by_taps) for l in model.layers
+          if isinstance(l, keras.layers.Conv3D)] == by_taps
+  reference = references_layers(size, kernel_size, blocks)
+  reference.set_weights(model.get_weights())
+  volumes = tf.random.stateless_normal((3, size, size, size, 2), (0, 1))
+  computed = []
+  for network in (model, reference):
+    with tf.GradientTape() as tape:
+      outputs = network(volumes, training=True)
+      loss = tf.reduce_sum(outputs * [1.0, -2.0, 3.0, -4.0])
+    computed.append([outputs] + tape.gradient(
+        loss, network.trainable_variables))
+  # The same sums in another order: each tensor within float32 rounding
+  # as a whole (an element may cancel to near zero either way).
+  for ours, theirs in zip(*computed):
+    assert np.linalg.norm(ours - theirs) <= 1e-5 * np.linalg.norm(theirs)
+
+
 # From the command line.
 
 
