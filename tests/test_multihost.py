@@ -17,6 +17,7 @@ network namespaces, no sshd).
 import glob
 import json
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -24,6 +25,7 @@ import pytest
 
 from tests import fixtures
 from tests import simulated_hosts
+from tests import timeouts
 
 TRAIN_FILES = 4
 # A link slow enough that the allreduce, not the tiny model, bounds the
@@ -175,6 +177,30 @@ def test_a_slow_link_makes_the_step_communication_bound(jobs):
   assert shaped["verdict"]["shares"]["communication"] > \
       unshaped["verdict"]["shares"]["communication"]
   assert "communication-bound: " in jobs["2x1 shaped"]["output"]
+
+
+def test_by_hand_a_link_is_shaped_before_the_command_runs():
+  """tests/simulated_hosts.py from the command line: --link shapes the
+  hosts' egress before the command runs on the first; a rate it cannot
+  read ends it before any host is built, naming the flag."""
+  def by_hand(*args):
+    return subprocess.run(
+        [fixtures.PYTHON, os.path.join("tests", "simulated_hosts.py"),
+         "--hosts=1", *args], cwd=fixtures.REPO, capture_output=True,
+        text=True, env=dict(os.environ, PYTHONPATH=fixtures.REPO),
+        timeout=timeouts.bound(120))
+
+  shown = by_hand("--link=1mbit", "--", "tc", "qdisc", "show", "dev",
+                  "{interface}")
+  assert shown.returncode == 0, shown.stderr
+  assert re.search(r"qdisc tbf \S+ root .*rate 1Mbit", shown.stdout)
+  unshaped = by_hand("--", "tc", "qdisc", "show", "dev", "{interface}")
+  assert unshaped.returncode == 0 and "tbf" not in unshaped.stdout
+  bad = by_hand("--link=fast", "--", "true")
+  assert bad.returncode == 2
+  assert bad.stderr.strip().splitlines()[-1].endswith(
+      "--link: 'fast' is neither `unshaped` nor a rate such as 1gbit or "
+      "500mbit")
 
 
 def test_the_hosts_leave_the_machine_as_they_found_it(jobs, before):
