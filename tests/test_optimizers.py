@@ -150,6 +150,32 @@ def test_same_steps_as_the_tf_keras_engine_and_tensorflow_addons(
   assert not np.allclose(ours[-1][0], _variables()[0].numpy(), atol=1e-3)
 
 
+@pytest.mark.parametrize("momentum, nesterov, kernel", [
+    (0.9, False, "ResourceApplyKerasMomentum"),
+    (0.9, True, "ResourceApplyKerasMomentum"),
+    (0.0, False, "ResourceApplyGradientDescent")])
+def test_sgd_is_keras_sgd_to_the_bit_in_one_kernel_a_variable(
+    momentum, nesterov, kernel):
+  ours = optimizers.build("sgd", learning_rate=_decaying_schedule(),
+                          momentum=momentum, nesterov=nesterov)
+  keras_own = keras.optimizers.SGD(_decaying_schedule(), momentum=momentum,
+                                   nesterov=nesterov)
+  for step, (our_values, keras_values) in enumerate(zip(
+      _run(ours, _variables(), _gradients(5)),
+      _run(keras_own, _variables(), _gradients(5)), strict=True), start=1):
+    for our_value, keras_value in zip(our_values, keras_values, strict=True):
+      np.testing.assert_array_equal(our_value, keras_value,
+                                    err_msg=f"step {step}")
+  variables, fresh = _variables(), optimizers.build(
+      "sgd", learning_rate=0.1, momentum=momentum, nesterov=nesterov)
+  fresh.build(variables)
+  update = tf.function(lambda gradients: fresh.apply_gradients(
+      zip(gradients, variables)))
+  ops = [op.type for op in
+         update.get_concrete_function(_gradients(1)[0]).graph.get_operations()]
+  assert ops.count(kernel) == len(variables)
+
+
 def test_novograd_by_hand():
   """Two steps: v starts at the first gradient's squared norm, and the
   learning rate enters the momentum with each gradient."""
