@@ -79,7 +79,7 @@ class LeakyReLU(layers.LeakyReLU):
   (`leaky_relu`)."""
 
   def __init__(self, **kwargs):
-    kwargs.setdefault("alpha", LEAKY_SLOPE)
+    kwargs.setdefault("negative_slope", LEAKY_SLOPE)
     super().__init__(**kwargs)
 
   def call(self, inputs):
