@@ -16,7 +16,16 @@ of --steps after two warm-up calls:
 - `engine`: models/cosmoflow.py as it builds itself (a block of at most
   MAX_SIDE_BY_TAPS voxels a side convolved by taps).
 Rounds interleave the variants (bench/interleaved.py).
+
+With --ops, one variant (--variant, or `engine`) is traced by TensorFlow's
+profiler over --steps calls instead, and its kernels listed by their time
+in a call: where the network's time goes, by kernel (a block's
+convolution forward, and its gradients of the kernel and of the input).
+
+  .venv/bin/python -m bench.cosmoflow_network --ops
 """
+import collections
+import glob
 import os
 import statistics
 import sys
@@ -36,6 +45,9 @@ flags.DEFINE_integer("channels", 4, "The volumes' channels.")
 flags.DEFINE_integer("steps", 9, "Timed calls a variant and round.")
 flags.DEFINE_integer("repeats", 3, "Rounds.")
 flags.DEFINE_enum("variant", None, VARIANTS, "(worker) Time this variant.")
+flags.DEFINE_bool("ops", False, "Trace one variant and list its kernels' "
+                  "time in a call (above).")
+flags.DEFINE_integer("top", 25, "--ops: the kernels listed.")
 FLAGS.set_default("filters", 32)
 FLAGS.set_default("conv_layers", 5)
 
@@ -51,8 +63,9 @@ def engines(variant: str):
       kernel_size=FLAGS.kernel_size)
 
 
-def time_variant(variant: str) -> float:
-  """One batch's forward and backward pass, ms: the median of --steps."""
+def compiled_pass(variant: str):
+  """The variant's forward and backward pass of one batch as a compiled
+  function, on one intra- and one inter-op thread, called twice."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(1)
   tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -70,6 +83,12 @@ def time_variant(variant: str) -> float:
     return tape.gradient(loss, model.trainable_variables)
 
   gradients(), gradients()
+  return gradients
+
+
+def time_variant(variant: str) -> float:
+  """One batch's forward and backward pass, ms: the median of --steps."""
+  gradients = compiled_pass(variant)
   seconds = []
   for _ in range(FLAGS.steps):
     start = time.perf_counter()
@@ -78,7 +97,46 @@ def time_variant(variant: str) -> float:
   return statistics.median(seconds) * 1e3
 
 
+def list_ops(variant: str) -> None:
+  """--ops: the variant's kernels by their time in a call, from the
+  profiler's trace of --steps calls."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from bench import interleaved  # pylint: disable=g-import-not-at-top
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
+  gradients = compiled_pass(variant)
+  logdir = tempfile.mkdtemp(prefix="cosmoflow_ops_")
+  tf.profiler.experimental.start(logdir)
+  start = time.perf_counter()
+  for _ in range(FLAGS.steps):
+    gradients()
+  call_ms = (time.perf_counter() - start) / FLAGS.steps * 1e3
+  tf.profiler.experimental.stop()
+  space = xplane_pb2.XSpace()
+  with open(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0],
+            "rb") as f:
+    space.ParseFromString(f.read())
+  shutil.rmtree(logdir)
+  kernels = collections.Counter()
+  for plane in space.planes:
+    for line in plane.lines:
+      if not line.name.startswith("tf_Compute"):  # the executor's thread
+        continue
+      for event in line.events:
+        name = plane.event_metadata[event.metadata_id].name
+        if ":" in name.replace("::", ""):  # a kernel: "op name:op type"
+          kernels[name] += event.duration_ps / 1e9 / FLAGS.steps
+  print(f"{interleaved.cpu()}; {variant}: {call_ms:.1f} ms a call traced, "
+        f"its kernels {sum(kernels.values()):.1f} ms")
+  for name, ms in kernels.most_common(FLAGS.top):
+    print(f"{ms:8.2f} ms  {name}")
+
+
 def main(argv):
+  if FLAGS.ops:
+    list_ops(FLAGS.variant or "engine")
+    return
   if FLAGS.variant:
     print(f"{time_variant(FLAGS.variant):.2f}")
     return
