@@ -5,7 +5,9 @@ processes, test_multiprocess.py and test_multihost.py); and what the
 profiler leaves out of them across an epoch's end."""
 import pytest
 
+from engine.loop import session
 from engine.records import step_report
+from tests import fixtures
 
 CPU = dict(device="CPU", processes_per_host=2, mixed_precision="none",
            xla=False, gradient_compression="none", allreduce_op="average",
@@ -85,6 +87,45 @@ def test_what_the_run_already_does_is_not_suggested():
   gpu = step_report.across([rank()] * 2, (1, 2), dict(CPU, device="GPU"))
   assert gpu["verdict"]["suggestions"] == ["--mixed_precision=float16",
                                            "--xla"]
+
+
+def test_a_cpu_decoding_its_records_each_epoch_is_offered_the_cache():
+  """On a CPU, records of declared features streamed each epoch are
+  decoded on the cores that compute: a compute-bound run is offered
+  --cache_records after bfloat16; not once cached, nor on a GPU."""
+  streamed = dict(CPU, streams_declared_records=True)
+  found = step_report.across([rank()] * 2, (1, 2), streamed)["verdict"]
+  assert found["bound"] == "compute"
+  assert found["suggestions"][0].startswith("--mixed_precision=bfloat16")
+  assert found["suggestions"][1].startswith(
+      "--cache_records: the records are decoded on the cores that compute")
+  for settings in (dict(streamed, streams_declared_records=False),
+                   dict(streamed, device="GPU")):
+    found = step_report.across([rank()] * 2, (1, 2), settings)["verdict"]
+    assert not any(s.startswith("--cache_records")
+                   for s in found["suggestions"])
+
+
+def test_the_session_tells_streamed_records_of_declared_features(tmp_path):
+  """What the run gives the report: records of declared features
+  (features.txt) streamed, not once cached, nor ImageNet's layout."""
+  declared = tmp_path / "volumes"
+  declared.mkdir()
+  (declared / "features.txt").write_text(
+      "x:raw_int16:4x4x4x1\ny:float32:4\n")
+  imagenet = tmp_path / "imagenet"
+  imagenet.mkdir()
+
+  def read(directory, cache_records=False):
+    config = fixtures.train_config(data=dict(
+        name="tfrecord", dir=str(directory),
+        params=dict(tfrecord_features="", cache_records=cache_records)))
+    return session._records_read(config.data)  # pylint: disable=protected-access
+
+  assert read(declared) == dict(records=True, cache_records=False,
+                                streams_declared_records=True)
+  assert read(declared, cache_records=True)["streams_declared_records"] is False
+  assert read(imagenet)["streams_declared_records"] is False
 
 
 def test_a_second_notable_part_gets_its_suggestions_after_the_bounds():

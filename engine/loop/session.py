@@ -15,6 +15,7 @@ import tensorflow as tf
 from engine import distributed
 from engine.compute import metrics
 from engine.compute import precision
+from engine.datasets import record_features
 from engine.core.config import TrainConfig
 from engine.input import data
 from engine.loop import preemption
@@ -57,9 +58,20 @@ def _profiled_settings(config: TrainConfig, world: distributed.World,
       allreduce_op=performance.allreduce_op,
       grad_accum_steps=performance.grad_accum_steps,
       steps_per_call=performance.steps_per_call,
-      records=config.data.name == "tfrecord",
-      cache_records=bool(config.data.params.get("cache_records")),
-      stage_dir=bool(config.data.stage_dir))
+      stage_dir=bool(config.data.stage_dir), **_records_read(config.data))
+
+
+def _records_read(data_config) -> dict:
+  """How the run reads TFRecords: `streams_declared_records` when records
+  of declared features are decoded each epoch (on a CPU, on the cores that
+  compute); --cache_records decodes them once."""
+  records = data_config.name == "tfrecord"
+  cached = bool(data_config.params.get("cache_records"))
+  return dict(records=records, cache_records=cached,
+              streams_declared_records=bool(
+                  records and not cached and record_features.spec_of(
+                      data_config.dir,
+                      data_config.params.get("tfrecord_features", ""))))
 
 
 class Session:

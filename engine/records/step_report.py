@@ -127,6 +127,13 @@ def _suggestions(bound: str, settings: dict) -> list[str]:
           (settings.get("mixed_precision") in (None, "none"),
            "--mixed_precision=" + ("float16" if gpu else "bfloat16 (where "
                                    "the CPU has AVX512_BF16 or AMX)")),
+          # On a CPU tf.data decodes on the cores the step computes on:
+          # the decoding shows as longer forward and backward passes, not
+          # as input wait (bench/RESULTS.md, "The step at float32 is the
+          # core's peak").
+          (not gpu and settings.get("streams_declared_records"),
+           "--cache_records: the records are decoded on the cores that "
+           "compute, which shows in forward and backward, not in input"),
           (gpu and not settings.get("xla"), "--xla")],
       "communication": [
           (settings.get("gradient_compression") in (None, "none"),
