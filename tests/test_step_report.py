@@ -123,9 +123,23 @@ def test_the_session_tells_streamed_records_of_declared_features(tmp_path):
     return session._records_read(config.data)  # pylint: disable=protected-access
 
   assert read(declared) == dict(records=True, cache_records=False,
+                                image_records=False,
                                 streams_declared_records=True)
   assert read(declared, cache_records=True)["streams_declared_records"] is False
-  assert read(imagenet)["streams_declared_records"] is False
+  assert read(imagenet) == dict(records=True, cache_records=False,
+                                image_records=True,
+                                streams_declared_records=False)
+
+
+def test_records_of_encoded_images_are_not_offered_the_cache():
+  """--cache_records takes records of declared features only: an
+  input-bound run on ImageNet's layout is offered staging first."""
+  found = step_report.across([rank(input=0.05)] * 2, (1, 2),
+                             dict(CPU, image_records=True))["verdict"]
+  assert found["bound"] == "input"
+  assert found["suggestions"][0].startswith("--stage_dir")
+  assert not any(s.startswith("--cache_records")
+                 for s in found["suggestions"])
 
 
 def test_a_second_notable_part_gets_its_suggestions_after_the_bounds():

@@ -62,16 +62,17 @@ def _profiled_settings(config: TrainConfig, world: distributed.World,
 
 
 def _records_read(data_config) -> dict:
-  """How the run reads TFRecords: `streams_declared_records` when records
-  of declared features are decoded each epoch (on a CPU, on the cores that
-  compute); --cache_records decodes them once."""
+  """How the run reads TFRecords: `image_records` in ImageNet's layout
+  (encoded images, which --cache_records does not take), else of declared
+  features, `streams_declared_records` when decoded each epoch (on a CPU,
+  on the cores that compute); --cache_records decodes them once."""
   records = data_config.name == "tfrecord"
   cached = bool(data_config.params.get("cache_records"))
+  declared = records and record_features.spec_of(
+      data_config.dir, data_config.params.get("tfrecord_features", ""))
   return dict(records=records, cache_records=cached,
-              streams_declared_records=bool(
-                  records and not cached and record_features.spec_of(
-                      data_config.dir,
-                      data_config.params.get("tfrecord_features", ""))))
+              image_records=bool(records and not declared),
+              streams_declared_records=bool(declared and not cached))
 
 
 class Session:

@@ -116,7 +116,8 @@ def _suggestions(bound: str, settings: dict) -> list[str]:
   gpu = settings.get("device") == "GPU"
   offered = {
       "input": [
-          (settings.get("records") and not settings.get("cache_records"),
+          (settings.get("records") and not settings.get("cache_records")
+           and not settings.get("image_records"),
            "--cache_records: TFRecords of declared features decoded once "
            "and kept in memory"),
           (settings.get("records") and not settings.get("stage_dir"),
