@@ -99,6 +99,14 @@ def test_a_cpu_decoding_its_records_each_epoch_is_offered_the_cache():
   assert found["suggestions"][0].startswith("--mixed_precision=bfloat16")
   assert found["suggestions"][1].startswith(
       "--cache_records: the records are decoded on the cores that compute")
+  # Offered against input too, it is offered once, where it comes first.
+  found = step_report.across([rank(input=0.009)] * 2, (1, 2),
+                             streamed)["verdict"]
+  assert found["bound"] == "compute" and found["shares"]["input"] > 0.25
+  assert [s.split(":")[0] for s in found["suggestions"]
+          if s.startswith("--cache_records")] == ["--cache_records"]
+  assert found["suggestions"][1].startswith(
+      "--cache_records: the records are decoded on the cores that compute")
   for settings in (dict(streamed, streams_declared_records=False),
                    dict(streamed, device="GPU")):
     found = step_report.across([rank()] * 2, (1, 2), settings)["verdict"]

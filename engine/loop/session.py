@@ -15,8 +15,8 @@ import tensorflow as tf
 from engine import distributed
 from engine.compute import metrics
 from engine.compute import precision
-from engine.datasets import record_features
 from engine.core.config import TrainConfig
+from engine.datasets import record_features
 from engine.input import data
 from engine.loop import preemption
 from engine.loop import profiling

@@ -95,8 +95,21 @@ def verdict(report: dict) -> dict:
   return dict(bound=bound, shares=split,
               straggler=_STRAGGLER[report["slowest_in"]].format(
                   rank=report["slowest_rank"]) if straggler else None,
-              suggestions=[text for b in notable
-                           for text in _suggestions(b, report["settings"])])
+              suggestions=_once_a_flag(
+                  text for b in notable
+                  for text in _suggestions(b, report["settings"])))
+
+
+def _once_a_flag(suggestions) -> list[str]:
+  """`suggestions` in their order, a flag offered against two bounds
+  (--cache_records against input and compute) kept where it comes first."""
+  kept, flags = [], set()
+  for text in suggestions:
+    flag = text.split(":")[0].split(" ")[0] if text.startswith("--") else text
+    if flag not in flags:
+      flags.add(flag)
+      kept.append(text)
+  return kept
 
 
 # The slowest rank's extra time, by where it is.
