@@ -1,7 +1,10 @@
 """scripts/setup.sh's refusals: a Python that TensorFlow 2.21 does not
 support, or a venv made with another, are one line and exit 2, before
-anything is created or installed."""
+anything is created or installed. And what it builds: Horovod with our
+patch's hunks in effect."""
+import glob
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -57,3 +60,30 @@ def test_a_venv_of_another_python_is_one_line_and_kept(tmp_path):
       f"[setup] {venv} has Python 3.12, not 3.13 ({tmp_path}/python3.13): "
       f"remove it (rm -rf {venv}) to rebuild it, or pass VENV=another/dir"]
   assert sorted(os.listdir(venv / "bin")) == ["python"]
+
+
+# Gloo's float16 sum, as Horovod's library names it.
+GLOO_FLOAT16_SUM = "_ZN4gloo3sumINS_7float16EEEvPvPKvS4_m"
+
+
+def test_gloo_sums_float16_gradients_with_f16c():
+  """Patch hunk 6: where the build compiles with AVX and F16C, Gloo's sum
+  of float16 buffers (--gradient_compression=fp16) converts with F16C's
+  instructions, not in software (BUILD.md, "Horovod's patch")."""
+  with open("/proc/cpuinfo") as f:
+    flags = next((line.split(":")[1].split() for line in f
+                  if line.startswith("flags")), [])
+  if not {"avx", "f16c"} <= set(flags):
+    pytest.skip("the CPU has no AVX or F16C: the build compiles neither")
+  if not shutil.which("objdump"):
+    pytest.skip("no objdump (binutils) to read Horovod's library")
+  import horovod.tensorflow  # pylint: disable=g-import-not-at-top
+  library, = glob.glob(os.path.join(
+      os.path.dirname(horovod.tensorflow.__file__), "mpi_lib*.so"))
+  code = subprocess.run(
+      ["objdump", "-d", "--no-show-raw-insn",
+       f"--disassemble={GLOO_FLOAT16_SUM}", library],
+      text=True, capture_output=True, check=True,
+      timeout=timeouts.bound(60)).stdout
+  assert GLOO_FLOAT16_SUM in code  # the sum is in the library
+  assert "vcvtph2ps" in code  # ... and converts with F16C
