@@ -5,8 +5,10 @@ r"""Horovod's allreduce against the link it runs on, across simulated hosts.
 
 As root, on tests/simulated_hosts.py's hosts (network namespaces, a veth
 from each to a bridge, sshd): one process per host, each pinned to its own
-core (bench/allreduce_worker.py), timing allreduces of float32 messages of
---sizes bytes (4 KB to 64 MB, powers of 4) under each --controllers
+core (bench/allreduce_worker.py), timing allreduces of messages of
+--sizes bytes (4 KB to 64 MB, powers of 4) of each --dtypes (float32, and
+float16 as --gradient_compression=fp16 sends it: the same bytes, summed by
+Gloo's or MPI's own float16 sum) under each --controllers
 (`horovodrun --gloo`, and `horovodrun --mpi`: Open MPI's mpirun over the
 hosts' ssh), on each --links: `unshaped`, or a rate such as `1gbit` set
 with tc's token bucket (`tbf`, a bucket of --burst_ms at the rate) on the
@@ -16,12 +18,12 @@ every --cycle_time_ms (0.1), so that its cycle adds little to the latency.
 A delay cannot be added here: this kernel has no sch_netem (tc: "Specified
 qdisc kind is unknown"), so the links keep the veth's own latency.
 
-Each round runs every (link, controller) once, the order reversed every
-other round, and prints every run. Per size: the median time over the
+Each round runs every (link, controller, type) once, the order reversed
+every other round, and prints every run. Per size: the median time over the
 runs' medians, algbw = bytes / time and busbw = algbw x 2(n-1)/n as
 nccl-tests defines them (bench/ring_allreduce.py), and busbw as a fraction
-of the shaped rate. Per link and controller, alpha and beta of the ring
-model t = 2(n-1) alpha + 2(n-1)/n x bytes / beta fitted over the sizes,
+of the shaped rate. Per link, controller and type, alpha and beta of the
+ring model t = 2(n-1) alpha + 2(n-1)/n x bytes / beta fitted over the sizes,
 the smallest message's time (latency) and the largest's busbw
 (bandwidth), written with every time to --out. The shaping goes with the
 hosts' namespaces at the end, also on a failure.
@@ -48,6 +50,8 @@ flags.DEFINE_list("links", ["unshaped", "1gbit", "10gbit"],
                   "`unshaped`, or a rate each host's egress is shaped to "
                   "(tc tbf): a number and mbit or gbit.")
 flags.DEFINE_list("controllers", ["gloo", "mpi"], "Horovod's controllers.")
+flags.DEFINE_list("dtypes", ["float32"], "The messages' types: float32, "
+                  "float16.")
 flags.DEFINE_list("sizes", [str(4096 * 4**i) for i in range(8)],
                   "Message sizes in bytes.")
 flags.DEFINE_integer("repeats", 3, "Rounds over every link and controller.",
@@ -66,8 +70,8 @@ flags.DEFINE_string("out", None, "Where to write every time and the fits, "
                     "as JSON.")
 
 
-def run(hosts: simulated_hosts.SimulatedHosts, link: str,
-        controller: str) -> dict:
+def run(hosts: simulated_hosts.SimulatedHosts, link: str, controller: str,
+        dtype: str) -> dict:
   """One launch: rank 0's times per size, and its controller and cores."""
   hosts.shape(link, FLAGS.burst_ms)
   command = [
@@ -77,19 +81,20 @@ def run(hosts: simulated_hosts.SimulatedHosts, link: str,
       "--ssh-identity-file", hosts.ssh_key,
       "--network-interface", hosts.interface,
       interleaved.PYTHON, "-m", "bench.allreduce_worker",
-      f"--sizes={','.join(FLAGS.sizes)}", f"--iterations={FLAGS.iterations}"]
+      f"--sizes={','.join(FLAGS.sizes)}", f"--iterations={FLAGS.iterations}",
+      f"--dtype={dtype}"]
   env = interleaved.engine_env(
       HOROVOD_CYCLE_TIME=str(FLAGS.cycle_time_ms))
   result = hosts.run(command, env=env)
   if result.returncode:
     # Once more: on a shared machine another job's set-up can rewrite the
     # venv under a run (a package missing for a moment).
-    print(f"{link}, {controller} failed (exit {result.returncode}); once "
-          f"more:\n{(result.stdout + result.stderr)[-1000:]}", flush=True)
+    print(f"{link}, {controller}, {dtype} failed (exit {result.returncode}); "
+          f"once more:\n{(result.stdout + result.stderr)[-1000:]}", flush=True)
     result = hosts.run(command, env=env)
   if result.returncode:
-    sys.exit(f"{link}, {controller}: {' '.join(command)} failed (exit "
-             f"{result.returncode}):\n"
+    sys.exit(f"{link}, {controller}, {dtype}: {' '.join(command)} failed "
+             f"(exit {result.returncode}):\n"
              f"{(result.stdout + result.stderr)[-3000:]}")
   # horovodrun prefixes each line with the rank: `[0]<stdout>:ALLREDUCE`.
   lines = [json.JSONDecoder().raw_decode(line.split("ALLREDUCE ", 1)[1])[0]
@@ -100,7 +105,8 @@ def run(hosts: simulated_hosts.SimulatedHosts, link: str,
   return {**about, "times": {str(s["bytes"]): s["seconds"] for s in sizes}}
 
 
-def summarize(link: str, controller: str, runs: list[dict]) -> dict:
+def summarize(link: str, controller: str, dtype: str,
+              runs: list[dict]) -> dict:
   """Per size, the median over the runs of each run's median time, and the
   figures of it; the ring model fitted over the sizes."""
   processes = runs[0]["processes"]
@@ -120,9 +126,10 @@ def summarize(link: str, controller: str, runs: list[dict]) -> dict:
     fitted = ring_allreduce.fit([s["bytes"] for s in sizes],
                                 [s["seconds"] for s in sizes], processes)
   except ValueError as e:
-    print(f"{link}, {controller}: no fit: {e}")
+    print(f"{link}, {controller}, {dtype}: no fit: {e}")
     fitted = scaling.Link(latency=float("nan"), bandwidth=float("nan"))
-  return {"link": link, "controller": controller, "rate_bits": rate,
+  return {"link": link, "controller": controller, "dtype": dtype,
+          "rate_bits": rate,
           "burst_bytes": (None if rate is None else
                           shaped_links.burst_bytes(rate, FLAGS.burst_ms)),
           "cycle_time_ms": runs[0]["cycle_time_ms"],
@@ -133,7 +140,7 @@ def summarize(link: str, controller: str, runs: list[dict]) -> dict:
 
 def print_summary(summary: dict) -> None:
   rate = summary["rate_bits"]
-  print(f"\n{summary['link']}, {summary['controller']} "
+  print(f"\n{summary['link']}, {summary['controller']}, {summary['dtype']} "
         f"({summary['processes']} hosts, cores {summary['cores'][0]}): "
         f"alpha {summary['alpha'] * 1e6:.0f} us, beta "
         f"{summary['beta'] * 8 / 1e9:.2f} Gbit/s")
@@ -170,8 +177,11 @@ def main(argv):
     sys.exit(f"allreduce_link: {reason}")
   for link in FLAGS.links:
     shaped_links.link_rate(link)  # a bad entry: one line, before any run
-  configs = {f"{link} {c}": (link, c)
-             for link in FLAGS.links for c in FLAGS.controllers}
+  for dtype in FLAGS.dtypes:
+    if dtype not in ("float32", "float16"):
+      sys.exit(f"allreduce_link: --dtypes={dtype}: float32 or float16")
+  configs = {f"{link} {c} {d}": (link, c, d) for link in FLAGS.links
+             for c in FLAGS.controllers for d in FLAGS.dtypes}
   about = {"machine": machine(), "command": sys.argv,
            "load_before": interleaved.load(), "started": time.time()}
   print(f"{about['machine']['cpu']}, {about['machine']['cores']} cores; "
@@ -183,7 +193,7 @@ def main(argv):
   runs = {configs[name]: found_by_round
           for name, found_by_round in found.items()}
   about["load_after"] = interleaved.load()
-  summaries = [summarize(link, c, runs[(link, c)]) for link, c in runs]
+  summaries = [summarize(*config, runs[config]) for config in runs]
   for summary in summaries:
     print_summary(summary)
   print(f"\nload average (1 min) {about['load_before']:.2f} before, "
@@ -193,7 +203,7 @@ def main(argv):
     with open(FLAGS.out, "w") as f:
       json.dump({**about, "links": summaries,
                  "runs": [{"link": l, "controller": c, "round": i + 1, **r}
-                          for (l, c), rs in runs.items()
+                          for (l, c, _), rs in runs.items()
                           for i, r in enumerate(rs)]}, f, indent=1)
     print(f"wrote {FLAGS.out}")
 

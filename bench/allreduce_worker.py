@@ -1,4 +1,5 @@
-"""(worker) Times Horovod allreduces of float32 messages, one size at a time.
+"""(worker) Times Horovod allreduces of messages of --dtype (float32 or
+float16, as --gradient_compression=fp16 sends them), one size at a time.
 
 Launched on every host by bench/allreduce_link.py, under horovodrun --gloo
 or MPI. Pins itself to its host's core first, before TensorFlow or
@@ -39,7 +40,9 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 flags.DEFINE_list("sizes", [str(4096 * 4**i) for i in range(8)],
-                  "Message sizes in bytes (multiples of 4: float32).")
+                  "Message sizes in bytes (whole numbers of --dtype).")
+flags.DEFINE_enum("dtype", "float32", ["float32", "float16"],
+                  "The messages' type: float16's sum is Gloo's own.")
 flags.DEFINE_integer("warmup", 3, "Untimed allreduces per size.")
 flags.DEFINE_integer("iterations", 20, "Timed allreduces per size, at most.")
 flags.DEFINE_integer("min_iterations", 5, "Timed allreduces per size, at "
@@ -61,10 +64,12 @@ def main(argv):
   tf.config.threading.set_inter_op_parallelism_threads(1)
   hvd.init()
   size = hvd.size()
+  dtype = tf.as_dtype(FLAGS.dtype)
   for nbytes in map(int, FLAGS.sizes):
-    if nbytes % 4:
-      sys.exit(f"--sizes: {nbytes} bytes is not a whole number of float32")
-    message = tf.ones([nbytes // 4], tf.float32)
+    if nbytes % dtype.size:
+      sys.exit(f"--sizes: {nbytes} bytes is not a whole number of "
+               f"{FLAGS.dtype}")
+    message = tf.ones([nbytes // dtype.size], dtype)
     name = f"allreduce_{nbytes}"
 
     def reduce():
@@ -92,6 +97,7 @@ def main(argv):
     print("ALLREDUCE " + json.dumps({
         "processes": size,
         "controller": "gloo" if hvd.gloo_enabled() else "mpi",
+        "dtype": FLAGS.dtype,
         "cores": cores,
         "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", 1)),
     }), flush=True)
