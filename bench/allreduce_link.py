@@ -54,8 +54,8 @@ flags.DEFINE_list("dtypes", ["float32"], "The messages' types: float32, "
                   "float16.")
 flags.DEFINE_list("sizes", [str(4096 * 4**i) for i in range(8)],
                   "Message sizes in bytes.")
-flags.DEFINE_integer("repeats", 3, "Rounds over every link and controller.",
-                     lower_bound=1)
+flags.DEFINE_integer("repeats", 3, "Rounds over every link, controller and "
+                     "type.", lower_bound=1)
 flags.DEFINE_integer("iterations", 20, "Timed allreduces per size, at most "
                      "(fewer for large messages: bench/allreduce_worker.py).")
 flags.DEFINE_float("cycle_time_ms", 0.1, "HOROVOD_CYCLE_TIME of the workers: "
