@@ -13,8 +13,10 @@ of --steps after two warm-up calls:
 - `keras`: the reference's layers in tf_keras, bench/keras_cosmoflow.py's
   model (Conv3D with its bias, LeakyReLU, MaxPool3D a block);
 - `direct`: models/cosmoflow.py with every block convolved by oneDNN;
-- `engine`: models/cosmoflow.py as it builds itself (a block of at most
-  MAX_SIDE_BY_TAPS voxels a side convolved by taps).
+- `taps`: the same, but a block of at most MAX_SIDE_BY_TAPS voxels a side
+  convolved by taps (the engine before Winograd);
+- `engine`: models/cosmoflow.py as it builds itself (taps there, and
+  Winograd's algorithm on blocks of at least MIN_SIDE_BY_WINOGRAD).
 Rounds interleave the variants (bench/interleaved.py).
 
 With --ops, one variant (--variant, or `engine`) is traced by TensorFlow's
@@ -39,7 +41,7 @@ from absl import flags
 from bench import keras_cosmoflow
 
 FLAGS = flags.FLAGS
-VARIANTS = ("keras", "direct", "engine")
+VARIANTS = ("keras", "direct", "taps", "engine")
 flags.DEFINE_integer("size", 32, "The volumes' side.")
 flags.DEFINE_integer("channels", 4, "The volumes' channels.")
 flags.DEFINE_integer("steps", 9, "Timed calls a variant and round.")
@@ -53,8 +55,11 @@ FLAGS.set_default("conv_layers", 5)
 
 
 def engines(variant: str):
-  """models/cosmoflow.py's network; `direct` with no block by taps."""
+  """models/cosmoflow.py's network; `direct` with no block by taps or
+  Winograd, `taps` with none by Winograd."""
   from models import cosmoflow  # pylint: disable=g-import-not-at-top
+  if variant in ("direct", "taps"):
+    cosmoflow.MIN_SIDE_BY_WINOGRAD = FLAGS.size + 1
   if variant == "direct":
     cosmoflow.MAX_SIDE_BY_TAPS = 0
   return cosmoflow.build(
