@@ -265,8 +265,11 @@ inline void ProductsOfRows(int vectors, const float* a, long a_row,
     case 1: return Products<R, 1, kAccumulate>(a, a_row, a_term, b, b_term, terms, c, c_row);
     case 2: return Products<R, 2, kAccumulate>(a, a_row, a_term, b, b_term, terms, c, c_row);
 #if defined(__AVX512F__)
-    case 3: return Products<R, 3, kAccumulate>(a, a_row, a_term, b, b_term, terms, c, c_row);
-    case 4: return Products<R, 4, kAccumulate>(a, a_row, a_term, b, b_term, terms, c, c_row);
+    // (Rows of 3 or 4 vectors come kRows at a time: more would spill.)
+    case 3: if constexpr (R <= kRows) return Products<R, 3, kAccumulate>(a, a_row, a_term, b, b_term, terms, c, c_row);
+      break;
+    case 4: if constexpr (R <= kRows) return Products<R, 4, kAccumulate>(a, a_row, a_term, b, b_term, terms, c, c_row);
+      break;
 #endif
   }
 }
@@ -280,7 +283,16 @@ void MatrixProduct(long rows, long columns, long terms, const float* a,
                    float* c, long c_row) {
   for (long col = 0; col < columns; col += kPanel * kLanes) {
     const int vectors = std::min<long>(kPanel, (columns - col) / kLanes);
-    for (long r = 0; r < rows; r += kRows) {
+    long r = 0;
+    // Rows of half a panel or less come twice as many at a time: the same
+    // accumulators, half the loads of B a product (the input gradient of
+    // the second block has 32 output channels).
+    if (2 * vectors <= kPanel)
+      for (; r + 2 * kRows <= rows; r += 2 * kRows)
+        ProductsOfRows<2 * kRows, kAccumulate>(
+            vectors, a + r * a_row, a_row, a_term, b + col, b_term, terms,
+            c + r * c_row + col, c_row);
+    for (; r < rows; r += kRows) {
       const float* ar = a + r * a_row;
       float* cr = c + r * c_row + col;
       switch (std::min<long>(kRows, rows - r)) {
