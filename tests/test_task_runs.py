@@ -289,6 +289,14 @@ def test_each_process_stages_its_share_once_and_a_rerun_copies_nothing(
   assert all(r["seconds"] >= 0 for starts in staged for r in starts)
 
 
+def test_the_volumes_train_through_our_winograd_kernels(worker):
+  # Their second block, 8^3 voxels from 16 channels; so every guarantee
+  # above holds through them.
+  _, ranks = worker
+  assert [rank["volumes"]["by_winograd"] for rank in ranks] == [
+      [False, True, False]] * 2
+
+
 def test_the_volumes_export_takes_stored_counts(worker):
   out, ranks = worker
   exported = tf.saved_model.load(str(out / "volumes" / "export" / "final"))

@@ -6,7 +6,8 @@ observed to OUT/rank<r>.json.
    files' masks, their denoising (reconstruction), a GAN's own step
    (examples/dcgan.py) and CosmoFlow's regression of generated volumes
    from GZIP TFRecords staged to a node-local directory (all
-   --deterministic): the weights after training, on every rank; the
+   --deterministic; the volumes' second block by our Winograd kernels):
+   the weights after training, on every rank; the
    reported validation figures against the whole test split evaluated by
    this rank alone; and a run stopped after epoch 1 and resumed, against
    the run straight through.
@@ -50,9 +51,10 @@ def whole_split_figures(result, config) -> dict:
   return totals.result_of(totals.local_sums()).figures
 
 
-def straight_and_resumed(config, name: str) -> dict:
+def straight_and_resumed(config, name: str, observe=None) -> dict:
   """`config`'s run straight through, and stopped after epoch 1 and
-  resumed: what the test compares."""
+  resumed: what the test compares, and what `observe` gives of the
+  straight run's model."""
   straight = engine_train.train(config)
   flat = weights(straight.model)
   everyone = hvd.allgather(tf.constant(flat[None]), name=name).numpy()
@@ -68,6 +70,7 @@ def straight_and_resumed(config, name: str) -> dict:
       "whole_split": whole_split_figures(straight, config),
       "resumed_weight_difference":
           float(np.abs(weights(resumed.model) - flat).max()),
+      **(observe(straight.model) if observe else {}),
   }
 
 
@@ -137,12 +140,16 @@ def volumes(out_dir: str, volumes_dir: str, damaged_dir: str) -> dict:
                 stage_dir=os.path.join(out_dir, "stage")),
       task=dict(name="regression", params={**defaults.task.params,
                                            "standardize_targets": False}),
+      # 16 filters: the second block (8^3 voxels, 16 channels in) trains
+      # through our Winograd kernels (models/winograd3d.py).
       model=dict(name="cosmoflow",
-                 params={**defaults.model.params, "filters": 2}),
+                 params={**defaults.model.params, "filters": 16}),
       training=dict(batch_size=4, epochs=2, progress="none",
                     model_dir=os.path.join(out_dir, "volumes")),
       optimization=dict(base_lr=0.003), devices=dict(deterministic=True))
-  observed = straight_and_resumed(config, "volumes")
+  observed = straight_and_resumed(config, "volumes", lambda model: {
+      "by_winograd": [layer._by_winograd for layer in model.layers
+                      if hasattr(layer, "_by_winograd")]})
   damaged = config.replace(
       data=dict(dir=damaged_dir),
       training=dict(model_dir=os.path.join(out_dir, "damaged_run")))
