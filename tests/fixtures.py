@@ -172,6 +172,17 @@ def train_config(**changes):
   return engine_flags.config_from_flags().replace(**changes)
 
 
+def outputs_and_gradients(network, inputs) -> list:
+  """A network's outputs in training on `inputs` (4 a row) and the
+  gradients of a fixed weighting of them: what two networks computing one
+  function must agree on."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  with tf.GradientTape() as tape:
+    outputs = network(inputs, training=True)
+    loss = tf.reduce_sum(outputs * [1.0, -2.0, 3.0, -4.0])
+  return [outputs] + tape.gradient(loss, network.trainable_variables)
+
+
 def write_tfrecords(directory: str, *, num_files: int = 3,
                     per_file: int = 8, test_files: int = 2,
                     label_offset: int = 0, seed: int = 0) -> str:

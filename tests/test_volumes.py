@@ -543,13 +543,8 @@ def test_cosmoflows_blocks_compute_the_references_layers(size, kernel_size,
   reference = references_layers(size, kernel_size, blocks)
   reference.set_weights(model.get_weights())
   volumes = tf.random.stateless_normal((3, size, size, size, 2), (0, 1))
-  computed = []
-  for network in (model, reference):
-    with tf.GradientTape() as tape:
-      outputs = network(volumes, training=True)
-      loss = tf.reduce_sum(outputs * [1.0, -2.0, 3.0, -4.0])
-    computed.append([outputs] + tape.gradient(
-        loss, network.trainable_variables))
+  computed = [fixtures.outputs_and_gradients(network, volumes)
+              for network in (model, reference)]
   # The same sums in another order: each tensor within float32 rounding
   # as a whole (an element may cancel to near zero either way).
   for ours, theirs in zip(*computed):
