@@ -31,8 +31,8 @@ from engine.core.errors import UserError
 MIRRORED_POINTS = np.array([3, 1, 2, 0])
 MIRRORED = (16 * MIRRORED_POINTS[:, None, None] + 4 * MIRRORED_POINTS[:, None]
             + MIRRORED_POINTS).ravel()
-# The output channels the kernels take: a multiple of the widest vector
-# they may be compiled for (AVX-512's 16 floats).
+# The channels the kernels take, in and out: a multiple of the widest
+# vector they may be compiled for (AVX-512's 16 floats).
 CHANNEL_MULTIPLE = 16
 _library = None
 
@@ -63,7 +63,8 @@ def in_xla() -> bool:
 
 def conv3d(inputs: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
   """tf.nn.conv3d(inputs, kernel, [1] * 5, "SAME") for a [3, 3, 3, in,
-  out] kernel, `out` a multiple of 16, on volumes of even sides."""
+  out] kernel, `in` and `out` multiples of CHANNEL_MULTIPLE, on volumes of
+  even sides."""
   ops = _ops()
 
   @tf.custom_gradient
@@ -72,16 +73,8 @@ def conv3d(inputs: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
     outputs = ops.winograd3d_conv(inputs, transformed)
 
     def gradient(upstream):
-      if kernel.shape[3] % CHANNEL_MULTIPLE:
-        # The kernels write vectors of 16 channels. The first block's 4
-        # (a model's input) take the direct kernel, whose work a compiled
-        # step prunes: nothing asks for the input's gradient there.
-        input_gradient = tf.raw_ops.Conv3DBackpropInputV2(
-            input_sizes=tf.shape(inputs), filter=kernel,
-            out_backprop=upstream, strides=[1] * 5, padding="SAME")
-      else:
-        mirrored = tf.transpose(tf.gather(transformed, MIRRORED), [0, 2, 1])
-        input_gradient = ops.winograd3d_conv(upstream, mirrored)
+      mirrored = tf.transpose(tf.gather(transformed, MIRRORED), [0, 2, 1])
+      input_gradient = ops.winograd3d_conv(upstream, mirrored)
       kernel_gradient = ops.winograd3d_untransform_kernel(
           ops.winograd3d_kernel_gradient(inputs, upstream))
       return input_gradient, kernel_gradient

@@ -33,8 +33,6 @@ def both_ways(inputs, kernel, upstream):
     ((8, 8, 8), 16, 32),   # the widest vectors both ways
     ((4, 6, 10), 32, 16),  # sides apart, tiles on every edge
     ((2, 2, 2), 48, 64),   # one tile: all but its middle taps on padding
-    ((6, 4, 8), 4, 16),    # the first block's 4 channels, a Vec4 apiece
-    ((4, 4, 4), 3, 32),    # and single lanes
 ])
 def test_the_convolution_and_its_gradients_are_tensorflows(
     volume, channels_in, channels_out):
@@ -62,8 +60,8 @@ def test_the_kernel_gradient_sums_the_same_way_every_time():
 def test_the_untransform_is_the_transforms_gradient():
   # <T(w), g> = <w, T'(g)> for every w and g: T' is T's transpose.
   ops = winograd3d._ops()
-  kernel = tf.random.stateless_normal((3, 3, 3, 5, 16), (1, 2))
-  gradient = tf.random.stateless_normal((64, 5, 16), (3, 4))
+  kernel = tf.random.stateless_normal((3, 3, 3, 16, 32), (1, 2))
+  gradient = tf.random.stateless_normal((64, 16, 32), (3, 4))
   left = tf.reduce_sum(ops.winograd3d_transform_kernel(kernel) * gradient)
   right = tf.reduce_sum(kernel * ops.winograd3d_untransform_kernel(gradient))
   assert abs(float(left) - float(right)) <= 1e-4 * abs(float(left))
@@ -73,7 +71,12 @@ def test_the_untransform_is_the_transforms_gradient():
     ((1, 4, 5, 4, 16), (64, 16, 16), "the volume's sides must be even"),
     ((1, 4, 4, 4, 16), (64, 8, 16), r"the transformed kernel is \[64, 16, "
                                     r"Co\]"),
-    ((1, 4, 4, 4, 16), (64, 16, 8), "output channels must be a multiple"),
+    # The first block's 4 channels in (the vectors' lanes: 16 with
+    # AVX-512, 8 with AVX2); 4 out.
+    ((1, 4, 4, 4, 4), (64, 4, 16), "channels in and out must be multiples "
+                                   "of (8|16); got 4 and 16"),
+    ((1, 4, 4, 4, 16), (64, 16, 4), "channels in and out must be multiples "
+                                    "of (8|16); got 16 and 4"),
 ])
 def test_shapes_the_kernels_cannot_take_are_refused(inputs, kernel, says):
   with pytest.raises(tf.errors.InvalidArgumentError, match=says):

@@ -57,7 +57,6 @@ constexpr int kPanel = 2;
 #endif
 constexpr int kRows = 6;
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-typedef float Vec4 __attribute__((vector_size(4 * sizeof(float))));
 // The transformed tiles of a block, at most this many bytes: about half
 // of a core's L2 cache (2 MB on the AVX-512 hosts here). A quarter or
 // twice as much ran the second block's ops up to 2x slower.
@@ -76,10 +75,6 @@ inline void Store(float* p, const V& v) {
 template <typename V>
 inline V Zero() {
   return V{} * 0.0f;
-}
-template <>
-inline float Zero<float>() {
-  return 0.0f;
 }
 
 // A volume's geometry and its 2x2x2 tiles, numbered example-major.
@@ -139,22 +134,14 @@ void TransformInputTile(const float* input, const Geometry& g, long channels,
     Store<V>(out + p * p_stride, t[p >> 4][(p >> 2) & 3][p & 3]);
 }
 
-// Every channel of a tile's inputs: the widest vectors first, then 4
-// lanes, then one (the first block's 4 channels take a single Vec4).
+// Every channel of a tile's inputs, a vector at a time.
 void TransformInput(const float* input, const Geometry& g, long channels,
                     long tile, float* out, long p_stride) {
   long e, z, y, x;
   g.Origin(tile, &e, &z, &y, &x);
-  long c = 0;
-  for (; c + kLanes <= channels; c += kLanes)
+  for (long c = 0; c < channels; c += kLanes)
     TransformInputTile<Vec>(input, g, channels, e, z, y, x, c, out + c,
                             p_stride);
-  for (; c + 4 <= channels; c += 4)
-    TransformInputTile<Vec4>(input, g, channels, e, z, y, x, c, out + c,
-                             p_stride);
-  for (; c < channels; ++c)
-    TransformInputTile<float>(input, g, channels, e, z, y, x, c, out + c,
-                              p_stride);
 }
 
 // A^T along one axis: 4 points of Winograd's domain to a tile's 2 outputs.
@@ -314,6 +301,17 @@ long TilesPerBlock(long in_channels, long out_channels) {
   return std::max<long>(kRows, kBlockBytes / per_tile / kRows * kRows);
 }
 
+// The kernels move channels a vector at a time: both counts a multiple of
+// its lanes, or the context's status an error. (CosmoFlow's blocks from
+// the second have 32 x 2^i filters; its first, 4 channels in, is
+// convolved directly.)
+void CheckChannels(OpKernelContext* context, long in, long out) {
+  OP_REQUIRES(context, in % kLanes == 0 && out % kLanes == 0,
+              tensorflow::errors::InvalidArgument(
+                  "Winograd3D: channels in and out must be multiples of ",
+                  kLanes, "; got ", in, " and ", out));
+}
+
 // The volume's geometry, or the context's status an error.
 void GeometryOf(OpKernelContext* context, const Tensor& volume, Geometry* g) {
   OP_REQUIRES(context, volume.dims() == 5,
@@ -392,7 +390,7 @@ void UntransformKernelPairs(const float* gradient, long pairs, long j,
 }
 
 // Both directions between [27, pairs] taps and [64, pairs] points, the
-// pairs (in x out channels) contiguous: vectors of them, then single ones.
+// pairs (in x out channels) contiguous, a vector of them at a time.
 class KernelTransformOp : public OpKernel {
  public:
   KernelTransformOp(OpKernelConstruction* context, bool to_points)
@@ -415,6 +413,8 @@ class KernelTransformOp : public OpKernel {
                     in.shape().DebugString()));
     const long in_channels = in.dim_size(rank - 2);
     const long out_channels = in.dim_size(rank - 1);
+    CheckChannels(context, in_channels, out_channels);
+    if (!context->status().ok()) return;
     const long pairs = in.NumElements() / taps;
     Tensor* out = nullptr;
     const TensorShape shape =
@@ -423,13 +423,9 @@ class KernelTransformOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(0, shape, &out));
     const float* a = in.flat<float>().data();
     float* b = out->flat<float>().data();
-    long j = 0;
-    for (; j + kLanes <= pairs; j += kLanes)
+    for (long j = 0; j < pairs; j += kLanes)
       to_points_ ? TransformKernelPairs<Vec>(a, pairs, j, b)
                  : UntransformKernelPairs<Vec>(a, pairs, j, b);
-    for (; j < pairs; ++j)
-      to_points_ ? TransformKernelPairs<float>(a, pairs, j, b)
-                 : UntransformKernelPairs<float>(a, pairs, j, b);
   }
 
  private:
@@ -467,10 +463,8 @@ class Winograd3DConvOp : public OpKernel {
                     "Winograd3DConv: the transformed kernel is [64, ",
                     in_channels, ", Co]; got ", kernel.shape().DebugString()));
     const long out_channels = kernel.dim_size(2);
-    OP_REQUIRES(context, out_channels % kLanes == 0,
-                tensorflow::errors::InvalidArgument(
-                    "Winograd3DConv: output channels must be a multiple of ",
-                    kLanes, "; got ", out_channels));
+    CheckChannels(context, in_channels, out_channels);
+    if (!context->status().ok()) return;
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
         0, TensorShape({g.n, g.d, g.h, g.w, out_channels}), &output));
@@ -533,10 +527,8 @@ class Winograd3DKernelGradientOp : public OpKernel {
                     gradient.shape().DebugString(), " and ",
                     input.shape().DebugString()));
     const long out_channels = gradient.dim_size(4);
-    OP_REQUIRES(context, out_channels % kLanes == 0,
-                tensorflow::errors::InvalidArgument(
-                    "Winograd3DKernelGradient: output channels must be a "
-                    "multiple of ", kLanes, "; got ", out_channels));
+    CheckChannels(context, in_channels, out_channels);
+    if (!context->status().ok()) return;
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
         0, TensorShape({64, in_channels, out_channels}), &output));
