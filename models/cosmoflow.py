@@ -62,11 +62,12 @@ OUTPUT_SCALE = 1.2
 # Volumes at most this many voxels a side are convolved by taps
 # (`convolution_by_taps`).
 MAX_SIDE_BY_TAPS = 2
-# Volumes at least this many voxels a side, from at least
+# Volumes at least this many voxels a side, from a multiple of
 # winograd3d.CHANNEL_MULTIPLE channels, are convolved by Winograd's
 # algorithm on a CPU at float32: on 4^3 voxels, half of them on the
-# padding, it took 1.5x the direct convolution's time, and on 4 input
-# channels its transforms outweigh the products saved.
+# padding, it took 1.5x the direct convolution's time. (On the first
+# block's 4 channels its transforms outweighed the products saved, and
+# the kernels take none.)
 MIN_SIDE_BY_WINOGRAD = 8
 
 

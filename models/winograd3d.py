@@ -4,11 +4,11 @@ A "same"-padded, stride-1 Conv3D of volumes with even sides computed by
 our own kernels (models/kernels/winograd3d.cc, which says why): 3.4x
 fewer multiplications than the direct convolution, with the transforms
 around them fused so that they stay in cache. The convolution and both
-its gradients come from two ops: the input's gradient is the same
-convolution of the output's gradient with the kernel mirrored and its
-channels swapped; the kernel's is the kernel op's gradient in Winograd's
-domain, taken back to the 27 taps here. The same function as
-tf.nn.conv3d to float rounding (tests/test_volumes.py).
+its gradients come from its ops: the kernel taken to Winograd's domain
+and convolved; the input's gradient the same convolution of the output's
+gradient with the kernel mirrored and its channels swapped; the kernel's
+its gradient in Winograd's domain, taken back to the 27 taps. The same
+function as tf.nn.conv3d to float rounding (tests/test_winograd3d.py).
 
 scripts/setup.sh compiles the kernels into the venv for its TensorFlow
 and its machine's vector width (`library_path`).
