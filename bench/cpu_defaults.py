@@ -295,6 +295,7 @@ def _step_worker() -> None:
   from engine.compute import optimizers
   from engine.compute import precision as precisions
   from engine.compute import step as steps
+  from models import batch_norm
   import models
   # pylint: enable=import-outside-toplevel
 
@@ -305,6 +306,7 @@ def _step_worker() -> None:
   keras.utils.set_random_seed(0)
   model = models.build(spec.model, input_shape=IMAGE_SHAPE,
                        num_classes=NUM_CLASSES, **spec.params)
+  batch_norm.fuse(model)  # as the engine trains it
   precisions.set_policy("none")
   optimizer = precisions.with_loss_scaling(
       optimizers.build(**spec.optimizer), mode)

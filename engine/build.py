@@ -34,6 +34,7 @@ from engine.input import staging
 from engine.loop.parts import TrainingParts
 from engine.records import mlperf
 from engine.records import report
+from models import batch_norm
 from models import whitening
 import models
 
@@ -144,6 +145,8 @@ class ModelBuilder:
     keras.utils.set_random_seed(self._config.training.seed)
     model = tasks.build_model(self._task, self._config.task.name,
                               self._flags_model)
+    if self._config.performance.fused_batch_norm == "auto":
+      batch_norm.fuse(model)
     whitening.adapt(model, self._first_images)  # (a resume restores over it)
     return model
 
@@ -411,8 +414,11 @@ def training_parts(config: TrainConfig) -> TrainingParts:
   logging.info("%s: %d train, %d test examples of %s", info.name,
                info.num_train, info.num_test,
                "x".join(map(str, info.image_shape)))
-  logging.info("model %s: %d parameters; task %s", model.name,
-               model.count_params(), task.name)
+  logging.info("model %s: %d parameters; batch norms trained through "
+               "TensorFlow's fused kernel: %d (--fused_batch_norm=%s); "
+               "task %s", model.name, model.count_params(),
+               batch_norm.fused(model), config.performance.fused_batch_norm,
+               task.name)
   # Optimizer and learning rate: scaled with the global batch (linear:
   # base_lr * world.size, set for each number of processes the loop runs
   # on), warmed up per step, then decayed; a function of the step evaluated

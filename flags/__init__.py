@@ -188,7 +188,8 @@ def _performance() -> config.PerformanceConfig:
       gradient_compression=FLAGS.gradient_compression,
       allreduce_op=FLAGS.allreduce_op,
       grad_accum_steps=FLAGS.grad_accum_steps,
-      steps_per_call=FLAGS.steps_per_call)
+      steps_per_call=FLAGS.steps_per_call,
+      fused_batch_norm=FLAGS.fused_batch_norm)
 
 
 def _profiling() -> config.ProfilingConfig:

@@ -69,6 +69,16 @@ flags.DEFINE_integer("grad_accum_steps", 1,
                      "trains as --batch_size x this would, in the memory of "
                      "--batch_size, with one allreduce per update.",
                      lower_bound=1)
+flags.DEFINE_enum("fused_batch_norm", "auto", ["auto", "off"],
+                  "auto: every keras.layers.BatchNormalization in the "
+                  "model, yours included, trains through TensorFlow's "
+                  "fused kernel (FusedBatchNormV3) where it computes what "
+                  "Keras' layer does (over the last axis of images or "
+                  "volumes, no mask), and is Keras' own layer in every "
+                  "other way: variables, checkpoints, moving statistics, "
+                  "inference, the .keras export (models/batch_norm.py). "
+                  "off: Keras 3's own computation, separate operations.",
+                  case_sensitive=False)
 flags.DEFINE_integer("steps_per_call", 1,
                      "Train steps per call of the compiled step, in a loop "
                      "inside it that reads its own batches (Keras' "

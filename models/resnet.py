@@ -17,8 +17,6 @@ import functools
 
 import keras
 
-from models import batch_norm
-
 layers = keras.layers
 
 # Per stage: the filters of the 1x1, 3x3 and 1x1 convolutions of its
@@ -103,5 +101,5 @@ def _bottleneck(x, conv, filters, *, stride, name):
 
 def _conv_bn(x, conv, filters, kernel_size, *, name, **conv_args):
   x = conv(filters, kernel_size, name=f"{name}_conv", **conv_args)(x)
-  return batch_norm.BatchNormalization(momentum=0.9, epsilon=1e-5,
+  return layers.BatchNormalization(momentum=0.9, epsilon=1e-5,
                                    name=f"{name}_bn")(x)

@@ -20,7 +20,6 @@ BatchNorm picks the minimum where its scale is negative).
 import keras
 
 from engine.core.errors import UserError
-from models import batch_norm
 from models import whitening
 
 layers = keras.layers
@@ -38,7 +37,7 @@ def build(*, input_shape, num_classes, filters=16, weight_decay=0.0,
                       kernel_regularizer=regularizer)(x)
     if pool and pool_first:
       x = layers.MaxPooling2D()(x)
-    x = batch_norm.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
+    x = layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
     x = layers.ReLU()(x)
     return layers.MaxPooling2D()(x) if pool and not pool_first else x
 

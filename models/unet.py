@@ -9,8 +9,6 @@ exactly down to no less than 4 pixels, at most 4: 2 for 28x28 images.
 """
 import keras
 
-from models import batch_norm
-
 layers = keras.layers
 MAX_LEVELS = 4
 
@@ -23,7 +21,7 @@ def build(*, input_shape, num_classes, filters=32, dropout=0.0,
     for _ in range(2):
       x = layers.Conv2D(width, 3, padding="same", use_bias=False,
                         kernel_regularizer=regularizer)(x)
-      x = batch_norm.BatchNormalization()(x)
+      x = layers.BatchNormalization()(x)
       x = layers.ReLU()(x)
     return x
 

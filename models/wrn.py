@@ -12,7 +12,6 @@ import functools
 import keras
 
 from engine.core.errors import UserError
-from models import batch_norm
 
 layers = keras.layers
 
@@ -28,7 +27,7 @@ def build(*, input_shape, num_classes, depth=16, width=10, dropout=0.0,
   conv = functools.partial(layers.Conv2D, padding="same", use_bias=False,
                            kernel_initializer="he_normal",
                            kernel_regularizer=regularizer)
-  normalized = functools.partial(batch_norm.BatchNormalization, momentum=0.9,
+  normalized = functools.partial(layers.BatchNormalization, momentum=0.9,
                                  epsilon=1e-5)
 
   def block(x, channels, stride):

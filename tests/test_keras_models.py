@@ -116,6 +116,7 @@ def test_a_model_file_as_keras_guides_write_it(data_dir, tmp_path):
       data_dir, model_dir, f"{code_dir}/guide_model.py:build",
       "--steps_per_epoch=4")
   assert "model guide_model:" in first
+  assert "batch norms trained through TensorFlow's fused kernel: 1 " in first
   assert f"resuming {model_dir} at epoch" in second
   assert epochs_of(model_dir) == [1, 2]  # epoch 1 not trained again
   for which in ("final", "best"):
@@ -152,6 +153,7 @@ def mobilenet_run(data_dir, tmp_path_factory):
 def test_a_keras_applications_model_from_its_own_file(mobilenet_run):
   _, model_dir, stderr = mobilenet_run
   assert "model mobilenet_v2:" in stderr
+  assert "batch norms trained through TensorFlow's fused kernel: 52 " in stderr
   assert "threads per process, oneDNN kernels" in stderr
   assert epochs_of(model_dir) == [1]
   assert (model_dir / "export" / "final" / "saved_model.pb").exists()

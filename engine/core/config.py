@@ -143,6 +143,7 @@ class PerformanceConfig:
   allreduce_op: str
   grad_accum_steps: int
   steps_per_call: int
+  fused_batch_norm: str  # auto or off
 
 
 @dataclasses.dataclass(**_SECTION)

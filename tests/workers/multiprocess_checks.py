@@ -5,8 +5,9 @@ start. Each rank writes what it observed to OUT/rank<r>.json; the test
 asserts on those files.
 
 1. Real engine runs on generated files (Fashion-MNIST, and when given,
-   CIFAR-10, TFRecords, synthetic data, and Fashion-MNIST again with the
-   performance and profiling options): afterwards, every rank's
+   CIFAR-10, TFRecords, synthetic data, and Fashion-MNIST again with a
+   user's subclassed model, and with the performance and profiling
+   options): afterwards, every rank's
    variables (including BatchNorm statistics), the reported validation
    figures against the full test set evaluated locally, trace counts, steps.
 2. The data-parallel step: a fixed global batch of 2B examples, split across
@@ -34,6 +35,7 @@ from engine.input import data
 from engine.loop import actions
 from engine.tasks import classification
 import models
+from models import batch_norm
 from tests import fixtures
 
 GLOBAL_BATCH, STEPS = 16, 3
@@ -80,6 +82,7 @@ def engine_run(config) -> dict:
       "train_traces": result.train_step.traces,
       "eval_traces": result.eval_step.traces,
       "global_step": result.history[-1]["global_step"],
+      "fused_batch_norms": batch_norm.fused(model),
       "weight_average_updates": (
           int(result.weight_average.updates.numpy())
           if result.weight_average else None),
@@ -173,6 +176,15 @@ def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
           optimization=dict(optimizer="lamb", base_lr=0.01,
                             warmup_epochs=1.0, lr_schedule="cosine"),
       ).replace(**changes))
+    # A user's subclassed model (tests/fixtures.py), its Keras
+    # BatchNormalization trained through the fused kernel.
+    code_dir = fixtures.write_user_code(os.path.join(out_dir, "code"))
+    observed["users_model"] = engine_run(fixtures.train_config(
+        data=dict(dir=fashion_mnist_dir),
+        model=dict(name=f"{code_dir}/users_model.py:build_subclassed"),
+        training=dict(model_dir=os.path.join(out_dir, "users_model"),
+                      epochs=2, steps_per_epoch=3, batch_size=4,
+                      progress="none")))
     observed["options"] = engine_run(fixtures.train_config(
         data=dict(dir=fashion_mnist_dir),
         model=dict(params={**defaults.model.params, "filters": 8}),
