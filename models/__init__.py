@@ -38,9 +38,32 @@ def build(name: str, *, input_shape, num_classes: int, output_shape=None,
   task's: engine/tasks)."""
   model = _MODELS.build(name, input_shape=tuple(input_shape),
                         num_classes=num_classes, **params)
+  _float32_outputs(model)
   _check(model, name, tuple(input_shape), num_classes,
          tuple(output_shape or (num_classes,)))
   return model
+
+
+def _float32_outputs(model) -> None:
+  """The layers that compute a functional model's outputs compute in
+  float32, where --mixed_precision's policy would have made them 16-bit.
+
+  Keras' mixed precision guide asks for a last layer with
+  `dtype="float32"`, so that softmax and the loss see float32 logits; a
+  model written without it trains under Keras `fit` (its losses cast the
+  outputs) and would be refused by the check below. Set here instead, on
+  those layers alone, so that a user's model trains under
+  --mixed_precision=auto as written. Their variables are float32 under
+  every policy, so checkpoints and the `.keras` export load in any mode. A
+  subclassed model's outputs come from no layer one can name: it is
+  checked as it is.
+  """
+  if not isinstance(model, keras.Model):
+    return
+  for output in getattr(model, "outputs", None) or ():
+    layer = output._keras_history.operation  # (Keras' own way back)
+    if layer.compute_dtype in ("bfloat16", "float16"):
+      layer.dtype_policy = "float32"
 
 
 def refuse_keras2(model, where: str) -> None:

@@ -3,6 +3,7 @@ import sys
 
 import pytest
 import keras
+import tensorflow as tf
 
 from engine import datasets
 from engine.compute import precision
@@ -104,18 +105,33 @@ def test_a_missing_file_is_named(tmp_path):
     build(f"{tmp_path}/none.py:build")
 
 
-def test_a_mixed_precision_model_must_end_in_float32(tmp_path):
+def test_a_mixed_precision_model_ends_in_float32(tmp_path):
+  """A functional model's output layer computes in float32 under a 16-bit
+  policy, written with a dtype or not; a subclassed model whose outputs
+  are 16-bit is refused, with what to write."""
   write(tmp_path, "half.py",
         "import keras\n"
         "def build(input_shape, num_classes):\n"
         "  i = keras.Input(input_shape)\n"
-        "  return keras.Model(i, keras.layers.Dense(num_classes)(\n"
-        "      keras.layers.Flatten()(i)))\n")
+        "  x = keras.layers.Dense(8)(keras.layers.Flatten()(i))\n"
+        "  return keras.Model(i, keras.layers.Dense(num_classes)(x))\n"
+        "class Half(keras.Model):\n"
+        "  def __init__(self, num_classes):\n"
+        "    super().__init__()\n"
+        "    self.dense = keras.layers.Dense(num_classes)\n"
+        "  def call(self, x):\n"
+        "    return self.dense(keras.ops.reshape(x, (-1, 64)))\n"
+        "def subclassed(num_classes):\n"
+        "  return Half(num_classes)\n")
   precision.set_policy("bfloat16")
   try:
+    model = build(f"{tmp_path}/half.py:build")
+    assert [layer.compute_dtype for layer in model.layers[-2:]] == [
+        "bfloat16", "float32"]
+    assert model(tf.zeros((2, 8, 8, 1))).dtype == tf.float32
     with pytest.raises(UserError, match="outputs bfloat16 logits; end the "
                        "model with a float32 layer"):
-      build(f"{tmp_path}/half.py:build")
+      build(f"{tmp_path}/half.py:subclassed")
   finally:
     precision.set_policy("none")
 
