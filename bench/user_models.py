@@ -7,17 +7,20 @@ interleaved: is the engine ahead of `fit` on the model a user brings?
 
 Each model of bench/user_model_files.py (Keras' layers only, no engine
 import) trains on real Fashion-MNIST for --epochs of --steps_per_epoch
-steps at a global batch of --global_batch, Adam at 1e-3, float32, no
-augmentation, by each variant:
+steps at a global batch of --global_batch, Adam at 1e-3, no augmentation,
+by each variant:
 
 - `fit`: Keras 3's `model.fit` in one process on all cores, as a user
   runs it (`--worker` below, TensorFlow's own thread pools), with
-  `steps_per_execution` --steps_per_execution, `jit_compile` off and,
-  with --fit_xla, on;
+  `steps_per_execution` --steps_per_execution, in float32;
+  `fit-xla` with `jit_compile`, `fit-bfloat16` under Keras'
+  `mixed_bfloat16` policy;
 - `engine-1` and `engine-2`: `engine.train` on 1 and 2 processes
-  (`horovodrun --gloo`), at its defaults but float32; `--engine_flags`
-  adds flags to every engine run, `engine-1+fused_batch_norm=off` to one
-  variant's (that one: the engine before it fused a user's batch norm).
+  (`horovodrun --gloo`), at its defaults (`--mixed_precision=auto`
+  measures float32 against bfloat16 where the CPU has AVX512_BF16 or AMX);
+  `--engine_flags` adds flags to every engine run, and a variant
+  `engine-1+mixed_precision=none+fused_batch_norm=off` to its own (that
+  one: the engine before it fused a user's batch norm, in float32).
 
 Every run prints its images/s per epoch (the median of the epochs after
 the first is its figure) and the training accuracy of its last epoch;
@@ -37,8 +40,9 @@ from bench import interleaved
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["guide_resnet"],
                   "Functions of bench/user_model_files.py.")
-flags.DEFINE_list("variants", ["fit", "engine-1", "engine-2"],
-                  "fit, fit-xla, engine-N (N processes), and engine-N+FLAG "
+flags.DEFINE_list("variants", ["fit", "fit-bfloat16", "engine-1", "engine-2"],
+                  "fit, fit-xla, fit-bfloat16, engine-N (N processes), and "
+                  "engine-N+FLAG "
                   "(+FLAG...) with flags of its own: "
                   "engine-1+fused_batch_norm=off.")
 flags.DEFINE_integer("repeats", 2, "Rounds.", lower_bound=1)
@@ -87,7 +91,7 @@ def run(model: str, variant: str, round_: int) -> dict:
   load_before = interleaved.load()
   if variant.startswith("fit"):
     interleaved.launch([interleaved.PYTHON, "-m", "bench.user_models",
-                        f"--worker={model},{model_dir},{variant == 'fit-xla'}",
+                        f"--worker={model},{model_dir},{variant}",
                         *_shared_flags()])
   else:
     name, *own_flags = variant.split("+")
@@ -100,7 +104,7 @@ def run(model: str, variant: str, round_: int) -> dict:
         f"--epochs={FLAGS.epochs}",
         f"--steps_per_epoch={FLAGS.steps_per_epoch}",
         "--optimizer=adam", f"--base_lr={LEARNING_RATE / processes}",
-        "--mixed_precision=none", "--norandom_flip", "--random_shift=0",
+        "--norandom_flip", "--random_shift=0",
         f"--eval_every_epochs={FLAGS.epochs}",
         f"--model_dir={model_dir}", "--progress=none",
         *FLAGS.engine_flags, *(f"--{flag}" for flag in own_flags)])
@@ -116,7 +120,7 @@ def _shared_flags() -> list[str]:
       "epochs", "steps_per_epoch", "global_batch", "steps_per_execution")]
 
 
-def fit_worker(model_name: str, model_dir: str, xla: str) -> None:
+def fit_worker(model_name: str, model_dir: str, variant: str) -> None:
   """Keras `fit` as a user writes it: the model file's function, the data
   normalized as the engine normalizes it, batches of --global_batch
   shuffled from the whole training set; an epoch record per epoch in the
@@ -138,13 +142,15 @@ def fit_worker(model_name: str, model_dir: str, xla: str) -> None:
            .batch(FLAGS.global_batch, drop_remainder=True)
            .prefetch(tf.data.AUTOTUNE))
   keras.utils.set_random_seed(0)
+  if variant == "fit-bfloat16":  # Keras' mixed precision, as its guide sets it
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
   model = getattr(user_model_files, model_name)(splits.info.image_shape,
                                                 splits.info.num_classes)
   model.compile(
       optimizer=keras.optimizers.Adam(LEARNING_RATE),
       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
       metrics=["accuracy"], steps_per_execution=FLAGS.steps_per_execution,
-      jit_compile=xla == "True")
+      jit_compile=variant == "fit-xla")
   images_per_epoch = FLAGS.steps_per_epoch * FLAGS.global_batch
   path = os.path.join(model_dir, "metrics.jsonl")
 

@@ -86,3 +86,10 @@ def test_init_after_tensorflow_ran_keeps_its_threads_and_says_so(caplog):
   assert (f"TensorFlow ran before the engine set up this process, so it "
           f"keeps its threads rather than {threads[0] + 3} intra-op and "
           f"{threads[1] + 3} inter-op") in caplog.text
+
+
+@pytest.mark.parametrize("cores, processes, threads", [
+    (2, 2, (1, 1)), (2, 1, (2, 2)), (8, 2, (4, 4)), (1, 2, (1, 1))])
+def test_each_process_gets_its_share_of_the_cores_in_both_pools(
+    cores, processes, threads):
+  assert distributed.cpu_threads(cores, processes) == threads
