@@ -139,9 +139,12 @@ def test_a_layer_keras_would_compute_otherwise_is_left_alone():
                   tf.zeros((2, 6, 5, 3))).count("FusedBatchNormV3") == 1
 
 
+# A user's layer, x + relu(norm(conv(x))): BatchNormalization inside it.
+# Its source is also run by the process that loads the `.keras` export
+# (LOAD_KERAS), which imports no module of the engine's or of the tests'.
+RESIDUAL = """
 @keras.saving.register_keras_serializable(package="tests")
 class Residual(keras.layers.Layer):
-  """x + relu(norm(conv(x))): BatchNormalization inside a user's layer."""
 
   def __init__(self, filters, **kwargs):
     super().__init__(**kwargs)
@@ -154,6 +157,8 @@ class Residual(keras.layers.Layer):
 
   def get_config(self):
     return dict(super().get_config(), filters=self.filters)
+"""
+exec(RESIDUAL)  # pylint: disable=exec-used
 
 
 class Subclassed(keras.Model):
@@ -293,17 +298,7 @@ import sys
 import numpy as np
 import keras
 assert keras.backend.backend() == "tensorflow"
-@keras.saving.register_keras_serializable(package="tests")
-class Residual(keras.layers.Layer):
-  def __init__(self, filters, **kwargs):
-    super().__init__(**kwargs)
-    self.filters = filters
-    self.conv = keras.layers.Conv2D(filters, 3, padding="same")
-    self.norm = keras.layers.BatchNormalization(momentum=0.9)
-  def call(self, x, training=False):
-    return x + keras.ops.relu(self.norm(self.conv(x), training=training))
-  def get_config(self):
-    return dict(super().get_config(), filters=self.filters)
+""" + RESIDUAL + """
 model = keras.saving.load_model(sys.argv[1])
 assert not [m for m in sys.modules if m.split(".")[0] in ("engine", "models")]
 norms = [l for l in model._flatten_layers()

@@ -326,7 +326,8 @@ def test_only_rank_zero_narrates(command_line):
   assert not [l for l in lines if l.startswith("[1]<stderr>:I")]
 
 
-@pytest.mark.parametrize("dataset", ["cifar10", "synthetic", "tfrecord"])
+@pytest.mark.parametrize("dataset", ["cifar10", "synthetic", "tfrecord",
+                                     "users_model"])
 def test_each_data_set_trains_on_two_processes(two, dataset):
   _, ranks = two
   runs = [r["datasets"][dataset] for r in ranks]
@@ -344,19 +345,14 @@ def test_each_data_set_trains_on_two_processes(two, dataset):
       [6, 6] if dataset == "synthetic" else [None, None])
 
 
-def test_a_users_model_trains_fused_and_identical_on_two_processes(two):
-  """A subclassed model of a user's, its keras.layers.BatchNormalization
-  trained through the fused kernel: the same weights and moving statistics
-  on both ranks, and validation figures of the whole test set."""
+def test_a_users_model_trains_its_batch_norm_fused_on_two_processes(two):
+  """A subclassed model of a user's (the "users_model" run above: the same
+  weights and moving statistics on both ranks, validation figures of the
+  whole test set), its keras.layers.BatchNormalization trained through
+  the fused kernel on both."""
   _, ranks = two
-  runs = [r["users_model"] for r in ranks]
-  assert [r["fused_batch_norms"] for r in runs] == [1, 1]
-  assert [r["global_step"] for r in runs] == [6, 6]
-  assert [r["max_weight_difference_across_ranks"] for r in runs] == [0, 0]
-  for r in runs:
-    assert r["reported_val_loss"] == pytest.approx(r["full_test_loss"],
-                                                   rel=1e-5)
-    assert r["reported_val_accuracy"] == r["full_test_accuracy"]
+  assert [r["datasets"]["users_model"]["fused_batch_norms"]
+          for r in ranks] == [1, 1]
 
 
 def test_performance_options_train_together_on_two_processes(two):

@@ -179,7 +179,7 @@ def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
     # A user's subclassed model (tests/fixtures.py), its Keras
     # BatchNormalization trained through the fused kernel.
     code_dir = fixtures.write_user_code(os.path.join(out_dir, "code"))
-    observed["users_model"] = engine_run(fixtures.train_config(
+    observed["datasets"]["users_model"] = engine_run(fixtures.train_config(
         data=dict(dir=fashion_mnist_dir),
         model=dict(name=f"{code_dir}/users_model.py:build_subclassed"),
         training=dict(model_dir=os.path.join(out_dir, "users_model"),
