@@ -140,9 +140,10 @@ def cpu_threads(cores: int, processes_on_host: int) -> tuple[int, int]:
   switches. Each process gets an equal share of the cores for its kernels
   (oneDNN runs in the intra-op pool), and as many inter-op threads, so that
   independent ops (a block's branches, a layer's two gradients) run side by
-  side on the share: on one core that is one thread, and on two it made
-  MobileNetV2's step 1.30x faster, a ResNet's 1.0-1.05x. BUILD.md gives the
-  measurements behind this choice.
+  side on the share: on one core that is one thread; on two, MobileNetV2
+  trained 1.30x faster in the one round interleaved with one thread, and
+  the ResNets measured 0.99-1.05x. BUILD.md gives the measurements behind
+  this choice.
   """
   share = max(1, cores // processes_on_host)
   return share, share
