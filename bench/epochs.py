@@ -9,6 +9,8 @@ the same keys (`epoch`, 1-based, `images_per_sec` over all processes,
 import json
 import time
 
+import keras
+
 
 class EpochTimer:
   """Times each epoch's training steps; the chief appends the records."""
@@ -27,12 +29,29 @@ class EpochTimer:
   def start(self) -> None:
     self._start = time.perf_counter()
 
-  def end(self, epoch: int) -> None:
-    """`epoch` is 1-based, as in metrics.jsonl."""
+  def end(self, epoch: int, **figures: float) -> None:
+    """`epoch` is 1-based, as in metrics.jsonl; `figures` join the
+    record."""
     seconds = time.perf_counter() - self._start
     if not self._path:
       return
     record = {"epoch": epoch, "images_per_sec": self._images / seconds,
-              "train_seconds": seconds, **self._fixed}
+              "train_seconds": seconds, **self._fixed, **figures}
     with open(self._path, "a") as f:
       f.write(json.dumps(record) + "\n")
+
+
+class TimeEpochs(keras.callbacks.Callback):
+  """Keras `fit`'s epochs timed by an EpochTimer; each of `figures`, a
+  name in fit's logs, recorded as train_<name>."""
+
+  def __init__(self, timer: EpochTimer, figures: tuple = ()):
+    super().__init__()
+    self._timer, self._figures = timer, figures
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._timer.start()
+
+  def on_epoch_end(self, epoch, logs=None):
+    self._timer.end(epoch + 1, **{f"train_{name}": float(logs[name])
+                                  for name in self._figures})

@@ -62,7 +62,7 @@ def main(argv):
       hvd.callbacks.MetricAverageCallback(),
       # Last, so an epoch's time includes the metrics' allreduce, as the
       # engine's does.
-      _TimeEpochs(timer),
+      epochs.TimeEpochs(timer),
   ]
   model.fit(batches, epochs=FLAGS.epochs,
             steps_per_epoch=FLAGS.steps_per_epoch, callbacks=callbacks,
@@ -85,19 +85,6 @@ def _input_pipeline(examples, info, *, rank: int, world_size: int,
              .map(lambda images, labels: (info.normalized(images), labels),
                   num_parallel_calls=tf.data.AUTOTUNE))
   return dataset.prefetch(tf.data.AUTOTUNE)
-
-
-class _TimeEpochs(keras.callbacks.Callback):
-
-  def __init__(self, timer: epochs.EpochTimer):
-    super().__init__()
-    self._timer = timer
-
-  def on_epoch_begin(self, epoch, logs=None):
-    self._timer.start()
-
-  def on_epoch_end(self, epoch, logs=None):
-    self._timer.end(epoch + 1)
 
 
 def _check_weights_agree(model: keras.Model) -> None:

@@ -26,15 +26,14 @@ Every run prints its images/s per epoch (the median of the epochs after
 the first is its figure) and the training accuracy of its last epoch;
 then each variant's medians and its ratio to `fit` per round.
 """
-import json
 import os
 import shutil
 import statistics
-import time
 
 from absl import app
 from absl import flags
 
+from bench import epochs
 from bench import interleaved
 
 FLAGS = flags.FLAGS
@@ -54,8 +53,8 @@ flags.DEFINE_list("engine_flags", [], "Flags added to every engine run.")
 flags.DEFINE_string("out_dir", os.path.join(interleaved.REPO, "bench", "out",
                                             "user_models"),
                     "Each run's directory, emptied before it runs.")
-flags.DEFINE_string("worker", "", "(internal) MODEL,MODEL_DIR,XLA: train "
-                    "with fit in this process.")
+flags.DEFINE_string("worker", "", "(internal) MODEL,MODEL_DIR,VARIANT: "
+                    "train with fit in this process.")
 MODEL_FILE = "bench/user_model_files.py"
 LEARNING_RATE = 1e-3
 
@@ -133,41 +132,34 @@ def fit_worker(model_name: str, model_dir: str, variant: str) -> None:
   from engine.datasets import fashion_mnist
   # pylint: enable=import-outside-toplevel
   splits = fashion_mnist.load("")
-  images, labels = splits.train.images, splits.train.labels
-  mean, std = splits.info.mean, splits.info.std
-  train = (tf.data.Dataset.from_tensor_slices((images, labels))
+  info = splits.info
+  train = (tf.data.Dataset.from_tensor_slices((splits.train.images,
+                                               splits.train.labels))
            .shuffle(10000, seed=0).repeat()
-           .map(lambda x, y: ((tf.cast(x, tf.float32) - mean) / std, y),
+           .map(lambda x, y: (info.normalized(x), y),
                 num_parallel_calls=tf.data.AUTOTUNE)
            .batch(FLAGS.global_batch, drop_remainder=True)
            .prefetch(tf.data.AUTOTUNE))
   keras.utils.set_random_seed(0)
   if variant == "fit-bfloat16":  # Keras' mixed precision, as its guide sets it
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
-  model = getattr(user_model_files, model_name)(splits.info.image_shape,
-                                                splits.info.num_classes)
+  model = getattr(user_model_files, model_name)(info.image_shape,
+                                                info.num_classes)
   model.compile(
       optimizer=keras.optimizers.Adam(LEARNING_RATE),
       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
       metrics=["accuracy"], steps_per_execution=FLAGS.steps_per_execution,
       jit_compile=variant == "fit-xla")
-  images_per_epoch = FLAGS.steps_per_epoch * FLAGS.global_batch
-  path = os.path.join(model_dir, "metrics.jsonl")
-
-  class Record(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-      self.began = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-      seconds = time.perf_counter() - self.began
-      with open(path, "a") as f:
-        f.write(json.dumps({
-            "epoch": epoch + 1, "images_per_sec": images_per_epoch / seconds,
-            "train_seconds": seconds, "world_size": 1,
-            "train_accuracy": float(logs["accuracy"])}) + "\n")
-
+  timer = epochs.EpochTimer(
+      os.path.join(model_dir, "metrics.jsonl"),
+      images_per_epoch=FLAGS.steps_per_epoch * FLAGS.global_batch,
+      world_size=1,
+      intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads(),
+      inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads(),
+      chief=True)
   model.fit(train, epochs=FLAGS.epochs, steps_per_epoch=FLAGS.steps_per_epoch,
-            callbacks=[Record()], verbose=0)
+            callbacks=[epochs.TimeEpochs(timer, figures=("accuracy",))],
+            verbose=0)
 
 
 if __name__ == "__main__":
