@@ -6,6 +6,7 @@ model evaluated or range-tested is the one trained, on the same data, and
 the order of the building (the seed before the model, the precision policy
 before its layers) is written once.
 """
+import collections
 import functools
 import os
 import time
@@ -35,6 +36,7 @@ from engine.loop.parts import TrainingParts
 from engine.records import mlperf
 from engine.records import report
 from models import batch_norm
+from models import winograd3d
 from models import whitening
 import models
 
@@ -141,6 +143,7 @@ class ModelBuilder:
 
   def model(self, mode: str) -> keras.Model:
     precision.set_policy(mode)
+    winograd3d.use(self._config.performance.cpu_kernels)
     # The same seed everywhere, then rank 0's weights win anyway.
     keras.utils.set_random_seed(self._config.training.seed)
     model = tasks.build_model(self._task, self._config.task.name,
@@ -402,6 +405,29 @@ def _describe(world: distributed.World, kernels: str) -> str:
           f"{os.environ['HOROVOD_CYCLE_TIME']} ms")
 
 
+def cpu_kernels_record(config: TrainConfig, model: keras.Model
+                       ) -> Optional[dict]:
+  """Which of our CPU kernels the model's blocks take on each rank, logged
+  and as a record for metrics.jsonl; None for a model with no block that
+  fits them. Each rank loads the variant its own CPU runs
+  (models/winograd3d.py), so a cluster of several CPU kinds runs several.
+  Under --elastic, whose workers meet inside the loop, this rank's alone."""
+  fitting, taking = winograd3d.blocks(model)
+  if not fitting:
+    return None
+  ours = f"winograd3d_{winograd3d.loaded()}" if taking else "tensorflow"
+  by_rank = ([ours] if config.faults.elastic
+             else distributed.gathered(ours, name="cpu_kernels"))
+  logging.info("%d blocks fit our Winograd kernels (--cpu_kernels=%s); they "
+               "run %s", fitting, config.performance.cpu_kernels,
+               ", ".join(f"{kernels} on {count} of {len(by_rank)} ranks"
+                         for kernels, count in
+                         collections.Counter(by_rank).items()))
+  return dict(event="cpu_kernels", blocks=fitting,
+              choice=config.performance.cpu_kernels, by_rank=by_rank,
+              time=round(time.time(), 3))
+
+
 def training_parts(config: TrainConfig) -> TrainingParts:
   """The parts of a training run, built on every rank alike."""
   began = time.time()  # MLPerf's init_start (--mlperf_log)
@@ -419,6 +445,7 @@ def training_parts(config: TrainConfig) -> TrainingParts:
                "task %s", model.name, model.count_params(),
                batch_norm.fused(model), config.performance.fused_batch_norm,
                task.name)
+  kernels = cpu_kernels_record(config, model)
   # Optimizer and learning rate: scaled with the global batch (linear:
   # base_lr * world.size, set for each number of processes the loop runs
   # on), warmed up per step, then decayed; a function of the step evaluated
@@ -431,7 +458,7 @@ def training_parts(config: TrainConfig) -> TrainingParts:
                                              learning_rate, weight_average)
   parts = TrainingParts(
       config=config, world=world, precision=choice, communication=sent,
-      splits=splits, staged=staged, task=task,
+      splits=splits, staged=staged, cpu_kernels=kernels, task=task,
       model=model, learning_rate=learning_rate,
       weight_average=weight_average, optimizer=optimizer,
       train_step=train_step, eval_step=eval_step(config, task, model),

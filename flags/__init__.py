@@ -189,7 +189,8 @@ def _performance() -> config.PerformanceConfig:
       allreduce_op=FLAGS.allreduce_op,
       grad_accum_steps=FLAGS.grad_accum_steps,
       steps_per_call=FLAGS.steps_per_call,
-      fused_batch_norm=FLAGS.fused_batch_norm)
+      fused_batch_norm=FLAGS.fused_batch_norm,
+      cpu_kernels=FLAGS.cpu_kernels)
 
 
 def _profiling() -> config.ProfilingConfig:

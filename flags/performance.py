@@ -17,6 +17,7 @@ from absl import flags
 from engine.compute import communication
 from engine.compute import precision
 from engine.distributed import gradients
+from models import winograd3d
 
 flags.DEFINE_enum("mixed_precision", "auto", precision.MODES,
                   "Compute in 16 bits with float32 weights (Keras mixed "
@@ -78,6 +79,17 @@ flags.DEFINE_enum("fused_batch_norm", "auto", ["auto", "off"],
                   "other way: variables, checkpoints, moving statistics, "
                   "inference, the .keras export (models/batch_norm.py). "
                   "off: Keras 3's own computation, separate operations.",
+                  case_sensitive=False)
+flags.DEFINE_enum("cpu_kernels", "auto", winograd3d.CHOICES,
+                  "Our CPU kernels (CosmoFlow's 3x3x3 convolutions by "
+                  "Winograd's algorithm, models/winograd3d.py), where a "
+                  "block qualifies (float32, on a CPU, at least 8 voxels a "
+                  "side from 16 channels): auto, the widest build this "
+                  "process's CPU runs (AVX-512, else AVX2); off, "
+                  "TensorFlow's convolution; avx2 or avx512, that build, "
+                  "which the CPU must run. Without a build that loads, "
+                  "TensorFlow's convolution, said in one line at start; "
+                  "metrics.jsonl records which ran on each rank.",
                   case_sensitive=False)
 flags.DEFINE_integer("steps_per_call", 1,
                      "Train steps per call of the compiled step, in a loop "

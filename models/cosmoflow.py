@@ -116,7 +116,7 @@ class PooledConv3D(layers.Conv3D):
     # axes) leaves the sides of the batches it gives unknown.
     side = tuple(input_shape[1:4])
     self._side_by_taps = side if max(side) <= MAX_SIDE_BY_TAPS else None
-    self._by_winograd = (
+    self.fits_winograd = (
         min(side) >= MIN_SIDE_BY_WINOGRAD
         and all(n % 2 == 0 for n in side)
         and self.kernel_size == (3, 3, 3)
@@ -124,6 +124,8 @@ class PooledConv3D(layers.Conv3D):
         and self.filters % winograd3d.CHANNEL_MULTIPLE == 0
         and self.compute_dtype == "float32"
         and not tf.config.list_logical_devices("GPU"))
+    # Where our kernels are off or did not load, TensorFlow's.
+    self._by_winograd = self.fits_winograd and winograd3d.available()
 
   def call(self, inputs, training=None):
     if self._side_by_taps:

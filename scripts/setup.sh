@@ -153,23 +153,11 @@ if [ "$(cat "$venv/.horovod-built" 2>/dev/null)" != "$wheels" ] || ! "$py" -c "i
   echo "$wheels" > "$venv/.horovod-built"
 fi
 
-# Our Winograd kernels for CosmoFlow's convolutions (models/winograd3d.py),
-# compiled into the venv against its TensorFlow, for this machine's vectors
-# (-march=native: AVX-512 or AVX2). -mno-avx512fp16: GCC 12 cannot compile
-# the float16 vector code in TensorFlow's copy of Eigen, which the kernels
-# do not use. Rebuilt when the source, the pins or the compiler change.
-kernels=$venv/lib/horovod-engine
-kernels_want=$( (echo "$want"; g++ --version | head -n 1; cat models/kernels/winograd3d.cc) | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$kernels/winograd3d.sha256" 2>/dev/null)" != "$kernels_want" ] || [ ! -e "$kernels/winograd3d.so" ]; then
-  say "compiling models/kernels/winograd3d.cc against TensorFlow (15 seconds)"
-  mkdir -p "$kernels"
-  read -r -a tf_flags <<< "$("$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))' 2>/dev/null)"
-  g++ -std=c++17 -shared -fPIC -O3 -march=native -mno-avx512fp16 \
-    -Wno-deprecated-declarations -Wno-interference-size \
-    models/kernels/winograd3d.cc -o "$kernels/winograd3d.so.partial" "${tf_flags[@]}"
-  mv "$kernels/winograd3d.so.partial" "$kernels/winograd3d.so"
-  echo "$kernels_want" > "$kernels/winograd3d.sha256"
-fi
+# Our CPU kernels for CosmoFlow's convolutions (models/winograd3d.py),
+# compiled into the venv against its TensorFlow for every x86-64 node
+# (AVX2, AVX-512). scripts/build_kernels.sh never fails: without them
+# CosmoFlow trains at TensorFlow's speed, and set-up goes on.
+bash scripts/build_kernels.sh "$py" "$venv/lib/horovod-engine"
 
 if [ ! -e "$data_dir/train-images-idx3-ubyte.gz" ]; then
   if [ "$(id -u)" = 0 ]; then

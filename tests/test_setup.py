@@ -1,12 +1,15 @@
 """scripts/setup.sh's refusals: a Python that TensorFlow 2.21 does not
 support, or a venv made with another, are one line and exit 2, before
-anything is created or installed. And what it builds: Horovod with our
-patch's hunks in effect."""
+anything is created or installed. What it builds: Horovod with our
+patch's hunks in effect. And what it never fails on: our CPU kernels
+(scripts/build_kernels.sh), which without a compiler that builds them are
+one line, and set-up goes on."""
 import glob
 import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +17,7 @@ from tests import fixtures
 from tests import timeouts
 
 SETUP = os.path.join(fixtures.REPO, "scripts", "setup.sh")
+BUILD_KERNELS = os.path.join(fixtures.REPO, "scripts", "build_kernels.sh")
 
 
 def interpreter(directory, version: str) -> str:
@@ -88,3 +92,60 @@ def test_gloo_sums_float16_gradients_with_f16c():
       timeout=timeouts.bound(60)).stdout
   assert GLOO_FLOAT16_SUM in code  # the sum is in the library
   assert "vcvtph2ps" in code  # ... and converts with F16C
+
+
+def build_kernels(out, **env):
+  return subprocess.run(["bash", BUILD_KERNELS, sys.executable, str(out)],
+                        env=dict(os.environ, **env), text=True,
+                        capture_output=True, timeout=timeouts.bound(120))
+
+
+def failing_compiler(directory, version: str) -> str:
+  """A stand-in for a C++ compiler that says its version and then
+  compiles nothing, as GCC 11 fails on an option it does not know."""
+  path = directory / "c++"
+  path.write_text(f"""#!/bin/sh
+[ "$1" = --version ] && {{ echo '{version}'; exit 0; }}
+echo "c++: error: unrecognized command-line option '-mfancy'" >&2
+exit 1
+""")
+  path.chmod(0o755)
+  return str(path)
+
+
+LOST = "CosmoFlow's 3x3x3 blocks will train at TensorFlow's speed"
+
+
+@pytest.mark.parametrize("cxx", ["missing", "failing"])
+def test_kernels_a_compiler_cannot_build_are_one_line_and_no_failure(
+    tmp_path, cxx):
+  out = tmp_path / "kernels"
+  out.mkdir()
+  # A build of before, for another TensorFlow: not left to load.
+  (out / "winograd3d_avx2.so").write_bytes(b"stale")
+  if cxx == "missing":
+    env = dict(CXX=str(tmp_path / "no-such-compiler"))
+    says = [f"[setup] no C++ compiler ({tmp_path}/no-such-compiler; set "
+            f"CXX= to name one): no CPU kernels, {LOST}"]
+  else:
+    env = dict(CXX=failing_compiler(tmp_path, "g++-11 (Debian 11.3.0-12) "
+                                    "11.3.0"))
+    cannot = ("g++-11 (Debian 11.3.0-12) 11.3.0 could not compile the "
+              "{} kernels (c++: error: unrecognized command-line option "
+              "'-mfancy')")
+    built = ("[setup] compiling models/kernels/winograd3d.cc for AVX2 and "
+             "AVX-512 with g++-11 (Debian 11.3.0-12) 11.3.0 against "
+             "TensorFlow ")
+    says = [built, "[setup] " + "; ".join(
+        [cannot.format("avx2"), cannot.format("avx512"),
+         f"no CPU kernels: {LOST}"])]
+  ran = build_kernels(out, **env)
+  assert ran.returncode == 0
+  lines = ran.stderr.splitlines()
+  assert len(lines) == len(says)
+  assert lines[0].startswith(says[0]) and lines[1:] == says[1:]
+  assert not list(out.glob("*.so"))
+  # Again with the same compiler: nothing is tried again, the same line.
+  again = build_kernels(out, **env)
+  assert again.returncode == 0 and again.stderr.splitlines() == says[-1:]
+

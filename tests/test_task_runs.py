@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from engine import runs
+from engine.core import cpu
 from engine.datasets import record_features
 from engine.tools import make_volumes
 from tests import fixtures
@@ -292,9 +293,20 @@ def test_each_process_stages_its_share_once_and_a_rerun_copies_nothing(
 def test_the_volumes_train_through_our_winograd_kernels(worker):
   # Their second block, 8^3 voxels from 16 channels; so every guarantee
   # above holds through them.
-  _, ranks = worker
+  out, ranks = worker
   assert [rank["volumes"]["by_winograd"] for rank in ranks] == [
       [False, True, False]] * 2
+  # Each start's record names the build each rank loaded: the widest this
+  # CPU runs (models/winograd3d.py).
+  widest = "avx512" if "avx512f" in cpu.features() else "avx2"
+  kernels = [[r for r in map(json.loads, (out / name / "metrics.jsonl")
+                             .read_text().splitlines())
+              if r.get("event") == "cpu_kernels"]
+             for name in ("volumes", "volumes_resumed")]
+  assert [[(r["blocks"], r["choice"], r["by_rank"]) for r in starts]
+          for starts in kernels] == [
+              [(1, "auto", [f"winograd3d_{widest}"] * 2)]] + [
+              [(1, "auto", [f"winograd3d_{widest}"] * 2)] * 2]
 
 
 def test_the_volumes_export_takes_stored_counts(worker):

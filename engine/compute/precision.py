@@ -24,6 +24,7 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
+from engine.core import cpu
 from engine.core import run_files
 
 MODES = ("none", "float16", "bfloat16", "auto")
@@ -73,7 +74,7 @@ def native(cpu_flags: Optional[set] = None) -> tuple[tuple[str, ...], str]:
     if major >= 7:
       return ("none", "float16"), f"{gpu} (Tensor Cores, before Ampere)"
     return ("none",), f"{gpu} (no Tensor Cores)"
-  features = _cpu_flags() if cpu_flags is None else cpu_flags
+  features = cpu.features() if cpu_flags is None else cpu_flags
   bfloat16 = [f.upper() for f in CPU_BFLOAT16_FEATURES if f in features]
   if bfloat16:
     return ("none", "bfloat16"), f"CPU with {' and '.join(bfloat16)}"
@@ -133,17 +134,6 @@ def of_first_start(model_dir: str) -> Optional[tuple[str, str]]:
     return first, (f"{_NAMES[first]}, the mode of the run's first start "
                    f"({run_files.FLAGS_FILE})")
   return None
-
-
-def _cpu_flags() -> set:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("flags"):
-          return set(line.split(":", 1)[1].split())
-  except OSError:
-    pass
-  return set()
 
 
 def set_policy(mode: str) -> None:

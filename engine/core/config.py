@@ -144,6 +144,7 @@ class PerformanceConfig:
   grad_accum_steps: int
   steps_per_call: int
   fused_batch_norm: str  # auto or off
+  cpu_kernels: str  # auto, off, or a variant (models/winograd3d.VARIANTS)
 
 
 @dataclasses.dataclass(**_SECTION)

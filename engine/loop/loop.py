@@ -192,8 +192,9 @@ class TrainLoop:
     if self._trial:
       distributed.on_chief(self._trial.open if directory else None,
                            name="trial")
-    if directory and parts.staged:
-      directory.record_event(parts.staged)  # the staging's record
+    for record in (parts.staged, parts.cpu_kernels):
+      if directory and record:  # the staging's, the CPU kernels'
+        directory.record_event(record)
     distributed.broadcast_from_chief(self.variables())
     if position is None:
       return RunState.beginning(global_batch, world.size), True

@@ -29,6 +29,7 @@ class TrainingParts:
   communication: communication.Choice
   splits: datasets.Splits
   staged: Optional[dict]  # --stage_dir's record, for metrics.jsonl
+  cpu_kernels: Optional[dict]  # which ran on each rank, for metrics.jsonl
   task: tasks.Task
   model: keras.Model
   learning_rate: schedules.WarmupThenDecay

@@ -61,6 +61,9 @@ typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 // of a core's L2 cache (2 MB on the AVX-512 hosts here). A quarter or
 // twice as much ran the second block's ops up to 2x slower.
 constexpr long kBlockBytes = 1 << 20;
+// The kernel gradient's partial sums, one a shard, at most this many
+// bytes (Winograd3DKernelGradientOp).
+constexpr long kPartialSumBytes = 256L << 20;
 
 template <typename V>
 inline V Load(const float* p) {
@@ -540,18 +543,26 @@ class Winograd3DKernelGradientOp : public OpKernel {
     const long kernel_size = 64 * in_channels * out_channels;
 
     // A fixed split of the blocks into shards, each summing into its own
-    // kernel gradient, then added in shard order: the same sums for the
-    // same thread count, however the shards are scheduled.
+    // kernel gradient (the first into the output), then added in shard
+    // order: the same sums for the same thread count, however the shards
+    // are scheduled. A shard's gradient is 64 Ci Co floats: 16 MB at 256
+    // channels in and out (CosmoFlow's widest block), so at most
+    // kPartialSumBytes of them: past that, fewer shards than threads for
+    // that block, rather than a gigabyte at 64 threads.
     const auto& workers = *context->device()->tensorflow_cpu_worker_threads();
-    const long shards = std::max<long>(1, std::min<long>(workers.num_threads,
-                                                         blocks));
-    std::vector<std::vector<float>> sums(shards,
+    const long most_shards = std::max<long>(
+        1, kPartialSumBytes / (kernel_size * long(sizeof(float))));
+    const long shards = std::max<long>(
+        1, std::min<long>({workers.num_threads, blocks, most_shards}));
+    float* out = output->flat<float>().data();
+    std::fill(out, out + kernel_size, 0.0f);
+    std::vector<std::vector<float>> sums(shards - 1,
                                          std::vector<float>(kernel_size));
     auto sum_shards = [&](long first, long last) {
       std::vector<float> v(64 * block * in_channels);
       std::vector<float> w(64 * block * out_channels);
       for (long s = first; s < last; ++s) {
-        float* sum = sums[s].data();
+        float* sum = s == 0 ? out : sums[s - 1].data();
         for (long b = blocks * s / shards; b < blocks * (s + 1) / shards;
              ++b) {
           const long tile0 = b * block;
@@ -578,10 +589,15 @@ class Winograd3DKernelGradientOp : public OpKernel {
     tensorflow::Shard(shards, workers.workers, shards,
                       tiles * 64 * in_channels * out_channels * 2 / shards,
                       sum_shards);
-    float* out = output->flat<float>().data();
-    std::copy(sums[0].begin(), sums[0].end(), out);
-    for (long s = 1; s < shards; ++s)
-      for (long i = 0; i < kernel_size; ++i) out[i] += sums[s][i];
+    // The shards' sums added to the first's on every thread, a range of
+    // the gradient each, in shard order.
+    if (shards > 1)
+      tensorflow::Shard(workers.num_threads, workers.workers, kernel_size,
+                        shards, [&](long first, long last) {
+                          for (const auto& sum : sums)
+                            for (long i = first; i < last; ++i)
+                              out[i] += sum[i];
+                        });
   }
 };
 
