@@ -17,8 +17,8 @@ import keras
 
 from engine import datasets
 from engine import distributed
-from engine import measure
 from engine import tasks
+from engine.compute import auto
 from engine.compute import communication
 from engine.compute import ema
 from engine.compute import metrics
@@ -64,12 +64,13 @@ class Prepared(NamedTuple):
 def prepare(config: TrainConfig, measure_auto: bool = True) -> Prepared:
   """Distributed setup, the data set, the task, the precision, the
   gradient compression and the model. Auto's choices are the run's first
-  start's (model_dir), or measured now (engine/measure.py; unless
-  `measure_auto` is false: engine.evaluate takes the hardware's preferred
-  mode and no compression for a run that recorded none)."""
+  start's (model_dir), kept for this kind of run, or measured now
+  (engine/compute/auto.py); unless `measure_auto` is false:
+  engine.evaluate takes the hardware's preferred mode and no compression
+  for a run that recorded none."""
   world = start_processes(config)
   # The mode asked for; under auto, the hardware's preferred one until
-  # auto_choices chooses.
+  # auto.decide decides.
   choice = precision.Choice(*precision.resolve(
       config.performance.mixed_precision))
   # A user's data, task or model may fail on one rank alone (a file missing
@@ -78,8 +79,9 @@ def prepare(config: TrainConfig, measure_auto: bool = True) -> Prepared:
   splits, task, builder, model, decides = distributed.agree(
       functools.partial(data_task_and_model, config, choice.mode),
       name="prepare", collective=not config.faults.elastic)
-  chosen, sent = auto_choices(config, world, choice, splits, task, builder,
-                              measure_auto=measure_auto)
+  chosen, sent = auto.decide(config, world, choice, splits, task,
+                             builder.measured_step, model,
+                             measure=measure_auto)
   if (chosen.mode != choice.mode or chosen.figures.get("images_per_sec")
       or sent.figures.get("images_per_sec")):
     # In another mode, or after models of their own were measured: built
@@ -132,7 +134,7 @@ def data_task_and_model(config: TrainConfig, mode: str) -> tuple[
 
 class ModelBuilder:
   """The task's model built afresh in a precision mode: the run's, and one
-  for each mode or compression measured (measure.py)."""
+  for each mode or compression measured (engine/compute/auto.py)."""
 
   def __init__(self, *, config: TrainConfig, splits: datasets.Splits,
                task: tasks.Task):
@@ -154,7 +156,7 @@ class ModelBuilder:
     return model
 
   def measured_step(self, mode: str, compression: str) -> steps.TrainStep:
-    """A train step on a model of its own, to time (measure.py)."""
+    """A train step on a model of its own, to time (compute/auto.py)."""
     return optimizer_and_step(self._config, mode, compression, self._task,
                               self.model(mode), learning_rate=0.0)[1]
 
@@ -165,25 +167,6 @@ class ModelBuilder:
                         num_classes=output_shape[-1],
                         output_shape=output_shape,
                         **_model_params(self._config))
-
-
-def auto_choices(config: TrainConfig, world: distributed.World,
-                 choice: precision.Choice, splits: datasets.Splits,
-                 task: tasks.Task, builder: ModelBuilder, measure_auto: bool
-                 ) -> tuple[precision.Choice, communication.Choice]:
-  """The precision and compression the flags ask for, or auto's: recorded
-  by the run's first start, or measured among the hardware's native modes
-  (not under --elastic, whose workers meet inside the train loop)."""
-  if (config.performance.mixed_precision == "auto"
-      and not config.faults.elastic):
-    choice = measure.precision_choice(config, choice, precision.native()[0],
-                                      world, splits, task,
-                                      builder.measured_step,
-                                      measure=measure_auto)
-  sent = measure.compression_choice(config, choice.mode, world, splits,
-                                    builder.measured_step,
-                                    measure=measure_auto)
-  return choice, sent
 
 
 def _first_images(splits: datasets.Splits):
@@ -407,25 +390,21 @@ def _describe(world: distributed.World, kernels: str) -> str:
 
 def cpu_kernels_record(config: TrainConfig, model: keras.Model
                        ) -> Optional[dict]:
-  """Which of our CPU kernels the model's blocks take on each rank, logged
-  and as a record for metrics.jsonl; None for a model with no block that
-  fits them. Each rank loads the variant its own CPU runs
-  (models/winograd3d.py), so a cluster of several CPU kinds runs several.
-  Under --elastic, whose workers meet inside the loop, this rank's alone."""
+  """Which of our CPU kernels the model's blocks take on each rank (what
+  its own CPU runs), logged and for metrics.jsonl; None if no block fits
+  them. Under --elastic (workers meet in the loop), this rank's alone."""
   fitting, taking = winograd3d.blocks(model)
   if not fitting:
     return None
   ours = f"winograd3d_{winograd3d.loaded()}" if taking else "tensorflow"
   by_rank = ([ours] if config.faults.elastic
              else distributed.gathered(ours, name="cpu_kernels"))
+  ran = collections.Counter(by_rank).items()
   logging.info("%d blocks fit our Winograd kernels (--cpu_kernels=%s); they "
-               "run %s", fitting, config.performance.cpu_kernels,
-               ", ".join(f"{kernels} on {count} of {len(by_rank)} ranks"
-                         for kernels, count in
-                         collections.Counter(by_rank).items()))
-  return dict(event="cpu_kernels", blocks=fitting,
-              choice=config.performance.cpu_kernels, by_rank=by_rank,
-              time=round(time.time(), 3))
+               "run %s", fitting, config.performance.cpu_kernels, ", ".join(
+                   f"{name} on {n} of {len(by_rank)} ranks" for name, n in ran))
+  return dict(event="cpu_kernels", blocks=fitting, by_rank=by_rank,
+              choice=config.performance.cpu_kernels, time=round(time.time(), 3))
 
 
 def training_parts(config: TrainConfig) -> TrainingParts:

@@ -190,7 +190,8 @@ def _performance() -> config.PerformanceConfig:
       grad_accum_steps=FLAGS.grad_accum_steps,
       steps_per_call=FLAGS.steps_per_call,
       fused_batch_norm=FLAGS.fused_batch_norm,
-      cpu_kernels=FLAGS.cpu_kernels)
+      cpu_kernels=FLAGS.cpu_kernels,
+      remeasure_auto=FLAGS.remeasure_auto)
 
 
 def _profiling() -> config.ProfilingConfig:

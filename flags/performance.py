@@ -30,7 +30,9 @@ flags.DEFINE_enum("mixed_precision", "auto", precision.MODES,
                   "computes natively (float32; bfloat16 on those GPUs and "
                   "CPUs; float16 on Tensor Core GPUs) on the run's model, "
                   "batch and data, and rank 0's fastest wins if it beats "
-                  "float32 by 5%; the figures are logged and recorded in "
+                  "float32 by 5% and by its rounds' spread; the decision is "
+                  "kept for later runs of the same kind (--remeasure_auto), "
+                  "logged and recorded in "
                   "model_dir/precision.json, which a resume and "
                   "engine.evaluate reuse. float32 alone, unmeasured, on "
                   "other hardware. A run resumed under auto keeps the "
@@ -46,7 +48,9 @@ flags.DEFINE_enum("gradient_compression", "none", communication.MODES,
                   "Helps when the network, not the device, bounds the step. "
                   "auto: measured; before training every rank times a few "
                   "steps of each on the run's model, batch, data and link, "
-                  "and rank 0's figures choose fp16 if it beats none by 5%; "
+                  "and rank 0's figures choose fp16 if it beats none by 5% "
+                  "and by its rounds' spread; kept for later runs of the "
+                  "same kind (--remeasure_auto) and "
                   "recorded in model_dir/communication.json (with "
                   "Horovod's fusion threshold and cycle), which a resume "
                   "reuses. A process alone runs none, unmeasured.",
@@ -80,6 +84,14 @@ flags.DEFINE_enum("fused_batch_norm", "auto", ["auto", "off"],
                   "inference, the .keras export (models/batch_norm.py). "
                   "off: Keras 3's own computation, separate operations.",
                   case_sensitive=False)
+flags.DEFINE_bool("remeasure_auto", False,
+                  "Measure --mixed_precision=auto and "
+                  "--gradient_compression=auto again, and keep what this "
+                  "measurement decides for later runs of the same kind "
+                  "(this machine's CPU or GPUs, the model, the batch, the "
+                  "processes and hosts, TensorFlow's version) in place of "
+                  "the decision kept in ~/.cache/horovod-engine/auto. A "
+                  "resumed run keeps its own decision regardless.")
 flags.DEFINE_enum("cpu_kernels", "auto", winograd3d.CHOICES,
                   "Our CPU kernels (CosmoFlow's 3x3x3 convolutions by "
                   "Winograd's algorithm, models/winograd3d.py), where a "

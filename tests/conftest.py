@@ -6,6 +6,10 @@ through the environment, which TensorFlow reads once, early. Tests
 that train in the pytest process then run the kernels users run, whichever
 test file a worker happens to import first.
 """
+import os
+import shutil
+import tempfile
+
 import pytest
 
 import engine  # pylint: disable=unused-import
@@ -14,11 +18,19 @@ from tests import timeouts
 
 def pytest_configure(config):  # pylint: disable=unused-argument
   """A bad ENGINE_TEST_TIMEOUT_SCALE is one line before any test runs,
-  rather than an error in every test that launches a process."""
+  rather than an error in every test that launches a process. And a cache
+  of `auto` decisions of the tests' own (engine/compute/auto.py), for this
+  process and those it launches: one the user's runs kept must not decide
+  a test's, nor a test's the user's."""
   try:
     timeouts.scale()
   except ValueError as e:
     raise pytest.UsageError(str(e)) from None
+  os.environ["HOROVOD_ENGINE_CACHE"] = tempfile.mkdtemp(prefix="engine-cache-")
+
+
+def pytest_unconfigure(config):  # pylint: disable=unused-argument
+  shutil.rmtree(os.environ.pop("HOROVOD_ENGINE_CACHE", ""), ignore_errors=True)
 
 
 def pytest_report_header(config):  # pylint: disable=unused-argument

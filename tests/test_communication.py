@@ -8,8 +8,9 @@ import json
 import pytest
 
 from engine import distributed
-from engine import measure
+from engine.compute import auto
 from engine.compute import communication
+from engine.compute import precision
 from engine.core import run_files
 from engine.core.errors import UserError
 from tests import fixtures
@@ -21,7 +22,8 @@ from tests import fixtures
     ({"none": 1000, "fp16": 1200}, "fp16"),    # the link bounds the step
 ])
 def test_fp16_wins_only_by_the_margin(images_per_sec, chosen):
-  assert communication.choose(images_per_sec) == chosen
+  assert auto.choose(dict(images_per_sec=images_per_sec,
+                          margin=auto.MARGIN)) == chosen
 
 
 def test_what_horovod_runs_with_is_the_environments_or_its_defaults(
@@ -39,38 +41,40 @@ def test_what_horovod_runs_with_is_the_environments_or_its_defaults(
 
 def test_a_recorded_choice_reads_back_and_a_damaged_one_is_one_line(
     tmp_path):
-  assert communication.recorded(str(tmp_path)) is None
+  assert auto.recorded(auto.COMPRESSION, str(tmp_path)) is None
   choice = communication.Choice("fp16", "measured", dict(
       images_per_sec={"none": 1.0, "fp16": 2.0},
       fusion_threshold_bytes=1024, cycle_time_ms=3.0))
-  communication.record(str(tmp_path), choice)
-  assert communication.recorded(str(tmp_path)) == dict(
+  auto.record(auto.COMPRESSION, str(tmp_path), choice.compression,
+              choice.figures)
+  assert auto.recorded(auto.COMPRESSION, str(tmp_path)) == dict(
       compression="fp16", **choice.figures)
   (tmp_path / run_files.COMMUNICATION_FILE).write_text(
       '{"compression": "fp8"}')
   with pytest.raises(UserError, match=r"communication.json: unreadable .*"
                      "delete it to measure again"):
-    communication.recorded(str(tmp_path))
+    auto.recorded(auto.COMPRESSION, str(tmp_path))
 
 
 def test_a_resume_under_auto_keeps_the_compression_of_the_first_start(
     tmp_path):
   model_dir = str(tmp_path)
-  assert communication.of_first_start(model_dir) is None  # a new run
+  # A new run chooses.
+  assert auto.of_first_start(auto.COMPRESSION, model_dir) is None
   flags_txt = tmp_path / run_files.FLAGS_FILE
   flags_txt.write_text("--epochs=3\n--gradient_compression=auto\n")
-  assert communication.of_first_start(model_dir) is None
+  assert auto.of_first_start(auto.COMPRESSION, model_dir) is None
   flags_txt.write_text("--epochs=3\n--gradient_compression=fp16\n")
-  assert communication.of_first_start(model_dir) == (
+  assert auto.of_first_start(auto.COMPRESSION, model_dir) == (
       "fp16", "fp16, the compression of the run's first start (flags.txt)")
-  communication.record(model_dir, communication.Choice("none", "", dict(
-      images_per_sec={}, unmeasured="a process alone has no allreduce")))
-  assert communication.of_first_start(model_dir) == (
+  auto.record(auto.COMPRESSION, model_dir, "none", dict(
+      images_per_sec={}, unmeasured="a process alone has no allreduce"))
+  assert auto.of_first_start(auto.COMPRESSION, model_dir) == (
       "none", "none, unmeasured: a process alone has no allreduce "
       "(communication.json)")
-  communication.record(model_dir, communication.Choice("fp16", "", dict(
-      images_per_sec={"none": 1000.0, "fp16": 1500.0})))
-  assert communication.of_first_start(model_dir) == (
+  auto.record(auto.COMPRESSION, model_dir, "fp16", dict(
+      images_per_sec={"none": 1000.0, "fp16": 1500.0}))
+  assert auto.of_first_start(auto.COMPRESSION, model_dir) == (
       "fp16", "measured float32 gradients 1000 img/s, float16 gradients "
       "1500 img/s: fp16 (communication.json)")
 
@@ -86,14 +90,15 @@ def test_a_process_alone_sends_none_unmeasured_and_says_why(tmp_path):
   def step_of(mode, compression):
     raise AssertionError("measured")
 
-  choice = measure.compression_choice(config, "none", world, None, step_of,
-                                      measure=True)
+  _, choice = auto.decide(config, world, precision.Choice("none"), None,
+                          None, step_of, model=None)
   assert choice.compression == "none"
   assert choice.why == "none, unmeasured: a process alone has no allreduce"
   assert choice.figures["images_per_sec"] == {}
   assert set(choice.figures) >= {"fusion_threshold_bytes", "cycle_time_ms"}
   # Asked for: taken as it is, nothing to record.
-  assert measure.compression_choice(
-      config.replace(performance=dict(gradient_compression="fp16")), "none",
-      world, None, step_of, measure=True) == communication.Choice("fp16")
+  assert auto.decide(
+      config.replace(performance=dict(gradient_compression="fp16")),
+      world, precision.Choice("none"), None, None, step_of,
+      model=None)[1] == communication.Choice("fp16")
   json.dumps(choice.figures)  # recordable as it is

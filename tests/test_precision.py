@@ -1,14 +1,16 @@
 """--mixed_precision=auto: the modes the hardware computes natively, the
 one measured fastest, recorded and reused; on two processes, rank 0's
 choice on every rank, for it and for --gradient_compression=auto, which
-engine/measure.py measures alike (its own module's checks:
-tests/test_communication.py)."""
+engine/compute/auto.py decides alike (its own module's checks:
+tests/test_communication.py), and a run of the same kind taking the
+decision kept, with a busy process beside it."""
 import json
 import os
 
 import pytest
 import tensorflow as tf
 
+from engine.compute import auto
 from engine.compute import precision
 from engine.core import run_files
 from engine.core.errors import UserError
@@ -65,39 +67,42 @@ def test_the_native_modes_are_what_auto_measures(flags, modes):
 ])
 def test_the_fastest_mode_wins_by_a_margin_over_float32(images_per_sec,
                                                         chosen):
-  assert precision.choose(images_per_sec) == chosen
+  assert auto.choose(dict(images_per_sec=images_per_sec,
+                          margin=auto.MARGIN)) == chosen
 
 
 def test_a_recorded_choice_reads_back_and_a_damaged_one_is_one_line(
     tmp_path):
-  assert precision.recorded(str(tmp_path)) is None
+  assert auto.recorded(auto.PRECISION, str(tmp_path)) is None
   choice = {"mode": "bfloat16", "images_per_sec": {"none": 1.0,
                                                     "bfloat16": 2.0}}
-  precision.record(str(tmp_path), choice)
-  assert precision.recorded(str(tmp_path)) == choice
+  auto.record(auto.PRECISION, str(tmp_path), "bfloat16",
+              {"images_per_sec": choice["images_per_sec"]})
+  assert auto.recorded(auto.PRECISION, str(tmp_path)) == choice
   (tmp_path / run_files.PRECISION_FILE).write_text('{"mode": "float8"}')
   with pytest.raises(UserError, match=r"precision.json: unreadable .*"
                      "delete it to measure again"):
-    precision.recorded(str(tmp_path))
+    auto.recorded(auto.PRECISION, str(tmp_path))
 
 
 def test_a_resume_under_auto_keeps_the_mode_of_the_first_start(tmp_path):
   model_dir = str(tmp_path)
-  assert precision.of_first_start(model_dir) is None  # a new run chooses
+  # A new run chooses.
+  assert auto.of_first_start(auto.PRECISION, model_dir) is None
   flags_txt = tmp_path / "flags.txt"
   flags_txt.write_text("--epochs=3\n--mixed_precision=auto\n")
-  assert precision.of_first_start(model_dir) is None
+  assert auto.of_first_start(auto.PRECISION, model_dir) is None
   flags_txt.write_text("--epochs=3\n--mixed_precision=none\n")
-  assert precision.of_first_start(model_dir) == (
+  assert auto.of_first_start(auto.PRECISION, model_dir) == (
       "none", "float32, the mode of the run's first start (flags.txt)")
-  precision.record(model_dir, {"mode": "none", "images_per_sec": {},
-                               "hardware": "CPU without AVX512_BF16 or AMX"})
-  assert precision.of_first_start(model_dir) == (
+  auto.record(auto.PRECISION, model_dir, "none", {
+      "images_per_sec": {}, "hardware": "CPU without AVX512_BF16 or AMX"})
+  assert auto.of_first_start(auto.PRECISION, model_dir) == (
       "none", "float32, unmeasured: CPU without AVX512_BF16 or AMX "
       "(precision.json)")
-  precision.record(model_dir, {"mode": "bfloat16", "images_per_sec": {
+  auto.record(auto.PRECISION, model_dir, "bfloat16", {"images_per_sec": {
       "none": 1000.0, "bfloat16": 1500.0}})
-  assert precision.of_first_start(model_dir) == (
+  assert auto.of_first_start(auto.PRECISION, model_dir) == (
       "bfloat16", "measured float32 1000 img/s, bfloat16 1500 img/s: "
       "bfloat16 (precision.json)")
 
@@ -173,3 +178,24 @@ def test_the_measured_run_keeps_every_rank_identical(measured):
   # reduced gradient all the same.
   _, _, ranks = measured
   assert [r["max_weight_difference_across_ranks"] for r in ranks] == [0, 0]
+
+
+def test_a_run_of_the_same_kind_takes_the_kept_decision_busy_or_not(
+    measured):
+  out, result, ranks = measured
+  assert [r["kept_policy"] for r in ranks] == ["mixed_bfloat16"] * 2
+  assert [r["kept_compression"] for r in ranks] == ["fp16"] * 2
+  assert result.stderr.count("--mixed_precision=auto: kept for this kind "
+                             "of run") == 1
+
+  def figures(history):
+    return [{k: v for k, v in epoch.items()
+             if k.startswith(("train_", "val_"))} for epoch in history]
+  # It trains as the run whose decision it took.
+  assert [figures(r["kept_history"]) for r in ranks] == [
+      figures(r["first_history"]) for r in ranks]
+  for option in auto.OPTIONS:
+    recorded = json.loads((out / "kept" / option.file).read_text())
+    assert recorded["kept"].startswith(os.environ.get(
+        "HOROVOD_ENGINE_CACHE", ""))
+    assert os.path.exists(recorded["kept"])

@@ -14,23 +14,21 @@ times a few steps of each mode the hardware computes natively (`native`:
 bfloat16 on GPUs of compute capability 8 and later and on CPUs with
 AVX512_BF16 or AMX, float16 on GPUs with Tensor Cores; never an emulated
 one: float16 on CPU was 66-74x slower, bench/cpu_defaults.py) on the real
-model, batch and data, and rank 0's fastest wins if it beats float32 by
-MARGIN (`choose`). Hardware with float32 alone runs float32 unmeasured.
+model, batch and data, and rank 0's fastest wins if it clearly beats
+float32; the decision is kept for runs of the same kind
+(engine/compute/auto.py).
+Hardware with float32 alone runs float32 unmeasured.
 """
 import dataclasses
-import os
 from typing import Optional
 
 import keras
 import tensorflow as tf
 
 from engine.core import cpu
-from engine.core import run_files
 
 MODES = ("none", "float16", "bfloat16", "auto")
-# How much faster than float32 a 16-bit mode must measure to be chosen.
-MARGIN = 0.05
-_NAMES = {"none": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+NAMES = {"none": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 CPU_BFLOAT16_FEATURES = ("avx512_bf16", "amx_bf16")
 _POLICIES = {"none": "float32", "float16": "mixed_float16",
              "bfloat16": "mixed_bfloat16"}
@@ -79,61 +77,6 @@ def native(cpu_flags: Optional[set] = None) -> tuple[tuple[str, ...], str]:
   if bfloat16:
     return ("none", "bfloat16"), f"CPU with {' and '.join(bfloat16)}"
   return ("none",), "CPU without AVX512_BF16 or AMX: 16 bits would be emulated"
-
-
-def choose(images_per_sec: dict[str, float]) -> str:
-  """The fastest mode if it beats float32 ("none") by MARGIN, else
-  float32: 16 bits are kept only where they clearly pay."""
-  fastest = max(images_per_sec, key=images_per_sec.get)
-  if images_per_sec[fastest] > images_per_sec["none"] * (1 + MARGIN):
-    return fastest
-  return "none"
-
-
-def described(images_per_sec: dict[str, float], chosen: str) -> str:
-  """The measurement in words: each mode's img/s, and the choice."""
-  figures = ", ".join(f"{_NAMES[mode]} {rate:.0f} img/s"
-                      for mode, rate in images_per_sec.items())
-  return f"measured {figures}: {_NAMES[chosen]}"
-
-
-def record(model_dir: str, choice: dict) -> None:
-  """run_files.PRECISION_FILE: `auto`'s choice and its figures (none where
-  the hardware has float32 alone), which a resume and engine.evaluate use
-  rather than choosing again: a run never changes precision midway, even
-  resumed on other hardware."""
-  run_files.write_record(model_dir, run_files.PRECISION_FILE, choice)
-
-
-def recorded(model_dir: str) -> Optional[dict]:
-  """The choice recorded in model_dir by the run's first start, if any:
-  {"mode": ..., "images_per_sec": {...}, "seconds": ...}, or a UserError
-  naming the file if it cannot be read."""
-  return run_files.read_choice(
-      model_dir, run_files.PRECISION_FILE, "mode", _POLICIES,
-      "the precision --mixed_precision=auto measured for this run: restore "
-      "it, or delete it to measure again")
-
-
-def of_first_start(model_dir: str) -> Optional[tuple[str, str]]:
-  """Under `auto`, the mode a resumed run keeps, and why: the one its
-  first start chose (precision.json), or, for a run first started with a
-  mode of its own (float32 was the default before `auto`), the mode its
-  flags.txt names. None for a new run, which chooses."""
-  if not model_dir:
-    return None
-  choice = recorded(model_dir)
-  if choice:
-    mode, figures = choice["mode"], choice.get("images_per_sec")
-    why = (described(figures, mode) if figures else
-           f"{_NAMES[mode]}, unmeasured: {choice.get('hardware', '')}")
-    return mode, f"{why} ({run_files.PRECISION_FILE})"
-  first = run_files.read_flags(
-      os.path.join(model_dir, run_files.FLAGS_FILE)).get("mixed_precision")
-  if first in _POLICIES:
-    return first, (f"{_NAMES[first]}, the mode of the run's first start "
-                   f"({run_files.FLAGS_FILE})")
-  return None
 
 
 def set_policy(mode: str) -> None:

@@ -145,6 +145,7 @@ class PerformanceConfig:
   steps_per_call: int
   fused_batch_norm: str  # auto or off
   cpu_kernels: str  # auto, off, or a variant (models/winograd3d.VARIANTS)
+  remeasure_auto: bool  # auto's decisions measured again, not the kept ones
 
 
 @dataclasses.dataclass(**_SECTION)

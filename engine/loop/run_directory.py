@@ -19,6 +19,7 @@ import tensorflow as tf
 from engine import datasets
 from engine import distributed
 from engine import tasks
+from engine.compute import auto
 from engine.compute import communication
 from engine.compute import ema
 from engine.compute import precision
@@ -118,10 +119,12 @@ class RunDirectory:
       run_files.record_flags(self.model_dir, self._config.command_line)
       datasets.record(self.model_dir, self._info)
       if self._precision.figures:  # --mixed_precision=auto's choice
-        precision.record(self.model_dir, dict(
-            mode=self._precision.mode, **self._precision.figures))
+        auto.record(auto.PRECISION, self.model_dir, self._precision.mode,
+                    self._precision.figures)
       if self._communication.figures:  # --gradient_compression=auto's
-        communication.record(self.model_dir, self._communication)
+        auto.record(auto.COMPRESSION, self.model_dir,
+                    self._communication.compression,
+                    self._communication.figures)
     self.opened = True
     return position
 

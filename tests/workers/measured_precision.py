@@ -1,33 +1,35 @@
 """Run by tests/test_precision.py under `horovodrun -np 2`:
 --mixed_precision=auto's and --gradient_compression=auto's measurements
-(engine/measure.py) on two processes, on hardware of two native modes
+(engine/compute/auto.py) on two processes, on hardware of two native modes
 (float32 and bfloat16: `precision.native` replaced rather than the CPU
 read, so that any machine runs it). Each rank writes OUT/rank<r>.json.
 
 1. A run measures and chooses both; rank 0 is made to choose bfloat16 and
-   fp16 gradients and rank 1 float32 and none (`precision.choose` and
-   `communication.choose` replaced), so what both run says whose choice
-   wins. Rank 0's time budget fits one step a round and rank 1's all
+   fp16 gradients and rank 1 float32 and none (`auto.choose` replaced),
+   so what both run says whose choice wins. Rank 0's time budget fits one step a round and rank 1's all
    eight: each step holds an allreduce, so unless every rank runs rank 0's
    count the ranks' collectives would not match.
-2. The run resumed: both `choose` now fail if called, so the resume must
+2. The run resumed: `choose` now fails if called, so the resume must
    take the recorded choices without measuring.
 3. A run first started in float32 and without compression (as every run
    was before auto), resumed under auto: it keeps both, unmeasured.
 4. A first start under auto on hardware of float32 alone: float32,
    unmeasured, recorded for a resume on other hardware.
+5. The first run's command again, in another model_dir, with a busy
+   process beside each rank: it takes the decision kept for this kind of
+   run (measuring now fails), and trains as the first did.
 """
 import json
 import os
+import subprocess
 import sys
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from engine import measure
 from engine import train as engine_train
-from engine.compute import communication
+from engine.compute import auto
 from engine.compute import precision
 from tests import fixtures
 
@@ -60,23 +62,24 @@ def main(out_dir: str, data_dir: str) -> None:
   asked = {"--mixed_precision=none": "--mixed_precision=auto",
            "--gradient_compression=none": "--gradient_compression=auto"}
   auto_flags = config.command_line  # the flags.txt an auto run records
-  for explicit, auto in asked.items():
-    auto_flags = auto_flags.replace(explicit, auto)
+  for explicit, asked_auto in asked.items():
+    auto_flags = auto_flags.replace(explicit, asked_auto)
   config = config.replace(command_line=auto_flags)
   precision.native = lambda cpu_flags=None: (("none", "bfloat16"),
                                              "CPU with AVX512_BF16")
-  precision.choose = lambda figures: "bfloat16" if hvd.rank() == 0 else "none"
-  communication.choose = lambda figures: "fp16" if hvd.rank() == 0 else "none"
+  # Rank 0 chooses bfloat16 and fp16 gradients, rank 1 neither.
+  auto.choose = lambda figures: "none" if hvd.rank() else (
+      "bfloat16" if "bfloat16" in figures["images_per_sec"] else "fp16")
   # Before Horovod starts: the rank horovodrun gave this process.
   rank = int(os.environ["HOROVOD_RANK"])
-  measure.MEASURED_SECONDS = 1e-6 if rank == 0 else 1e6
+  auto.MEASURED_SECONDS = 1e-6 if rank == 0 else 1e6
   first = engine_train.train(config)
   measured = policy(first.model)
 
-  def measured_again(figures):
-    raise AssertionError(f"measured again: {figures}")
+  def measured_again(*args, **kwargs):
+    raise AssertionError(f"measured again: {args} {kwargs}")
 
-  precision.choose = communication.choose = measured_again
+  auto.choose = measured_again
   second = engine_train.train(config.replace(training=dict(epochs=2)))
   float32_run = config.replace(
       training=dict(model_dir=os.path.join(out_dir, "float32_run")))
@@ -90,6 +93,16 @@ def main(out_dir: str, data_dir: str) -> None:
   float32_alone = engine_train.train(config.replace(
       training=dict(model_dir=os.path.join(out_dir, "float32_alone")),
       performance=dict(gradient_compression="none")))
+  precision.native = lambda cpu_flags=None: (("none", "bfloat16"),
+                                             "CPU with AVX512_BF16")
+  auto.timed = measured_again
+  busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+  try:
+    kept = engine_train.train(config.replace(
+        training=dict(model_dir=os.path.join(out_dir, "kept"))))
+  finally:
+    busy.kill()
+    busy.wait()
   flat = weights(second.model)
   everyone = hvd.allgather(tf.constant(flat[None]), name="weights").numpy()
   with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
@@ -103,7 +116,11 @@ def main(out_dir: str, data_dir: str) -> None:
                "float32_alone_policy": policy(float32_alone.model),
                "max_weight_difference_across_ranks":
                    float(np.abs(everyone - everyone[0]).max()),
-               "history": second.history}, f)
+               "history": second.history,
+               "first_history": first.history,
+               "kept_policy": policy(kept.model),
+               "kept_compression": compression(kept),
+               "kept_history": kept.history}, f)
 
 
 if __name__ == "__main__":
