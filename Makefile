@@ -6,6 +6,9 @@
 #   make test                  the test suite
 #   make smoke                 2-process training checks alone (CI runs
 #                              them on Python 3.13 too, .ci/run)
+#   make smoke-next-tensorflow the same on the next TensorFlow (a venv of
+#                              its own, .venv-next; BUILD.md, "The next
+#                              TensorFlow")
 #   make train PYTHON=python3.13
 #                              set-up with another supported Python (3.11,
 #                              3.12, 3.13); VENV=dir puts that venv elsewhere
@@ -15,7 +18,7 @@ ARGS ?=
 VENV ?= .venv
 export VENV PYTHON
 
-.PHONY: setup train test smoke
+.PHONY: setup train test smoke smoke-next-tensorflow
 setup:
 	@bash scripts/setup.sh
 
@@ -31,8 +34,27 @@ train: setup
 test: setup
 	$(VENV)/bin/python -m pytest -n 3 --dist loadgroup
 
+SMOKE_CHECKS = tests/test_multiprocess.py -k \
+  "identical_on_every_rank or exactly_the_full_test_sets or same_whole_epochs"
 # Two processes train, then agree: identical weights on both ranks, every
 # validation figure that of the whole test set, the same whole epochs.
 smoke: setup
-	$(VENV)/bin/python -m pytest tests/test_multiprocess.py -k \
-	  "identical_on_every_rank or exactly_the_full_test_sets or same_whole_epochs"
+	$(VENV)/bin/python -m pytest $(SMOKE_CHECKS)
+
+# The next TensorFlow before the pin moves: requirements.txt's pins with
+# TensorFlow's replaced, in .venv-next, Horovod built against it with our
+# patch, our CPU kernels compiled, then the smoke checks.
+NEXT_TENSORFLOW ?= 2.22.0rc0
+smoke-next-tensorflow:
+	@mkdir -p .venv-next
+	sed 's/^tensorflow-cpu==.*/tensorflow-cpu==$(NEXT_TENSORFLOW)/' \
+	  requirements.txt > .venv-next/requirements.txt
+	VENV=.venv-next REQUIREMENTS=.venv-next/requirements.txt bash scripts/setup.sh
+	# A release candidate requires keras-nightly, which installs the same
+	# `keras` package as our pin over it: our Keras alone, as pinned.
+	.venv-next/bin/python -m pip uninstall --quiet --yes keras-nightly
+	.venv-next/bin/python -m pip install --quiet --force-reinstall --no-deps \
+	  "$$(grep '^keras==' requirements.txt)"
+	.venv-next/bin/python -c "import keras, tensorflow as tf; \
+	  print('TensorFlow', tf.__version__, 'Keras', keras.__version__)"
+	.venv-next/bin/python -m pytest $(SMOKE_CHECKS)

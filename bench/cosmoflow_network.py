@@ -1,7 +1,9 @@
 r"""CosmoFlow's network alone: the engine's blocks against the reference's
-layers, forward and backward, on one thread.
+layers, forward and backward, on one thread (or --threads).
 
   .venv/bin/python -m bench.cosmoflow_network --conv_layers=5 --repeats=3
+  .venv/bin/python -m bench.cosmoflow_network --size=128 --batch_size=1 \
+      --variants=taps,engine,engine-avx2 --steps=3 --repeats=2
 
 What it answers: how much of the engine's lead over a Keras fit trainer
 (bench/against_keras.py --configs=engine,independent) its network gives,
@@ -9,14 +11,17 @@ with no loop, input or allreduce around it. Each variant times, in a fresh
 process on one intra- and one inter-op thread (as the engine gives each of
 2 processes on 2 cores), one batch's forward pass and its gradients (MSE
 against random targets, no optimizer) in a compiled function, the median
-of --steps after two warm-up calls:
-- `keras`: the reference's layers in tf_keras, bench/keras_cosmoflow.py's
-  model (Conv3D with its bias, LeakyReLU, MaxPool3D a block);
+of --steps after two warm-up calls, and the process's peak memory:
+- `keras`: the reference's layers in Keras 3 (Conv3D with its bias,
+  LeakyReLU, MaxPool3D a block; Dense 128 and 64; as bench/keras_cosmoflow.py
+  builds them in tf_keras);
 - `direct`: models/cosmoflow.py with every block convolved by oneDNN;
 - `taps`: the same, but a block of at most MAX_SIDE_BY_TAPS voxels a side
-  convolved by taps (the engine before Winograd);
+  convolved by taps: the engine with --cpu_kernels=off;
 - `engine`: models/cosmoflow.py as it builds itself (taps there, and
-  Winograd's algorithm on blocks of at least MIN_SIDE_BY_WINOGRAD).
+  Winograd's algorithm on blocks of at least MIN_SIDE_BY_WINOGRAD, by the
+  widest build of our kernels the CPU runs); `engine-avx2` with the
+  portable build (--cpu_kernels=avx2).
 Rounds interleave the variants (bench/interleaved.py).
 
 With --ops, one variant (--variant, or `engine`) is traced by TensorFlow's
@@ -29,6 +34,7 @@ convolution forward, and its gradients of the kernel and of the input).
 import collections
 import glob
 import os
+import resource
 import statistics
 import sys
 import time
@@ -36,30 +42,32 @@ import time
 from absl import app
 from absl import flags
 
-# Its model, and its flags: --filters, --kernel_size, --conv_layers,
-# --batch_size, --dropout.
-from bench import keras_cosmoflow
-
 FLAGS = flags.FLAGS
-VARIANTS = ("keras", "direct", "taps", "engine")
+VARIANTS = ("keras", "direct", "taps", "engine", "engine-avx2")
 flags.DEFINE_integer("size", 32, "The volumes' side.")
+flags.DEFINE_integer("filters", 32, "The first block's; doubled a block.")
+flags.DEFINE_integer("kernel_size", 3, "The Conv3D kernels' side.")
+flags.DEFINE_integer("conv_layers", 5, "Blocks.")
+flags.DEFINE_integer("batch_size", 8, "Volumes a pass.")
 flags.DEFINE_integer("channels", 4, "The volumes' channels.")
 flags.DEFINE_integer("steps", 9, "Timed calls a variant and round.")
 flags.DEFINE_integer("repeats", 3, "Rounds.")
+flags.DEFINE_integer("threads", 1, "Intra-op threads.")
+flags.DEFINE_list("variants", ["keras", "direct", "taps", "engine"],
+                  f"Of {', '.join(VARIANTS)}; the first is the reference.")
 flags.DEFINE_enum("variant", None, VARIANTS, "(worker) Time this variant.")
 flags.DEFINE_bool("ops", False, "Trace one variant and list its kernels' "
                   "time in a call (above).")
 flags.DEFINE_integer("top", 25, "--ops: the kernels listed.")
-FLAGS.set_default("filters", 32)
-FLAGS.set_default("conv_layers", 5)
 
 
 def engines(variant: str):
   """models/cosmoflow.py's network; `direct` with no block by taps or
   Winograd, `taps` with none by Winograd."""
   from models import cosmoflow  # pylint: disable=g-import-not-at-top
-  if variant in ("direct", "taps"):
-    cosmoflow.MIN_SIDE_BY_WINOGRAD = FLAGS.size + 1
+  from models import winograd3d  # pylint: disable=g-import-not-at-top
+  winograd3d.use({"direct": "off", "taps": "off",
+                  "engine-avx2": "avx2"}.get(variant, "auto"))
   if variant == "direct":
     cosmoflow.MAX_SIDE_BY_TAPS = 0
   return cosmoflow.build(
@@ -68,15 +76,32 @@ def engines(variant: str):
       kernel_size=FLAGS.kernel_size)
 
 
+def reference(shape):
+  """CosmoFlow's network as the reference orders its layers, in Keras 3."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from models import cosmoflow  # pylint: disable=g-import-not-at-top
+  layers = keras.layers
+  stack = [keras.Input(shape)]
+  for i in range(FLAGS.conv_layers):
+    stack += [layers.Conv3D(FLAGS.filters * 2 ** i, FLAGS.kernel_size,
+                            padding="same"),
+              layers.LeakyReLU(cosmoflow.LEAKY_SLOPE), layers.MaxPool3D(2)]
+  stack.append(layers.Flatten())
+  for size in cosmoflow.DENSE_SIZES:
+    stack += [layers.Dense(size), layers.LeakyReLU(cosmoflow.LEAKY_SLOPE)]
+  stack += [layers.Dense(4, activation="tanh"),
+            layers.Rescaling(cosmoflow.OUTPUT_SCALE)]
+  return keras.Sequential(stack)
+
+
 def compiled_pass(variant: str):
   """The variant's forward and backward pass of one batch as a compiled
-  function, on one intra- and one inter-op thread, called twice."""
+  function, on --threads intra- and one inter-op thread, called twice."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_intra_op_parallelism_threads(FLAGS.threads)
   tf.config.threading.set_inter_op_parallelism_threads(1)
   shape = (FLAGS.size,) * 3 + (FLAGS.channels,)
-  model = (keras_cosmoflow.build_model(shape, 4) if variant == "keras"
-           else engines(variant))
+  model = reference(shape) if variant == "keras" else engines(variant)
   volumes = tf.random.normal((FLAGS.batch_size,) + shape)
   targets = tf.random.uniform((FLAGS.batch_size, 4), -1, 1)
 
@@ -91,15 +116,17 @@ def compiled_pass(variant: str):
   return gradients
 
 
-def time_variant(variant: str) -> float:
-  """One batch's forward and backward pass, ms: the median of --steps."""
+def time_variant(variant: str) -> tuple[float, float]:
+  """One batch's forward and backward pass, ms (the median of --steps),
+  and the process's peak resident memory, MB."""
   gradients = compiled_pass(variant)
   seconds = []
   for _ in range(FLAGS.steps):
     start = time.perf_counter()
     gradients()
     seconds.append(time.perf_counter() - start)
-  return statistics.median(seconds) * 1e3
+  peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return statistics.median(seconds) * 1e3, peak_kb / 1024
 
 
 def list_ops(variant: str) -> None:
@@ -143,32 +170,35 @@ def main(argv):
     list_ops(FLAGS.variant or "engine")
     return
   if FLAGS.variant:
-    print(f"{time_variant(FLAGS.variant):.2f}")
+    print("%.2f %.0f" % time_variant(FLAGS.variant))
     return
   from bench import interleaved  # pylint: disable=g-import-not-at-top
   del argv
   passed = [a for a in sys.argv[1:] if a.startswith("--")]
 
-  def measure(variant: str, round_: int) -> float:
+  def measure(variant: str, round_: int) -> tuple[float, float]:
     del round_
     out = interleaved.launch([interleaved.PYTHON, "-m",
                               "bench.cosmoflow_network", *passed,
                               f"--variant={variant}"])
-    return float(out.split()[-1])
+    ms, peak_mb = out.split()[-2:]
+    return float(ms), float(peak_mb)
 
   print(f"{interleaved.cpu()}; {FLAGS.size}^3 x {FLAGS.channels}, "
         f"{FLAGS.conv_layers} blocks from {FLAGS.filters} filters, kernel "
-        f"{FLAGS.kernel_size}, batch {FLAGS.batch_size}: ms a forward and "
-        "backward pass", flush=True)
+        f"{FLAGS.kernel_size}, batch {FLAGS.batch_size}, {FLAGS.threads} "
+        "threads: ms a forward and backward pass, peak MB", flush=True)
   results = interleaved.rounds(
-      VARIANTS, measure, FLAGS.repeats,
-      show=lambda variant, round_, ms: f"  round {round_ + 1} {variant}: "
-                                       f"{ms:.1f} ms")
-  keras = statistics.median(results["keras"])
+      FLAGS.variants, measure, FLAGS.repeats,
+      show=lambda variant, round_, found: f"  round {round_ + 1} {variant}: "
+                                          "%.1f ms, %.0f MB" % found)
+  reference = FLAGS.variants[0]
+  first = statistics.median(ms for ms, _ in results[reference])
   for variant, found in results.items():
-    median = statistics.median(found)
-    print(f"{variant}: median {median:.1f} ms, keras / {variant} "
-          f"{keras / median:.3f}")
+    median = statistics.median(ms for ms, _ in found)
+    print(f"{variant}: median {median:.1f} ms, peak "
+          f"{max(mb for _, mb in found):.0f} MB; {reference} / {variant} "
+          f"{first / median:.3f}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ horovod=horovod-0.28.1
 # The sdist our patch is written against: the patch applies to these bytes.
 horovod_sha256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
 horovod_patch=$root/patches/$horovod.patch
+# The pins: requirements.txt, or another file of them (REQUIREMENTS=; `make
+# smoke-next-tensorflow` pins the next TensorFlow so).
+requirements=$(realpath "${REQUIREMENTS:-requirements.txt}")
 
 say() { echo "[setup] $*" >&2; }
 python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
@@ -45,11 +48,11 @@ if [ ! -x "$py" ]; then
 fi
 
 stamp=$venv/.requirements.sha256
-want=$(sha256sum < requirements.txt | cut -d' ' -f1)
+want=$(sha256sum < "$requirements" | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "installing requirements.txt"
+  say "installing $(realpath --relative-to="$root" "$requirements")"
   "$py" -m pip install --quiet --upgrade "pip==24.3.1"
-  "$py" -m pip install --quiet -r requirements.txt
+  "$py" -m pip install --quiet -r "$requirements"
   echo "$want" > "$stamp"
   rm -f "$venv/.horovod-built"   # a new TensorFlow needs a new Horovod build
 fi
