@@ -14,6 +14,7 @@ returns is checked here, at start-up, rather than ten calls into training.
 import keras
 import tensorflow as tf
 
+from engine.core import compat
 from engine.core.errors import first_line
 from engine.core.errors import UserError
 from engine.core.registry import Registry
@@ -61,7 +62,7 @@ def _float32_outputs(model) -> None:
   if not isinstance(model, keras.Model):
     return
   for output in getattr(model, "outputs", None) or ():
-    layer = output._keras_history.operation  # (Keras' own way back)
+    layer = compat.layer_computing(output)
     if layer.compute_dtype in ("bfloat16", "float16"):
       layer.dtype_policy = "float32"
 

@@ -22,6 +22,8 @@ import types
 import keras
 import tensorflow as tf
 
+from engine.core import compat
+
 _DATA_FORMATS = {4: "NHWC", 5: "NDHWC"}
 _KERAS_CALL = keras.layers.BatchNormalization.call
 
@@ -33,7 +35,7 @@ def fuse(model: keras.Model) -> int:
   renormalizing or synchronizing its statistics, keeps Keras' computation.
   Only the instance changes, never the class: every other model keeps
   Keras' layer as it is."""
-  served = [layer for layer in model._flatten_layers()  # (no public walk)
+  served = [layer for layer in compat.layers_within(model)
             if isinstance(layer, keras.layers.BatchNormalization)
             and type(layer).call is _KERAS_CALL
             and not (layer.renorm or layer.synchronized)]
@@ -46,7 +48,7 @@ def fuse(model: keras.Model) -> int:
 def fused(model: keras.Model) -> int:
   """How many of `model`'s batch normalizations `fuse` serves."""
   return sum(isinstance(vars(layer).get("call"), types.MethodType)
-             for layer in model._flatten_layers())
+             for layer in compat.layers_within(model))
 
 
 def _call(layer, inputs, training=None, mask=None):

@@ -49,6 +49,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from engine.core import compat
 from engine.core.errors import UserError
 from models import winograd3d
 
@@ -130,7 +131,8 @@ class PooledConv3D(layers.Conv3D):
   def call(self, inputs, training=None):
     if self._side_by_taps:
       outputs = convolution_by_taps(inputs, self.kernel, self._side_by_taps)
-    elif self._by_winograd and training and not winograd3d.in_xla():
+    elif (self._by_winograd and training
+          and not compat.in_xla_context()):  # (XLA has no kernel of ours)
       outputs = winograd3d.conv3d(inputs, self.kernel)
     else:
       outputs = self.convolution_op(inputs, self.kernel)

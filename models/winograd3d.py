@@ -20,15 +20,11 @@ said in one line (`available`).
 import os
 import sys
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
-# The one way to tell, while a function is traced, that XLA will compile
-# it (tf.function(jit_compile=True) traces it in an XLA context): XLA has
-# no kernel for these ops.
-from tensorflow.python.ops import control_flow_util
 
-from absl import logging
-
+from engine.core import compat
 from engine.core import cpu
 from engine.core.errors import UserError
 
@@ -131,7 +127,7 @@ def _choice_described() -> str:
 def blocks(model) -> tuple[int, int]:
   """How many of `model`'s layers fit the kernels (a layer says so by its
   `fits_winograd`), and how many of those take them."""
-  fitting = [layer for layer in model._flatten_layers()  # (no public walk)
+  fitting = [layer for layer in compat.layers_within(model)
              if getattr(layer, "fits_winograd", False)]
   return len(fitting), sum(layer._by_winograd for layer in fitting)
 
@@ -139,13 +135,6 @@ def blocks(model) -> tuple[int, int]:
 def loaded():
   """The variant this process loaded, or None."""
   return _library_variant
-
-
-def in_xla() -> bool:
-  """Whether the function being traced is compiled by XLA (--xla), where
-  the direct convolution is taken."""
-  return control_flow_util.GraphOrParentsInXlaContext(
-      tf.compat.v1.get_default_graph())
 
 
 def conv3d(inputs: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:

@@ -14,8 +14,8 @@ import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import _pywrap_util_port
 
+from engine.core import compat
 from engine.core.errors import UserError
 from engine.distributed import liveness
 
@@ -157,7 +157,7 @@ def cpu_kernels() -> tuple[str, str]:
   importing the engine may run Eigen's, 2.5x slower on AVX2 CPUs (BUILD.md,
   "CPU kernels").
   """
-  if _pywrap_util_port.IsMklEnabled():
+  if compat.onednn_enabled():
     return "oneDNN", ""
   if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0":
     return "Eigen", ""  # the user's choice
