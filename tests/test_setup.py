@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from engine.core import cpu
 from tests import fixtures
 from tests import timeouts
 
@@ -75,10 +76,7 @@ def test_gloo_sums_float16_gradients_with_f16c():
   """Patch hunk 6: where the build compiles with AVX and F16C, Gloo's sum
   of float16 buffers (--gradient_compression=fp16) converts with F16C's
   instructions, not in software (BUILD.md, "Horovod's patch")."""
-  with open("/proc/cpuinfo") as f:
-    flags = next((line.split(":")[1].split() for line in f
-                  if line.startswith("flags")), [])
-  if not {"avx", "f16c"} <= set(flags):
+  if not {"avx", "f16c"} <= cpu.features():
     pytest.skip("the CPU has no AVX or F16C: the build compiles neither")
   if not shutil.which("objdump"):
     pytest.skip("no objdump (binutils) to read Horovod's library")
