@@ -40,7 +40,7 @@ from absl import flags
 from bench import interleaved
 from bench import ring_allreduce
 from tests import shaped_links
-from engine import scaling
+from engine.records import scaling
 from tests import simulated_hosts
 
 FLAGS = flags.FLAGS

@@ -1,6 +1,6 @@
 """(library) The ring allreduce's cost as nccl-tests counts it, and the
 alpha-beta model fitted to measured times: no TensorFlow, no Horovod. The
-model itself is engine/scaling.py's, which engine.runs --scaling predicts
+model itself is engine/records/scaling.py's, which engine.runs --scaling predicts
 with (its Link: alpha is `latency`, beta `bandwidth`).
 
 A ring allreduce of `bytes` over n processes sends 2(n-1)/n x bytes out of
@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from engine import scaling
+from engine.records import scaling
 
 
 def bus_factor(processes: int) -> float:

@@ -27,6 +27,7 @@ from engine.compute import precision
 from engine.compute import schedules
 from engine.compute import eval_step as eval_steps
 from engine.compute import step as steps
+from engine.compute import task_step
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.datasets import Shard
@@ -311,14 +312,13 @@ def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
                       "step has no loss scaling; use bfloat16 or none")
     optimizer = optimizers.Several({name: optimizer()
                                     for name in task.optimizers})
-    step = steps.TaskTrainStep
+    step = task_step.TaskTrainStep
   else:
     optimizer = precision.with_loss_scaling(optimizer(), mode)
     step = steps.TrainStep
   return optimizer, step(
       model=model, optimizer=optimizer,
-      allreduce_op=performance.allreduce_op,
-      compression=compression,
+      allreduce_op=performance.allreduce_op, compression=compression,
       accumulation_steps=performance.grad_accum_steps, task=task,
       weight_average=weight_average, xla=performance.xla,
       any_image_size=bool(config.data.progressive_resizing))

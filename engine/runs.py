@@ -19,7 +19,7 @@ pruned, or failed with its reason) from each trial's trial.json.
 --scaling orders them by processes and adds each one's speedup and
 efficiency against the run with the fewest (scripts/slurm/scaling.sh);
 with a link between nodes (--link_gbit, --link_latency_us) it also
-predicts each run's efficiency on 8 to 512 nodes (engine/scaling.py).
+predicts each run's efficiency on 8 to 512 nodes (engine/records/scaling.py).
 Runs whose checkpoints are of another format than this engine's, which it
 neither resumes nor evaluates, are listed like the others, with a column
 of each run's checkpoint format.
@@ -43,7 +43,7 @@ from typing import Optional
 from absl import app
 from absl import flags
 
-from engine import scaling
+from engine.records import scaling
 from engine.core import run_files
 from engine.core.errors import UserError
 from engine.core.errors import WriteFailed
@@ -418,7 +418,7 @@ def main(argv):
     if link:
       print(f"\nPredicted on more nodes, one process each, over "
             f"{FLAGS.link_gbit:g} Gbit/s and {FLAGS.link_latency_us:g} us "
-            "(weak scaling, ring allreduce; engine/scaling.py):")
+            "(weak scaling, ring allreduce; engine/records/scaling.py):")
       for label, run in runs.items():
         print(scaling.described(label, scaling.measured(run.records), link))
     if FLAGS.plot:
@@ -441,7 +441,7 @@ if __name__ == "__main__":
   flags.DEFINE_float("link_gbit", None, "With --scaling: the bandwidth in "
                      "Gbit/s of the link between nodes, to predict each "
                      "run's efficiency on 8 to 512 nodes over it "
-                     "(engine/scaling.py).")
+                     "(engine/records/scaling.py).")
   flags.DEFINE_float("link_latency_us", None, "With --link_gbit: the "
                      "link's latency in microseconds.")
   app.run(main)

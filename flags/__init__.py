@@ -200,7 +200,10 @@ def _profiling() -> config.ProfilingConfig:
                           for step in FLAGS.profile_steps.split(",")
                           if FLAGS.profile_steps),
       profile_all_ranks=FLAGS.profile_all_ranks,
-      horovod_timeline=FLAGS.horovod_timeline)
+      horovod_timeline=FLAGS.horovod_timeline,
+      profile_every=FLAGS.profile_every,
+      profile_link_gbit=FLAGS.profile_link_gbit,
+      profile_link_latency_us=FLAGS.profile_link_latency_us)
 
 
 def _mlperf() -> config.MLPerfConfig:

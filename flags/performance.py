@@ -110,7 +110,7 @@ flags.DEFINE_integer("steps_per_call", 1,
                      "instead of per step; faster for a process alone (4: "
                      "+18% on a 30 ms CPU step), not on 2 CPU processes "
                      "(bench/RESULTS.md). Stops, non-finite steps, "
-                     "checkpoints, commits, summaries and profiled steps "
+                     "checkpoints, commits, summaries and profiled windows "
                      "still happen at the very step they would at 1 (a call "
                      "ends there); a stop signal is seen at the next call. "
                      "Beyond 1 the wait for input is counted as step time.",

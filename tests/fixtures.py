@@ -426,3 +426,20 @@ def write_user_code(directory: str) -> str:
     with open(os.path.join(directory, name), "w") as f:
       f.write(source)
   return directory
+
+
+def step_settings(**changed):
+  """What a run does, for a step report (step_advice.Settings): a CPU run
+  of one process a host at the flags' defaults, float32, that reads no
+  records, but for `changed` (the performance flags' by name)."""
+  from engine.records import step_advice  # pylint: disable=import-outside-toplevel
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  performance = train_config().performance
+  performance = dataclasses.replace(performance, **{
+      "mixed_precision": "none", "gradient_compression": "none",
+      **{name: changed.pop(name) for name in list(changed)
+         if hasattr(performance, name)}})
+  return step_advice.Settings(**{**dict(
+      device="CPU", processes_per_host=1, performance=performance,
+      records=False, cache_records=False, image_records=False,
+      streams_declared_records=False, stage_dir=False), **changed})

@@ -283,3 +283,36 @@ def test_every_is_due_at_its_multiples_and_once_after_the_first_call():
   assert actions.due([every], 5, 9) == []
   with pytest.raises(ValueError, match="steps must be 1 or more"):
     actions.Every(0, print)
+
+
+def test_each_window_reports_the_runs_own_calls(data_dir, tmp_path):
+  """Windows 3-10 and, every 18 steps, 21-28, at 4 steps a call: each
+  window times the run's calls of 4 (their batches read inside: their
+  input), one record each in step_reports.jsonl and in TensorBoard at its
+  last step, a trace each; the first call, which traced the timed step,
+  left out. The timed calls take the run's steps: the step counter and
+  the epochs are whole."""
+  history, step, _ = run_loop(
+      data_dir, tmp_path, faulty={}, performance=dict(steps_per_call=4),
+      profiling=dict(profile_steps=(3, 10), profile_every=18))
+  assert [r["global_step"] for r in history] == [18, 36]
+  with open(tmp_path / "profile" / "step_reports.jsonl") as f:
+    reports = [json.loads(line) for line in f]
+  assert [r["window"] for r in reports] == [[7, 10], [21, 28]]
+  assert [(r["ranks"][0]["calls"], r["ranks"][0]["steps"])
+          for r in reports] == [(1, 4), (2, 8)]
+  assert [r["late_in"] for r in reports] == ["calls of 4 steps"] * 2
+  for report in reports:
+    parts = report["ranks"][0]["parts"]
+    assert all(parts[part] > 0 for part in (
+        "input", "forward", "backward", "optimizer", "launch_and_read")), parts
+    assert report["settings"]["performance"]["steps_per_call"] == 4
+  assert reports[1]["ranks"][0]["parts"]["between_calls"] > 0
+  assert json.loads((tmp_path / "profile" / "step_report.json")
+                    .read_text()) == reports[1]
+  assert (step.traces, step.timed_traces) == (1, 1)
+  assert len(list((tmp_path / "profile").glob(
+      "plugins/profile/*/*.xplane.pb"))) == 2
+  tensorboard = b"".join(path.read_bytes() for path in (
+      tmp_path / "tensorboard" / "train").glob("events.*"))
+  assert tensorboard.count(b"profile/step_p95_ms") == 2

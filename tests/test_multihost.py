@@ -23,6 +23,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from engine.records import scaling
+from engine.records import step_report as step_report_lib
 from tests import fixtures
 from tests import simulated_hosts
 from tests import timeouts
@@ -32,8 +34,11 @@ TRAIN_FILES = 4
 # step. tbf lets a bucket of 64 KB (several steps' gradients) through at once,
 # which refills while an epoch ends: the window is inside the one epoch,
 # after 9 steps have drained it.
-SHAPED_LINK = "0.25mbit"
+SHAPED_LINK, SHAPED_GBIT = "0.25mbit", 0.00025
 PROFILED = "--profile_steps=10,16"
+# The slowed job's delays, in its forward pass: host1's two ranks in every
+# step, rank 1 (on host0) in every 4th.
+HOST_DELAY_MS, RANK_DELAY_MS, RANK_EVERY = 40, 100, 4
 WORKER = os.path.join(fixtures.REPO, "tests", "workers", "recorded_run.py")
 
 reason = simulated_hosts.unavailable()
@@ -42,7 +47,8 @@ pytestmark = [pytest.mark.serial,
               pytest.mark.skipif(reason is not None, reason=str(reason))]
 
 
-def run_job(hosts, tmp, name, *, per_host, epochs, model_dir, flags=()):
+def run_job(hosts, tmp, name, *, per_host, epochs, model_dir, flags=(),
+            env=None):
   out = tmp / name
   out.mkdir()
   command = [
@@ -54,7 +60,7 @@ def run_job(hosts, tmp, name, *, per_host, epochs, model_dir, flags=()):
       f"--data_dir={tmp / 'data'}", "--image_size=16", "--num_classes=10",
       "--model=cnn", "--filters=4", "--batch_size=4", f"--epochs={epochs}",
       f"--model_dir={model_dir}", "--progress=none", *flags]
-  env = fixtures.engine_env(RECORD_OUT=str(out))
+  env = fixtures.engine_env(RECORD_OUT=str(out), **(env or {}))
   result = hosts.run(command, env=env)
   processes = fixtures.recorded_processes(out)
   return dict(result=result, output=result.stdout + result.stderr,
@@ -94,6 +100,15 @@ def jobs(tmp_path_factory, before):  # pylint: disable=redefined-outer-name
                                flags=[PROFILED]),
         "2x2": run_job(hosts, tmp, "2x2", per_host=2, epochs=1,
                        model_dir=tmp / "run_2x2"),
+        "2x2 slowed": run_job(
+            hosts, tmp, "2x2_slowed", per_host=2, epochs=1,
+            model_dir=tmp / "run_2x2_slowed",
+            flags=["--model=" + os.path.join(
+                fixtures.REPO, "tests", "workers", "slowed_model.py:conv_net"),
+                   "--batch_size=1", "--profile_steps=3,16"],
+            env=dict(SLOWED_HOST="host1", SLOWED_HOST_MS=str(HOST_DELAY_MS),
+                     SLOWED_RANK="1", SLOWED_MS=str(RANK_DELAY_MS),
+                     SLOWED_EVERY=str(RANK_EVERY))),
         "2x1 shaped": shaped_job(hosts, tmp),
     }
 
@@ -102,11 +117,12 @@ def shaped_job(hosts, tmp):
   hosts.shape(SHAPED_LINK)
   return run_job(hosts, tmp, "2x1_shaped", per_host=1, epochs=1,
                  model_dir=tmp / "run_2x1_shaped",
-                 flags=[PROFILED, "--batch_size=2"])
+                 flags=[PROFILED, "--batch_size=2",
+                        f"--profile_link_gbit={SHAPED_GBIT}"])
 
 
 @pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2",
-                                  "2x1 shaped"])
+                                  "2x2 slowed", "2x1 shaped"])
 def test_training_finishes_on_every_rank_of_every_host(jobs, name):
   job = jobs[name]
   assert job["result"].returncode == 0, job["output"][-3000:]
@@ -121,7 +137,7 @@ def test_training_finishes_on_every_rank_of_every_host(jobs, name):
       (c, l) for c in range(2) for l in range(per_host)]
 
 
-@pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2",
+@pytest.mark.parametrize("name", ["2x1", "2x1 resumed", "2x2", "2x2 slowed",
                                   "2x1 shaped"])
 def test_weights_are_identical_everywhere(jobs, name):
   first, *others = jobs[name]["processes"]
@@ -209,3 +225,63 @@ def test_the_hosts_leave_the_machine_as_they_found_it(jobs, before):
     with simulated_hosts.SimulatedHosts(2):
       raise RuntimeError("a failure inside")
   assert machine_state() == before
+
+
+def test_a_slowed_node_and_a_rank_slowed_now_and_then_are_named(jobs):
+  """host1's two ranks sleep 40 ms in every forward pass, rank 1 (on
+  host0) 100 ms in every 4th: the report names the node, with both its
+  ranks and about the delay, and rank 1 with its host and how often; no
+  clock is compared across hosts (each rank's lateness is read from the
+  waits on its own clock)."""
+  report = step_report(jobs["2x2 slowed"])
+  assert report["window"] == [4, 16]
+  assert [(h["host"], h["ranks"]) for h in report["hosts"]] == [
+      ("host0", [0, 1]), ("host1", [2, 3])]
+  assert [(r["host"], r["local_rank"]) for r in report["ranks"]] == [
+      ("host0", 0), ("host0", 1), ("host1", 0), ("host1", 1)]
+  host1 = report["hosts"][1]["late"]
+  # Late in (nearly) every step, by the delay within -25% and +50%.
+  assert len(host1["steps"]) >= 0.8 * host1["of"] == 0.8 * 13
+  late_by = np.median([seconds for seconds in host1["seconds"]])
+  assert 0.75 * HOST_DELAY_MS < 1e3 * late_by < 1.5 * HOST_DELAY_MS, host1
+  # In the phase the delay is in: host1's forward passes, by the delay.
+  forward = [r["parts"]["forward"] for r in report["ranks"]]
+  for slowed in (2, 3):
+    assert (0.75 * HOST_DELAY_MS < 1e3 * (forward[slowed] - forward[0])
+            < 1.5 * HOST_DELAY_MS), forward
+  rank1 = report["ranks"][1]["late"]
+  # 100 ms late in every 4th step: 3 or 4 of the 13, by 75-150 ms.
+  assert 2 <= len(rank1["steps"]) <= 4, rank1
+  assert 0.75 * RANK_DELAY_MS < 1e3 * rank1["by"][1] < 1.5 * RANK_DELAY_MS
+  node, rank = report["verdict"]["stragglers"]
+  assert node.startswith("node host1 computes longer than the others")
+  assert "its ranks 2, 3 reached the allreduce last together in " in node
+  assert rank.startswith("rank 1 computes longer than the others")
+  assert "; on host0 (local rank 1), it reached the allreduce last in " in (
+      rank)
+  output = jobs["2x2 slowed"]["output"]
+  assert "a straggler: node host1 " in output
+  assert "a straggler: rank 1 " in output
+
+
+def test_a_shaped_link_gives_its_rate_as_the_allreduces_bandwidth(jobs):
+  """Links shaped to 0.25 Mbit/s: the allreduce's bus bandwidth is the
+  rate within 30% (tc's bucket and TCP's headers), and the verdict says
+  the network does what the link allows; set against a link ten times
+  faster, the same window says the network is slower than it should
+  be."""
+  report = step_report(jobs["2x1 shaped"])
+  link = report["link"]
+  assert link["crosses"] == "hosts" and link["link_gbit"] == SHAPED_GBIT
+  assert 0.7 < link["bus_gbit"]["p50"] / SHAPED_GBIT < 1.3, link
+  assert report["verdict"]["network"].endswith(
+      "the network does what the link allows")
+  claimed = step_report_lib.across(
+      report["ranks"], report["window"], fixtures.step_settings(
+          gradient_bytes=link["gradient_bytes"],
+          link=scaling.Link.of(10 * SHAPED_GBIT, 0)))
+  assert claimed["verdict"]["network"].endswith(
+      "the network is slower than it should be (other traffic, its "
+      "interfaces' settings, the route)")
+  assert "network: the allreduce's bus bandwidth " in (
+      jobs["2x1 shaped"]["output"])

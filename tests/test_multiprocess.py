@@ -271,14 +271,15 @@ def slowed(data_dir, tmp_path_factory):
 
 
 def test_a_slowed_rank_is_named_with_where_its_time_goes(slowed):
-  """Reported at the run's end, on the steps the window had (its first
-  left out), with the slowest rank's extra time where the sleep put it:
-  the others wait for it in the allreduce."""
+  """Reported at the run's end, on the calls the window had (its first,
+  which traced the timed call, left out): the run's own calls of two
+  steps, with the slowest rank's extra time where the sleep put it: the
+  others wait for it in the allreduce."""
   model_dir, result = slowed
   report = json.loads((model_dir / "profile" / "step_report.json")
                       .read_text())
-  assert report["window"] == [4, 8]
-  assert [r["steps"] for r in report["ranks"]] == [5, 5]
+  assert report["window"] == [5, 8]
+  assert [(r["steps"], r["calls"]) for r in report["ranks"]] == [(4, 2)] * 2
   assert report["slowest_rank"] == 1 and report["slowest_in"] == "compute"
   # Two forward passes a step, 80 ms each, on rank 1 alone.
   assert report["slowest_by"] > 0.04
@@ -292,7 +293,7 @@ def test_a_slowed_rank_is_named_with_where_its_time_goes(slowed):
   assert report["verdict"]["bound"] == max(groups, key=groups.get)
   assert report["verdict"]["straggler"].startswith(
       "rank 1 computes longer than the others")
-  assert "step report of steps 4-8 in " in result.stderr
+  assert "step report of steps 5-8 in " in result.stderr
   assert "a straggler: rank 1 computes longer" in result.stderr
 
 

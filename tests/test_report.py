@@ -11,6 +11,7 @@ import tensorflow as tf
 from engine.core import run_files
 from engine.records import report
 from engine.tasks.classification import Classification
+from tests import fixtures
 
 RECORD = {"epoch": 1, "global_step": 30, "train_loss": 1.5,
           "train_accuracy": 0.5, "val_loss": 1.25, "val_accuracy": 0.625,
@@ -174,7 +175,7 @@ def test_a_step_report_goes_to_tensorboard_at_its_windows_last_step(
                                  communication=0.004, optimizer=0.001,
                                  launch_and_read=0.001,
                                  between_calls=0.001)])] * 2,
-      (4, 5), dict(device="CPU"))
+      (4, 5), fixtures.step_settings(gradient_bytes=4_000_000))
   reporter = report.Reporter(str(tmp_path), chief=True, epochs=1)
   reporter.step_report(found, step_report.table(found))
   reporter.close()
@@ -182,6 +183,8 @@ def test_a_step_report_goes_to_tensorboard_at_its_windows_last_step(
   assert figures[("profile/step_ms", 5)] == pytest.approx(13.0)
   assert figures[("profile/communication_ms", 5)] == pytest.approx(4.0)
   assert figures[("profile/slowest_by_ms", 5)] == pytest.approx(0.0)
+  # 4 MB in 4 ms, each rank sending half twice: 8 Gbit/s.
+  assert figures[("profile/bus_gbit", 5)] == pytest.approx(8.0)
   texts = [value for tag, step, value in events(str(tmp_path), "train")
            if tag == "profile/report" and step == 5]
   text = tf.make_ndarray(texts[0].tensor).item().decode()

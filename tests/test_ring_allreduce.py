@@ -3,7 +3,7 @@ bus bandwidth, and alpha and beta fitted back from times the model made."""
 import pytest
 
 from bench import ring_allreduce
-from engine import scaling
+from engine.records import scaling
 
 SIZES = [4096 * 4**i for i in range(8)]  # 4 KB to 64 MB
 

@@ -1,4 +1,4 @@
-"""engine/scaling.py: the ring allreduce's arithmetic, the bounds on a
+"""engine/records/scaling.py: the ring allreduce's arithmetic, the bounds on a
 step at more nodes, and what it takes from a run's records."""
 import json
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from engine import scaling
+from engine.records import scaling
 from engine.core.errors import UserError
 from tests import fixtures
 

@@ -1,3 +1,5 @@
+import time
+
 import horovod.tensorflow as hvd
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from engine.compute import step as steps
 from engine.core.errors import UserError
 from engine.tasks import classification
 import models
+from tests.workers import slowed_model
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -375,3 +378,83 @@ def test_a_timed_step_updates_as_the_step_does_and_its_phases_fit_its_call(
     np.testing.assert_array_equal(a.numpy(), b.numpy())
   assert (plain_step.traces, timed_step.traces, timed_step.timed_traces) \
       == (1, 0, 1)
+
+
+class SleepsAside(keras.layers.Layer):
+  """Passes its input on at once, and as a side effect (a count its output
+  does not depend on, as BatchNorm's moving statistics) sleeps `seconds`
+  in each training pass."""
+
+  def __init__(self, seconds: float, **options):
+    super().__init__(**options)
+    self.seconds = seconds
+
+  def build(self, input_shape):
+    self.passes = self.add_weight(shape=(), initializer="zeros",
+                                  trainable=False, name="passes")
+
+  def call(self, inputs, training=None):
+    if training:
+      slept = tf.py_function(lambda: time.sleep(self.seconds) or 1.0, [],
+                             tf.float32)
+      self.passes.assign_add(tf.reshape(slept, []))
+    return inputs
+
+
+def model_with(delay=None):
+  keras.utils.set_random_seed(1)
+  inputs = x = keras.Input((28, 28, 1))
+  if delay:
+    x = delay(x)
+  x = keras.layers.Conv2D(4, 3, activation="relu")(x)
+  x = keras.layers.GlobalAveragePooling2D()(x)
+  return keras.Model(inputs, keras.layers.Dense(10)(x))
+
+
+@pytest.mark.parametrize("delay", [slowed_model.Sleep, SleepsAside])
+def test_a_delay_in_the_forward_pass_grows_that_phase_alone(delay):
+  """150 ms slept in the forward pass, on its data path or as a side
+  effect of it (which the loss does not wait for): the forward phase
+  grows by it, and no other phase takes any of it."""
+  seconds = 0.15
+  def phases(model):
+    step = steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1))
+    timed = [step.timed(*batch(16, seed))[1] for seed in range(4)][1:]
+    return {phase: float(np.median([t[phase] for t in timed]))
+            for phase in timed[0]}
+  plain, slowed = phases(model_with()), phases(model_with(delay(seconds)))
+  grown = {phase: slowed[phase] - plain[phase] for phase in plain}
+  assert seconds * 0.9 < grown["forward"] < seconds * 1.5, grown
+  for phase in ("backward", "communication", "optimizer"):
+    assert grown[phase] < 0.2 * seconds, grown
+
+
+def test_calls_of_several_timed_steps_train_as_the_run_does():
+  """A profiled window's calls at K steps a call (TrainStep.timed_steps)
+  train exactly as `steps`, read their batches inside (their `input`),
+  and their phases, summed over the steps, fit inside the call."""
+  plain, timed = tiny_model(), tiny_model()
+  plain_step, timed_step = (
+      steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1))
+      for model in (plain, timed))
+  batches = [batch(16, seed) for seed in range(6)]
+  def dataset():
+    return iter(tf.data.Dataset.from_tensor_slices((
+        tf.stack([b[0] for b in batches]),
+        tf.stack([b[1] for b in batches]))))
+  stream = dataset()
+  plain_step.steps(stream, 3)
+  plain_step.steps(stream, 3)
+  stream = dataset()
+  for _ in range(2):
+    began = tf.timestamp()
+    ran, stop, seconds = timed_step.timed_steps(stream, 3)
+    call = float(tf.timestamp() - began)
+    assert (ran, stop) == (3, False)
+    assert list(seconds) == ["input", "forward", "backward",
+                             "communication", "optimizer"]
+    assert all(s > 0 for s in seconds.values()), seconds
+    assert sum(seconds.values()) <= call
+  for a, b in zip(plain.weights, timed.weights):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+  assert (timed_step.traces, timed_step.timed_traces) == (0, 1)

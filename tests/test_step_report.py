@@ -3,16 +3,21 @@ windows: what engine/records/step_report.py decides from each rank's
 parts (the parts themselves are measured in test_step.py and, on two
 processes, test_multiprocess.py and test_multihost.py); and what the
 profiler leaves out of them across an epoch's end."""
+import dataclasses
+
 import pytest
 
 from engine.loop import session
+from engine.records import scaling
 from engine.records import step_report
 from tests import fixtures
 
-CPU = dict(device="CPU", processes_per_host=2, mixed_precision="none",
-           xla=False, gradient_compression="none", allreduce_op="average",
-           grad_accum_steps=1, steps_per_call=1, records=True,
-           cache_records=False, stage_dir=False)
+CPU = fixtures.step_settings(processes_per_host=2, records=True)
+
+
+def settings(**changed):
+  return fixtures.step_settings(**{**dict(processes_per_host=2,
+                                          records=True), **changed})
 
 
 def rank(input=0.001, forward=0.004, backward=0.008, communication=0.002,
@@ -68,23 +73,23 @@ def test_each_bound_gets_what_the_engine_offers_against_it(slow, bound,
 
 def test_what_the_run_already_does_is_not_suggested():
   slow = dict(communication=0.05)
-  done = dict(CPU, gradient_compression="fp16", grad_accum_steps=4,
-              processes_per_host=1, allreduce_op="adasum")
+  done = settings(gradient_compression="fp16", grad_accum_steps=4,
+                  processes_per_host=1, allreduce_op="adasum")
   found = step_report.across([rank(**slow)] * 2, (1, 2), done)["verdict"]
   assert found["suggestions"] == [
       "Horovod's fusion and cycle (horovodrun --fusion-threshold-mb, "
       "--cycle-time-ms)"]
   found = step_report.across(
-      [rank()] * 2, (1, 2), dict(CPU, mixed_precision="bfloat16")
+      [rank()] * 2, (1, 2), settings(mixed_precision="bfloat16")
   )["verdict"]
   assert found["bound"] == "compute" and found["suggestions"] == []
   # Data that is not TFRecords is neither cached nor staged.
   found = step_report.across([rank(input=0.05)] * 2, (1, 2),
-                             dict(CPU, records=False))["verdict"]
+                             settings(records=False))["verdict"]
   assert found["suggestions"] == [
       "more cores for each process's reads (tf.data reads in parallel, as "
       "many as it has cores)"]
-  gpu = step_report.across([rank()] * 2, (1, 2), dict(CPU, device="GPU"))
+  gpu = step_report.across([rank()] * 2, (1, 2), settings(device="GPU"))
   assert gpu["verdict"]["suggestions"] == ["--mixed_precision=float16",
                                            "--xla"]
 
@@ -93,7 +98,7 @@ def test_a_cpu_decoding_its_records_each_epoch_is_offered_the_cache():
   """On a CPU, records of declared features streamed each epoch are
   decoded on the cores that compute: a compute-bound run is offered
   --cache_records after bfloat16; not once cached, nor on a GPU."""
-  streamed = dict(CPU, streams_declared_records=True)
+  streamed = settings(streams_declared_records=True)
   found = step_report.across([rank()] * 2, (1, 2), streamed)["verdict"]
   assert found["bound"] == "compute"
   assert found["suggestions"][0].startswith("--mixed_precision=bfloat16")
@@ -107,9 +112,9 @@ def test_a_cpu_decoding_its_records_each_epoch_is_offered_the_cache():
           if s.startswith("--cache_records")] == ["--cache_records"]
   assert found["suggestions"][1].startswith(
       "--cache_records: the records are decoded on the cores that compute")
-  for settings in (dict(streamed, streams_declared_records=False),
-                   dict(streamed, device="GPU")):
-    found = step_report.across([rank()] * 2, (1, 2), settings)["verdict"]
+  for other in (dataclasses.replace(streamed, streams_declared_records=False),
+                dataclasses.replace(streamed, device="GPU")):
+    found = step_report.across([rank()] * 2, (1, 2), other)["verdict"]
     assert not any(s.startswith("--cache_records")
                    for s in found["suggestions"])
 
@@ -143,7 +148,7 @@ def test_records_of_encoded_images_are_not_offered_the_cache():
   """--cache_records takes records of declared features only: an
   input-bound run on ImageNet's layout is offered staging first."""
   found = step_report.across([rank(input=0.05)] * 2, (1, 2),
-                             dict(CPU, image_records=True))["verdict"]
+                             settings(image_records=True))["verdict"]
   assert found["bound"] == "input"
   assert found["suggestions"][0].startswith("--stage_dir")
   assert not any(s.startswith("--cache_records")
@@ -209,12 +214,18 @@ def test_the_call_after_an_epochs_end_is_not_timed_from_the_last(tmp_path):
   from engine.loop import profiling  # pylint: disable=import-outside-toplevel
   distributed.start_horovod()
   profiler = profiling.StepProfiler(str(tmp_path), steps=(1, 3), rank=0,
-                                    all_ranks=False, timeline=False)
+                                    all_ranks=False, timeline=False,
+                                    settings=CPU)
 
   class TimedStep:
+    timed_traces = 0
+
     def timed(self, images, labels, stop_requested):
       del images, labels, stop_requested
+      self.timed_traces = 1  # traced at its first call
       return False, {"forward": 0.001}
+
+  timed_step = TimedStep()
 
   batches = iter([(None, None)] * 3)
   for global_step, pause in ((1, 0.0), (2, 0.05), (3, 0.6)):
@@ -222,7 +233,7 @@ def test_the_call_after_an_epochs_end_is_not_timed_from_the_last(tmp_path):
       profiler.start_epoch()
     time.sleep(pause)
     with profiler.step(global_step):
-      profiler.timed(TimedStep(), batches, False)
+      profiler.timed(timed_step, batches, 1, False)
     profiler.run(actions.At(global_step=global_step, epoch=0,
                             step=global_step, model=None, rank=0,
                             world_size=1, is_chief=True,
@@ -232,3 +243,99 @@ def test_the_call_after_an_epochs_end_is_not_timed_from_the_last(tmp_path):
   assert report["window"] == [2, 3]
   between = report["ranks"][0]["parts"]["between_calls"]
   assert 0.04 < between < 0.2, between  # step 2's alone: with 3's, 0.3
+
+
+def window(host, local_rank, communication, forward=None):
+  """One rank's window of steps: `communication` and `forward` lists of
+  seconds a step (forward 4 ms each if not given), the rest as `rank`
+  has it."""
+  forward = forward or [0.004] * len(communication)
+  return step_report.of_rank(
+      [dict(input=0.001, forward=f, backward=0.008, communication=c,
+            optimizer=0.001, launch_and_read=0.001, between_calls=0.001)
+       for c, f in zip(communication, forward)], host=host,
+      local_rank=local_rank)
+
+
+def test_a_node_whose_ranks_are_all_late_is_named_with_how_late():
+  """Four ranks on two hosts; host1's two reach the allreduce 40 ms after
+  host0's in every step: host0's wait it out. The node is named, not a
+  rank, with its ranks and by how much; the spread is each rank's."""
+  steps = 10
+  early = [0.042 + 0.001 * (i % 3) for i in range(steps)]
+  late, slowed = [0.002] * steps, [0.044 + 0.001 * (i % 3)
+                                   for i in range(steps)]
+  report = step_report.across(
+      [window("host0", 0, early), window("host0", 1, early),
+       window("host1", 0, late, slowed), window("host1", 1, late, slowed)],
+      (11, 20), CPU)
+  assert [(h["host"], h["ranks"]) for h in report["hosts"]] == [
+      ("host0", [0, 1]), ("host1", [2, 3])]
+  assert report["hosts"][1]["late"]["steps"] == list(range(steps))
+  assert not report["hosts"][0]["late"]["steps"]
+  [straggler] = report["verdict"]["stragglers"]
+  assert straggler.startswith("node host1 ")
+  assert straggler.endswith("its ranks 2, 3 reached the allreduce last "
+                            "together in 10 of 10 steps, by 40-42 ms a step")
+  spread = report["ranks"][0]["distribution"]["communication"]
+  assert spread == pytest.approx(dict(p50=0.043, p95=0.044, max=0.044))
+  assert report["ranks"][0]["series"]["communication"] == early
+  text = step_report.table(report)
+  assert "a straggler: node host1 " in text
+  assert "rank 2 on host1 (local rank 0): step p50 " in text
+
+
+def test_a_rank_late_in_some_steps_is_named_with_how_often():
+  """Rank 1 reaches the allreduce 80-120 ms late in 3 steps of 20; on
+  average it is busier by less than a tenth of its step, and it is named
+  all the same, with its host."""
+  waits, forward = [0.002] * 20, [0.004] * 20
+  for i, late in ((3, 0.08), (9, 0.1), (15, 0.12)):
+    waits[i], forward[i] = 0.002 + late, 0.004 + late
+  own = [0.002] * 20
+  report = step_report.across(
+      [window("a", 0, waits), window("b", 0, own, forward)], (1, 20), CPU)
+  late = report["ranks"][1]["late"]
+  assert (late["steps"], late["of"]) == ([3, 9, 15], 20)
+  assert late["by"] == pytest.approx([0.08, 0.12])
+  assert late["seconds"][3] == pytest.approx(0.08)
+  assert report["verdict"]["straggler"] == (
+      "rank 1 computes longer than the others: a slower or busier host "
+      "(what else runs on its cores; --bind_cpus); on b (local rank 0), it "
+      "reached the allreduce last in 3 of 20 steps, by 80-120 ms a step")
+  # Late once in 20, by 20 ms: noise, not a straggler (nor on average:
+  # 1 ms a step, under a tenth of the step).
+  waits[3], forward[3] = 0.022, 0.024
+  waits[9] = waits[15] = 0.002
+  forward[9] = forward[15] = 0.004
+  report = step_report.across(
+      [window("a", 0, waits), window("b", 0, own, forward)], (1, 20), CPU)
+  assert report["verdict"]["stragglers"] == []
+
+
+def test_the_allreduces_bandwidth_is_set_against_the_link():
+  """2 ranks, 1 MB of gradients through the allreduce in 8 ms (the
+  smallest communication of the step): each rank sends and receives
+  half the bytes twice, 1 Gbit/s on the bus. On a 10 Gbit/s link that is
+  slower than it should be, on a 1.2 Gbit/s link it is not."""
+  ranks = [window("a", 0, [0.008] * 4 + [0.016]),
+           window("b", 0, [0.009] * 5)]
+  def report(gbit):
+    return step_report.across(ranks, (1, 5), dataclasses.replace(
+        CPU, gradient_bytes=1_000_000,
+        link=scaling.Link.of(gbit, 0) if gbit else None))
+  link = report(None)["link"]
+  assert link["crosses"] == "hosts" and link["processes"] == 2
+  assert link["bus_gbit"]["p50"] == pytest.approx(1.0)
+  assert link["bus_gbit"]["max"] == pytest.approx(1.0)
+  assert link["bus_gbit"]["p95"] == pytest.approx(1.0)
+  assert report(None)["verdict"]["network"].endswith(
+      "give --profile_link_gbit to set it against the link")
+  fast = report(10)
+  assert fast["link"]["share"] == pytest.approx(0.1)
+  assert fast["link"]["expected_seconds"] == pytest.approx(0.0008)
+  assert "the network is slower than it should be" in (
+      fast["verdict"]["network"]) or "a small part of the step" in (
+          fast["verdict"]["network"])
+  assert report(1.2)["verdict"]["network"].endswith(
+      "the network does what the link allows")

@@ -125,10 +125,27 @@ def test_a_task_with_its_own_step_trains_alike_at_any_k(ranks):
 
 
 @pytest.mark.parametrize("step, count, expected", [
-    (1, 4, 4), (3, 4, 2), (4, 4, 1), (5, 4, 1), (6, 4, 1), (7, 4, 4)])
-def test_profiled_steps_are_calls_of_their_own(tmp_path, step, count,
-                                               expected):
-  profiler = profiling.StepProfiler(str(tmp_path), steps=(5, 6), rank=0,
-                                    all_ranks=False, timeline=False)
+    (1, 4, 4), (3, 4, 2), (4, 4, 1), (5, 4, 2), (6, 4, 1), (7, 4, 4)])
+def test_a_profiled_window_runs_the_runs_own_calls(tmp_path, step, count,
+                                                   expected):
+  """A window of steps 5-6 at 4 steps a call: a call ends before it and
+  at its end, and within it runs as many steps as the run's calls do."""
+  profiler = profiling.StepProfiler(
+      str(tmp_path), steps=(5, 6), rank=0, all_ranks=False, timeline=False,
+      settings=fixtures.step_settings(steps_per_call=count))
   assert actions.steps_in_call([profiler], step - 1, at_most=count) \
       == expected
+
+
+def test_windows_repeat_every_so_many_steps_in_their_order(tmp_path):
+  """Windows 3-4 and 8-9, again every 10 steps: at 100 steps a call the
+  calls end before each window and at its end, cycle after cycle."""
+  profiler = profiling.StepProfiler(
+      str(tmp_path), steps=(3, 4, 8, 9), every=10, rank=0, all_ranks=False,
+      timeline=False, settings=fixtures.step_settings(steps_per_call=100))
+  ends, global_step = [], 0
+  while global_step < 30:
+    global_step += actions.steps_in_call([profiler], global_step,
+                                         at_most=30 - global_step)
+    ends.append(global_step)
+  assert ends == [2, 4, 7, 9, 12, 14, 17, 19, 22, 24, 27, 29, 30]

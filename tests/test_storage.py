@@ -10,6 +10,7 @@ from engine.core.errors import WriteFailed
 from engine.loop import actions
 from engine.loop import profiling
 from engine.records import storage
+from tests import fixtures
 
 
 def test_a_full_device_is_one_line_naming_what_where_size_and_free_space():
@@ -70,7 +71,8 @@ def test_remove_takes_files_and_directories_and_ignores_the_missing(tmp_path):
 def test_a_profile_trace_that_cannot_be_written_is_one_line(tmp_path):
   (tmp_path / run_files.PROFILE_DIR).write_text("a file, not a directory")
   profiler = profiling.StepProfiler(str(tmp_path), steps=(1, 1), rank=0,
-                                    all_ranks=False, timeline=False)
+                                    all_ranks=False, timeline=False,
+                                    settings=fixtures.step_settings())
   with pytest.raises(WriteFailed, match=r"^could not write profile trace "
                      rf"{tmp_path}/profile: .* free on its file system"):
     with profiler.step(1):
@@ -88,9 +90,12 @@ def test_a_step_report_that_cannot_be_written_is_one_line(tmp_path):
   (tmp_path / run_files.PROFILE_DIR / run_files.STEP_REPORT_FILE).mkdir(
       parents=True)
   profiler = profiling.StepProfiler(str(tmp_path), steps=(1, 2), rank=0,
-                                    all_ranks=False, timeline=False)
+                                    all_ranks=False, timeline=False,
+                                    settings=fixtures.step_settings())
 
   class TimedStep:  # what the loop's train step gives a profiled call
+    timed_traces = 1
+
     def timed(self, images, labels, stop_requested):
       del images, labels, stop_requested
       return False, {"forward": 0.001, "backward": 0.002}
@@ -101,7 +106,7 @@ def test_a_step_report_that_cannot_be_written_is_one_line(tmp_path):
     for global_step in (1, 2):
       with profiler.step(global_step):
         assert profiler.timing
-        assert profiler.timed(TimedStep(), batches, False) is False
+        assert profiler.timed(TimedStep(), batches, 1, False) is False
       profiler.run(actions.At(global_step=global_step, epoch=0,
                               step=global_step, model=None, rank=0,
                               world_size=1, is_chief=True,

@@ -21,7 +21,6 @@ from engine.compute import precision
 from engine.compute import step_clock
 from engine.compute import step_status
 from engine.compute.step_status import NonFinite
-from engine.core.errors import UserError
 from engine.distributed import gradients as allreduce
 from engine.tasks import Task
 
@@ -103,8 +102,8 @@ class TrainStep:
     self._any_image_size = any_image_size
     self._step = None  # traced for the first batch's shapes (_traced)
     self._timed_step = None  # the same, with a StepClock (`timed`)
-    self._clock = step_clock.NoClock()
     self._steps = tf.function(self._train_steps)
+    self._timed_steps = tf.function(self._clocked_train_steps)
 
   def reset_counts(self) -> None:
     """Its counts from zero: its running sums and the steps the loss
@@ -118,7 +117,7 @@ class TrainStep:
   def gradient_bytes(self) -> int:
     """The bytes of one update's gradients as the allreduce carries them
     (float16 under --gradient_compression=fp16): what the scaling model
-    (engine/scaling.py) sends around the ring at more nodes."""
+    (engine/records/scaling.py) sends around the ring at more nodes."""
     values = sum(variable.shape.num_elements()
                  for variable in self.model.trainable_variables)
     bytes_per_value = {"none": tf.float32.size, "fp16": tf.float16.size}
@@ -146,26 +145,36 @@ class TrainStep:
     if self._timed_step is None:
       self._timed_step = self._function(self._clocked_step, images, labels)
     outcome = self._timed_step(images, labels, self._flags[stop_requested])
-    phases = {phase: float(seconds)
-              for phase, seconds in outcome.pop("phases").items()}
-    return self._read(outcome), phases
+    return self._read(outcome), _seconds(outcome)
+
+  def timed_steps(self, batches, count: int, stop_requested: bool = False
+                  ) -> tuple[int, bool, dict]:
+    """Up to `count` steps in one call, as `steps`, and the phases'
+    seconds on this rank's clock summed over the steps that ran (reading
+    each batch inside the call is its `input`): a profiled window's calls
+    of several steps."""
+    outcome = self._timed_steps(batches, tf.constant(count),
+                                self._flags[stop_requested])
+    ran = int(outcome["steps"])
+    return ran, self._read(outcome, step=ran), _seconds(outcome)
+
+  def _plain_step(self, images, labels, stop_requested):
+    self.traces += 1  # Python side effect: runs only while tracing.
+    return self._train_step(images, labels, stop_requested)
 
   def _clocked_step(self, images, labels, stop_requested):
-    clock = self._clock = step_clock.StepClock()
-    try:
-      outcome = self._train_step(images, labels, stop_requested)
-    finally:
-      self._clock = step_clock.NoClock()
-    # A copy for the window, traced once by design: counted apart from the
-    # step's own traces, whose count catches retracing.
-    self.traces -= 1
+    """The step with a StepClock: a copy for a profiled window, traced once
+    by design, and counted apart from the step's own traces, whose count
+    catches retracing."""
     self.timed_traces += 1
+    clock = step_clock.StepClock()
+    outcome = self._train_step(images, labels, stop_requested, clock)
     return dict(outcome, phases=clock.seconds())
 
   def _traced(self, images, labels):
     """The step's tf.function, for batches like these."""
     if self._step is None:
-      self._step = self._function(self._train_step, images, labels)
+      self._step = self._function(self._plain_step, images, labels)
     return self._step
 
   def _function(self, step, images, labels):
@@ -197,17 +206,38 @@ class TrainStep:
     return bool(status & step_status.STOP_AGREED)
 
   def _train_steps(self, batches, count, stop_requested):
+    self.traces += 1  # Python side effect: runs only while tracing.
+    return self._loop(batches, count, stop_requested, timed=False)
+
+  def _clocked_train_steps(self, batches, count, stop_requested):
+    self.timed_traces += 1  # a profiled window's copy, counted apart
+    return self._loop(batches, count, stop_requested, timed=True)
+
+  def _loop(self, batches, count, stop_requested, timed: bool):
     """`count` steps in a while loop, ended early by a step whose status is
-    not 0; returns the last step's outcome and how many steps ran."""
+    not 0; returns the last step's outcome and how many steps ran, and if
+    `timed`, each step's phases on a StepClock of its own, summed."""
     outcome = step_status.no_outcome(self._gradient_checks())
     ran = tf.constant(0)
+    summed = {phase: tf.constant(0.0, tf.float64)
+              for phase in step_clock.PHASES} if timed else {}
+    ran_phases = []  # the phases a step runs, known once its body is traced
     for _ in tf.range(count):
-      images, labels = next(batches)
-      outcome = self._train_step(images, labels, stop_requested)
+      clock = step_clock.StepClock(after=tf.nest.flatten(summed)) if (
+          timed) else step_clock.NO_CLOCK
+      with clock.phase("input"):
+        images, labels = next(batches)
+      outcome = self._train_step(images, labels, stop_requested, clock)
+      if timed:
+        seconds = clock.seconds()
+        ran_phases[:] = list(seconds)
+        summed = {phase: summed[phase] + seconds.get(phase, 0.0)
+                  for phase in step_clock.PHASES}
       ran += 1
       if outcome["status"] != 0:
         break
-    return dict(outcome, steps=ran)
+    phases = {phase: summed[phase] for phase in ran_phases}
+    return dict(outcome, steps=ran, **({"phases": phases} if timed else {}))
 
   def _gradient_checks(self) -> int:
     """How many gradients' finiteness a step's outcome gives."""
@@ -218,38 +248,43 @@ class TrainStep:
     outcome gives, in its order."""
     return [variable.path for variable in self.model.trainable_variables]
 
-  def _train_step(self, images, labels, stop_requested):
-    self.traces += 1  # Python side effect: runs only while tracing.
+  def _train_step(self, images, labels, stop_requested,
+                  clock=step_clock.NO_CLOCK):
+    """One step's math, each phase in `clock.phase` (step_clock.py)."""
     variables = self.model.trainable_variables
-    reduce, clock = self._reduce, self._clock
-    images, labels = clock.started(images, labels)
+    reduce = self._reduce
     if self._accumulation_steps == 1:
       with tf.GradientTape() as tape:
-        loss = self._loss(images, labels)
-      clock.ended("forward", loss)
-      gradients, shared = reduce.gradients_of(
-          tape, loss, variables, clock, reduce.shared(stop_requested, loss))
-    else:  # the forward passes in backward's
-      local, loss = self._accumulated_gradients(images, labels, variables)
-      gradients, shared = reduce.local_reduced(
-          local, clock, reduce.shared(stop_requested, loss))
-    shares = reduce.shares(shared)
-    # The shares of ranks that asked to stop and whose loss was not finite.
-    stop_share, nonfinite_loss_share = shares[0], shares[1]
-    # The same on every rank: every rank holds the same averaged gradients
-    # (under float16, scaled: finite where the unscaled ones are).
-    gradients_finite = tf.stack([_is_finite(g) for g in gradients])
-    finite = tf.logical_and(nonfinite_loss_share == 0,
-                            tf.reduce_all(gradients_finite))
-    loss_scale = (tf.convert_to_tensor(precision.loss_scale(self.optimizer))
-                  if self._scales_loss else tf.constant(0.0))
-    with tf.control_dependencies([loss_scale]):  # the scale of this step
-      self._apply(finite, gradients, variables)
-    clock.ended("optimizer", variables)  # their values, updated
-    return step_status.outcome(
-        stop_share=stop_share, finite=finite, loss=loss,
-        nonfinite_loss_share=nonfinite_loss_share,
-        gradients_finite=gradients_finite, loss_scale=loss_scale)
+        with clock.phase("forward"):
+          loss = self._loss(images, labels)
+      with clock.phase("backward"):
+        local = tape.gradient(loss, variables)
+    else:
+      with clock.phase("backward"):  # the forward passes in backward's
+        local, loss = self._accumulated_gradients(images, labels, variables)
+    with clock.phase("communication", overlaps_previous=reduce.overlaps):
+      gradients, shared = reduce.reduced(
+          local, reduce.shared(stop_requested, loss))
+      shares = reduce.shares(shared)
+    with clock.phase("optimizer"):
+      # The shares of ranks that asked to stop and whose loss was not
+      # finite.
+      stop_share, nonfinite_loss_share = shares[0], shares[1]
+      # The same on every rank: every rank holds the same averaged
+      # gradients (under float16, scaled: finite where the unscaled ones
+      # are).
+      gradients_finite = tf.stack([is_finite(g) for g in gradients])
+      finite = tf.logical_and(nonfinite_loss_share == 0,
+                              tf.reduce_all(gradients_finite))
+      loss_scale = (
+          tf.convert_to_tensor(precision.loss_scale(self.optimizer))
+          if self._scales_loss else tf.constant(0.0))
+      with tf.control_dependencies([loss_scale]):  # the scale of this step
+        self._apply(finite, gradients, variables)
+      return step_status.outcome(
+          stop_share=stop_share, finite=finite, loss=loss,
+          nonfinite_loss_share=nonfinite_loss_share,
+          gradients_finite=gradients_finite, loss_scale=loss_scale)
 
   def _apply(self, finite, gradients, variables) -> None:
     """The update and the weights' average, unless something was not
@@ -260,10 +295,10 @@ class TrainStep:
     (ema.py), stays too."""
     if self._scales_loss:
       self.optimizer.apply_gradients(zip(gradients, variables))
-      _apply_if(self.optimizer.check_finite(gradients),  # its own decision
+      apply_if(self.optimizer.check_finite(gradients),  # its own decision
                 self.optimizer, self._update_average)
       return
-    _apply_if(finite, self.optimizer, lambda: (
+    apply_if(finite, self.optimizer, lambda: (
         self.optimizer.apply_gradients(zip(gradients, variables)),
         self._update_average()))
 
@@ -322,81 +357,10 @@ class TrainStep:
     return [s / k for s in sums], loss_sum / k
 
 
-class TaskTrainStep(TrainStep):
-  """The step of a task with a train step of its own: several models (one
-  Keras model holding them) and several optimizers (optimizers.Several),
-  several tapes, as a GAN's. The task computes and applies its updates
-  with two helpers, `average_gradients` and `apply_gradients`; the engine
-  keeps the rest of the step: the stop flag and the non-finite check
-  agreed across ranks, the metrics' sums, the weights' average, the
-  trace count.
-
-  A non-finite gradient is not applied (the optimizer's step counter still
-  counts it), and the step raises NonFinite on every rank afterwards, as
-  the built-in step does. Not with gradient accumulation, nor float16
-  (engine.build refuses it: a loss scale is one optimizer's).
-  """
-
-  def __init__(self, **options):
-    if options.get("accumulation_steps", 1) > 1:
-      raise UserError("--grad_accum_steps: a task with its own train step "
-                      "accumulates nothing; leave it at 1")
-    self._gradients_finite = tf.Variable(True, trainable=False)
-    super().__init__(**options)
-
-  def _build_optimizer_state(self) -> None:
-    optimizers.build_state(self.optimizer,
-                           self.task.optimized_variables(self.model))
-
-  def average_gradients(self, tape: tf.GradientTape, loss: tf.Tensor,
-                        variables: list) -> list:
-    """The gradients of `loss`, averaged across ranks as the built-in step
-    averages them: each as the backward pass has it (GPU), or all in one
-    grouped allreduce (CPU). In a profiled window the step's phases are
-    stamped here: what the tape recorded as forward, then backward and
-    communication."""
-    self._clock.ended("forward", loss)
-    gradients, _ = self._reduce.gradients_of(tape, loss, variables,
-                                             self._clock)
-    return gradients
-
-  def apply_gradients(self, optimizer, gradients: list,
-                      variables: list) -> None:
-    """Applies averaged gradients, unless one is not finite (the same on
-    every rank: the gradients are)."""
-    finite = tf.reduce_all(tf.stack([_is_finite(g) for g in gradients]))
-    self._gradients_finite.assign(
-        tf.logical_and(self._gradients_finite, finite))
-    _apply_if(finite, optimizer,
-              lambda: optimizer.apply_gradients(zip(gradients, variables)))
-    self._clock.ended("optimizer", variables)  # their values, updated
-
-  def _train_step(self, images, labels, stop_requested):
-    self.traces += 1  # Python side effect: runs only while tracing.
-    self._gradients_finite.assign(True)
-    images, labels = self._clock.started(images, labels)
-    loss, sums = self.task.train_step(self.model, self.optimizer.by_name,
-                                      images, labels, self)
-    self.totals.add(sums, tf.shape(images)[0])
-    if self._weight_average:
-      self._weight_average.update()
-    with self._clock.next_phase():
-      shared = self._reduce.averaged_alone(
-          self._reduce.shared(stop_requested, loss))
-    self._clock.ended("communication", shared)
-    shares = self._reduce.shares(shared)
-    gradients_finite = self._gradients_finite.read_value()
-    finite = tf.logical_and(shares[1] == 0, gradients_finite)
-    return step_status.outcome(
-        stop_share=shares[0], finite=finite, loss=loss,
-        nonfinite_loss_share=shares[1],
-        gradients_finite=gradients_finite[None], loss_scale=tf.constant(0.0))
-
-  def _gradient_checks(self) -> int:
-    return 1  # all of the task's gradients together
-
-  def _gradient_names(self) -> Optional[list]:
-    return None  # checked together: no variable to name
+def _seconds(outcome: dict) -> dict:
+  """A timed call's phases (popped from its `outcome`), in seconds."""
+  return {phase: float(seconds)
+          for phase, seconds in outcome.pop("phases").items()}
 
 
 def _of_any_size(batch: tf.Tensor) -> tf.TensorSpec:
@@ -408,7 +372,7 @@ def _of_any_size(batch: tf.Tensor) -> tf.TensorSpec:
   return tf.TensorSpec(shape, batch.dtype)
 
 
-def _apply_if(finite: tf.Tensor, optimizer, update) -> None:
+def apply_if(finite: tf.Tensor, optimizer, update) -> None:
   """`update()` if `finite`; else the update is skipped, and the
   optimizer's step counter still counts the step: it counts batches."""
   def apply():  # what update() returns is not an output of the cond
@@ -421,7 +385,7 @@ def _count_skipped(optimizer) -> None:
   optimizer.iterations.assign_add(1)
 
 
-def _is_finite(gradient) -> tf.Tensor:
+def is_finite(gradient) -> tf.Tensor:
   if gradient is None:  # a variable the loss does not depend on
     return tf.constant(True)
   if isinstance(gradient, tf.IndexedSlices):

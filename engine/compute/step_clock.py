@@ -6,9 +6,12 @@ Neither of the usual sources says it per rank. Horovod's timeline is rank
 0's, and once its response cache answers it no longer marks when each rank
 was ready; TensorFlow's trace shows Horovod's asynchronous op only as it is
 handed over, not its wait. So the step timed in a profiled window is traced
-a second time with a `StepClock`: a `tf.timestamp()` after each phase, and
-each a barrier (the next phase waits for it), so a stamp cannot land late.
-Outside the window the step is the one traced without, and holds no stamp.
+a second time with a `StepClock`: the step runs each phase in
+`clock.phase(name)`, which stamps `tf.timestamp()` at its end. The stamp
+waits on every op the phase made, its side effects too (BatchNorm's moving
+statistics, the metrics' sums), and every op of the next phase waits on
+the stamp, so a phase's work cannot be booked under its neighbour. Outside
+the window the step is the one traced with `NoClock`, and holds no stamp.
 
 The phases sum to the graph's time by construction. A rank that waits in
 the allreduce for another shows it as communication; the smallest
@@ -21,72 +24,62 @@ import contextlib
 
 import tensorflow as tf
 
-# In the order a step runs them. Backward ends when the backward pass has
-# every gradient, communication when they are reduced: where the backward
-# pass hands each gradient to the allreduce as it has it (GPU), what the
-# transfers overlap is in backward, and communication is what is left
-# exposed after it.
-PHASES = ("forward", "backward", "communication", "optimizer")
+# In the order a step runs them. `input` is timed in the graph only where
+# the call reads its batches itself (several steps a call). Backward ends
+# when the backward pass has every gradient, communication when they are
+# reduced: where the backward pass hands each gradient to the allreduce as
+# it has it (GPU), what the transfers overlap is in backward, and
+# communication is what is left exposed after it. A task's own train step
+# (engine/tasks/task.py) is one phase, `task_step`: what it does inside is
+# the task's.
+PHASES = ("input", "forward", "backward", "communication", "optimizer",
+          "task_step")
 
 
 class StepClock:
-  """Stamps for one trace of the step: `started` first, then
-  `ended(phase, tensors)` for each of PHASES the step runs, in order."""
+  """Stamps for one trace of the step (or of one step in a call of
+  several): `phase(name)` around each phase, in order; `seconds()` after
+  the last."""
 
-  def __init__(self):
-    self._stamps = []  # (the phase it ends, or None first; the stamp)
+  def __init__(self, after=()):
+    """Its first stamp once `after` (tensors: what the previous step of
+    the call gave) are computed."""
+    with tf.control_dependencies(list(after)):
+      self._stamps = [tf.timestamp()]
+    self._phases = []
 
-  def started(self, *inputs) -> list:
-    """The step's `inputs`, made to wait for its first stamp."""
-    self._stamp(None, [])
-    return self.gated(inputs)
-
-  def ended(self, phase: str, tensors) -> None:
-    """Stamps the end of `phase` once `tensors` (a structure) are
-    computed. The next phase waits for the stamp through `gated` or
-    `next_phase`."""
-    if phase not in PHASES:
-      raise ValueError(f"{phase!r} is not one of {PHASES}")
-    # (Variables are read here, after what updated them.)
-    self._stamp(phase, [tf.convert_to_tensor(t)
-                        for t in tf.nest.flatten(tensors) if t is not None])
-
-  def gated(self, tensors) -> list:
-    """`tensors` (a sequence), made to wait for the last stamp."""
-    with self.next_phase():
-      return [None if t is None else tf.identity(t) for t in tensors]
-
-  def next_phase(self):
-    """A context whose ops wait for the last stamp: for a phase that does
-    not start from a tensor (a tape's backward pass)."""
-    return tf.control_dependencies([self._stamps[-1][1]])
+  @contextlib.contextmanager
+  def phase(self, name: str, *, overlaps_previous: bool = False):
+    """A phase of the step: what is made inside waits for the previous
+    phase's stamp, unless it `overlaps_previous` (the allreduces the
+    backward pass feeds as it goes); its own stamp waits on all of it."""
+    if name not in PHASES:
+      raise ValueError(f"{name!r} is not one of {PHASES}")
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    waits = [] if overlaps_previous else [self._stamps[-1]]
+    with tf.control_dependencies(waits):
+      yield
+    with tf.control_dependencies(graph.get_operations()[first:]):
+      self._stamps.append(tf.timestamp())
+    self._phases.append(name)
 
   def seconds(self) -> dict:
     """Each phase's seconds in this step, as tensors; a phase the step
-    did not stamp is absent."""
-    (_, previous), *stamps = self._stamps
+    did not run is absent."""
     found = {}
-    for phase, stamp in stamps:
-      found[phase] = found.get(phase, 0.0) + (stamp - previous)
-      previous = stamp
+    for name, start, end in zip(self._phases, self._stamps,
+                                self._stamps[1:]):
+      found[name] = found.get(name, 0.0) + (end - start)
     return found
-
-  def _stamp(self, phase, tensors) -> None:
-    with tf.control_dependencies([t for t in tensors if t is not None]):
-      self._stamps.append((phase, tf.timestamp()))
 
 
 class NoClock:
   """The step outside a profiled window: no stamp, no op."""
 
-  def started(self, *inputs) -> list:
-    return list(inputs)
-
-  def ended(self, phase: str, tensors) -> None:
-    pass
-
-  def gated(self, tensors) -> list:
-    return list(tensors)
-
-  def next_phase(self):
+  def phase(self, name: str, *, overlaps_previous: bool = False):
+    del name, overlaps_previous
     return contextlib.nullcontext()
+
+
+NO_CLOCK = NoClock()

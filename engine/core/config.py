@@ -150,9 +150,16 @@ class PerformanceConfig:
 
 @dataclasses.dataclass(**_SECTION)
 class ProfilingConfig:
-  profile_steps: tuple  # (first, last) global steps, or () for none
+  # The windows' (first, last) global steps, flattened: (first, last,
+  # first, last, ...), or () for none.
+  profile_steps: tuple
   profile_all_ranks: bool
   horovod_timeline: bool
+  profile_every: int = 0  # the windows again every this many steps; 0: once
+  # The link between hosts the step report sets the allreduce against:
+  # Gbit/s (None: not given) and microseconds.
+  profile_link_gbit: Optional[float] = None
+  profile_link_latency_us: float = 0.0
 
 
 @dataclasses.dataclass(**_SECTION)

@@ -70,7 +70,8 @@ EXPORT_DIR = "export"
 FINAL_EXPORT, BEST_EXPORT = "final", "best"
 PROFILE_DIR = "profile"
 TIMELINE_FILE = "timeline.json"
-STEP_REPORT_FILE = "step_report.json"  # in PROFILE_DIR
+STEP_REPORT_FILE = "step_report.json"  # in PROFILE_DIR: the latest window's
+STEP_REPORTS_FILE = "step_reports.jsonl"  # in PROFILE_DIR: a line a window
 
 
 def profile_dir(model_dir: str, rank: int) -> str:

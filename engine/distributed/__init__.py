@@ -255,6 +255,11 @@ def stop_timeline() -> None:
   hvd.stop_timeline()
 
 
+def local_rank() -> int:
+  """This process's rank among those on its host."""
+  return hvd.local_rank()
+
+
 def rank_and_size() -> tuple[int, int]:
   """This process's rank, and how many there are."""
   return hvd.rank(), hvd.size()

@@ -34,21 +34,15 @@ class Reduction:
     self._options = dict(op=_OPS[op], compression=_COMPRESSIONS[compression])
 
   @_AS_WRITTEN
-  def gradients_of(self, tape: tf.GradientTape, target, variables,
-                   clock) -> list:
-    """The gradients of `target`, each handed to an allreduce of its own as
-    the backward pass has it, so that its transfer overlaps the rest of
-    the backward pass (what hvd.DistributedGradientTape does, on the
-    tensors). `clock` stamps the backward pass's end without holding an
-    allreduce back: what follows it is the communication left exposed
-    (engine/compute/step_clock.py). A process alone skips Horovod's
-    queue."""
-    local = tape.gradient(target, variables)
-    clock.ended("backward", local)
+  def each(self, gradients: list) -> list:
+    """`gradients`, each handed to an allreduce of its own as the backward
+    pass has it, so that its transfer overlaps the rest of the backward
+    pass (what hvd.DistributedGradientTape does, on the tensors). A
+    process alone skips Horovod's queue."""
     return [None if gradient is None else tf.cond(
         hvd.size_op() > 1,
         lambda gradient=gradient: hvd.allreduce(gradient, **self._options),
-        lambda gradient=gradient: gradient) for gradient in local]
+        lambda gradient=gradient: gradient) for gradient in gradients]
 
   @_AS_WRITTEN
   def grouped(self, tensors: list, *, alone_skips: bool = True) -> list:
@@ -80,7 +74,7 @@ class StepReduction:
   (`shared`): its flags and the model's statistics.
 
   How the gradients are reduced (`overlap_allreduce`): on GPU, each as soon
-  as the backward pass has it (`Reduction.gradients_of`), so the
+  as the backward pass has it (`Reduction.each`), so the
   transfers overlap the rest of the backward pass. On CPU the transfers
   and the backward pass share the same cores and nothing overlaps, so the
   gradients and the step's flags go in one grouped allreduce after the
@@ -99,6 +93,9 @@ class StepReduction:
     # their own.
     self.together = (op == "average" and compression == "none" and
                      (accumulation_steps > 1 or not overlap_allreduce))
+    # Else, without accumulation, each gradient's allreduce starts as the
+    # backward pass has it: the transfers overlap the backward pass.
+    self.overlaps = accumulation_steps == 1 and not self.together
     self._statistics = [v for v in model.non_trainable_variables
                         if v.dtype == tf.float32]
 
@@ -127,38 +124,18 @@ class StepReduction:
       variable.assign(tf.reshape(average, variable.shape))
     return parts[0]
 
-  def gradients_of(self, tape: tf.GradientTape, loss, variables, clock,
-                   shared=None):
-    """The gradients of `loss` averaged across ranks (each as the backward
-    pass has it, or all in one grouped allreduce: `together`), and
-    `shared` (if given) averaged, or None. `clock` stamps the backward
-    pass and the communication after it (engine/compute/step_clock.py);
-    the gradients returned wait for the last stamp."""
+  def reduced(self, local: list, shared=None):
+    """The local gradients averaged across ranks, and `shared` (if given)
+    averaged, or None: in one grouped allreduce (`together`); else each
+    gradient as the backward pass has it (`overlaps`), or, with
+    accumulation, all at once, and `shared` beside them."""
     if self.together:
-      with clock.next_phase():
-        local = tape.gradient(loss, variables)
-      return self.local_reduced(local, clock, shared)
-    with clock.next_phase():  # the flags' allreduce fused into one of theirs
-      gradients = self._reduction.gradients_of(tape, loss, variables, clock)
-      shared = None if shared is None else self.averaged_alone(shared)
-    clock.ended("communication", [gradients, shared])
-    return clock.gated(gradients), shared
-
-  def local_reduced(self, local: list, clock, shared=None):
-    """Local gradients (a micro-batches' mean, say), once the backward pass
-    has them all, and `shared` (if given), reduced: the gradients and
-    `shared` averaged (or None). `clock` stamps the end of the backward
-    pass and of the communication; the gradients returned wait for the
-    last stamp."""
-    clock.ended("backward", local)
-    local = clock.gated(local)
-    if self.together:
-      gradients, shared = self.reduced_together(local, shared)
+      return self.reduced_together(local, shared)
+    if self.overlaps:
+      gradients = self._reduction.each(local)
     else:
       gradients = self._reduction.grouped(local, alone_skips=False)
-      shared = None if shared is None else self.averaged_alone(shared)
-    clock.ended("communication", [gradients, shared])
-    return clock.gated(gradients), shared
+    return gradients, None if shared is None else self.averaged_alone(shared)
 
   def averaged_alone(self, shared: tf.Tensor) -> tf.Tensor:
     """`shared` averaged over ranks, beside gradients reduced one by one:

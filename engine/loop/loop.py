@@ -141,6 +141,7 @@ class TrainLoop:
         compression=self._parts.communication.compression, world=world,
         directory=self.directory if chief else None, state=state,
         train_totals=self._train_step.totals,
+        gradient_bytes=self._train_step.gradient_bytes,
         batches_from=functools.partial(
             data.train_stream, self._parts.splits.train, info,
             shard=datasets.Shard(world.rank, world.size),
@@ -314,10 +315,10 @@ class TrainLoop:
     batches inside (their wait is then step time). Returns whether the
     ranks agreed to stop."""
     requested = session.stop_requests.requested
-    if session.profiler.timing:  # a profiled step: one a call, timed
+    if session.profiler.timing:  # a profiled call, timed
       with session.times.step():
         return session.profiler.timed(self._train_step, session.batches,
-                                      requested)
+                                      count, requested)
     if self._config.performance.steps_per_call == 1:
       with session.times.input():
         images, labels = next(session.batches)

@@ -13,6 +13,7 @@ rank also times its own window, step by step, into the step report
 its table and verdict, and gives its figures to TensorBoard.
 """
 import contextlib
+import itertools
 import os
 import time
 from typing import Optional
@@ -24,6 +25,7 @@ from engine import distributed
 from engine.core import run_files
 from engine.loop import actions
 from engine.records import report
+from engine.records import step_advice
 from engine.records import step_report
 from engine.records import storage
 
@@ -65,24 +67,31 @@ class EpochTimes:
 
 
 class StepProfiler(actions.Action):
-  """Traces global steps `steps[0]..steps[1]` (inclusive, 1-based).
+  """Profiles windows of global steps: `steps`, (first, last) pairs
+  (1-based, inclusive), again every `every` steps if given.
 
   Wrap each call (its input and the step) in `step(global_step)`, run it
   as an action after the calls it says (engine/loop/actions.py), call
   `start_epoch()` as each epoch begins, `finish()` when the loop ends with
   every rank (a window the run's end cut short is reported then), and
   `close()` when the loop ends, however it ends: a run that stops or fails
-  inside the range still closes its trace. Rank 0 writes model_dir/profile;
+  inside a window still closes its trace. Rank 0 writes model_dir/profile;
   with `all_ranks`, every rank writes its own (run_files.profile_dir).
-  `settings`: what the run already does, which the report's verdict does
-  not suggest (step_report.verdict).
+  Horovod's timeline records the first window. `settings`: what the run
+  does, for the report (step_advice.Settings).
+
+  Inside a window the calls are the run's own: one step a call at
+  --steps_per_call=1, its batch read on the host; K steps a call beyond,
+  their batches read inside (`timed`).
   """
 
-  def __init__(self, model_dir: str, *, steps: Optional[tuple[int, int]],
-               rank: int, all_ranks: bool, timeline: bool,
-               settings: Optional[dict] = None,
+  def __init__(self, model_dir: str, *, steps: tuple, rank: int,
+               all_ranks: bool, timeline: bool,
+               settings: step_advice.Settings, every: int = 0,
+               host: str = "", local_rank: int = 0,
                reporter: Optional[report.Reporter] = None):
-    self._first, self._last = steps or (0, -1)
+    self._windows = _windows(list(zip(steps[::2], steps[1::2])), every)
+    self._first, self._last = next(self._windows, (0, -1))
     self._traces = bool(steps) and (rank == 0 or all_ranks)
     self._logdir = run_files.profile_dir(model_dir, rank)
     self._rank = rank
@@ -91,16 +100,17 @@ class StepProfiler(actions.Action):
     self._timeline = os.path.join(model_dir, run_files.TIMELINE_FILE) if (
         steps and timeline) else None
     self._tracing = False
+    self._last_trace_written = range(0)  # the seconds the last trace was
     self._model_dir = model_dir
-    self.timing = False  # inside a step of the range: `timed` runs it
-    # Each timed step: its global step, and its parts in seconds
-    # (step_report.PARTS).
-    self._timed_steps = []
-    self._global_step = None  # of the step `step` is around
+    self.timing = False  # inside a call of a window: `timed` runs it
+    # Each timed call: its parts in seconds a step (step_report.of_rank).
+    self._timed_calls = []
+    self._global_step = None  # the first of the call `step` is around
     # When the previous timed call returned; None after an epoch's end (its
     # evaluation and save are not the host's time between calls).
     self._call_ended = None
-    self._settings = settings or {}  # the run's, for the suggestions
+    self._settings = settings
+    self._where = dict(host=host, local_rank=local_rank)
     self._reporter = reporter  # TensorBoard's writer of the report, if any
 
   def close(self) -> None:
@@ -118,39 +128,64 @@ class StepProfiler(actions.Action):
 
   def next_due(self, global_step: int) -> Optional[int]:
     """The step after `global_step` that ends a call: the one before the
-    traced range (up to it), each within it (each traced step is a call of
-    its own, marked with its number); None after it."""
+    next window (up to it), and within a window each step at one step a
+    call (each traced step marked with its number), else its last; None
+    after the last window."""
+    self._window_after(global_step)
     if global_step + 1 < self._first:
       return self._first - 1
     if global_step < self._last:
-      return global_step + 1
+      return global_step + 1 if self._settings.performance.steps_per_call == 1 else (
+          self._last)
     return None
 
   def run(self, at: actions.At) -> None:
-    """Ends the trace after the range's last step, and reports it."""
+    """Ends the trace after a window's last step, and reports it."""
     if at.global_step >= self._last:
       self._end()
 
-  def timed(self, train_step, batches, stop_requested: bool) -> bool:
-    """One step of the range, on the next of `batches`, timed part by part
-    (the step's phases by `train_step.timed`); whether the ranks agreed to
-    stop."""
+  def _window_after(self, global_step: int) -> None:
+    """The window in effect after `global_step`: the first that has not
+    ended, or the last if all have."""
+    while global_step >= self._last:
+      upcoming = next(self._windows, None)
+      if upcoming is None:
+        return
+      self._first, self._last = upcoming
+
+  def timed(self, train_step, batches, count: int,
+            stop_requested: bool) -> bool:
+    """One call of the window, as the run makes it, timed part by part
+    (the step's phases on its own clock: TrainStep.timed, timed_steps);
+    whether the ranks agreed to stop."""
+    traces = train_step.timed_traces
     began = time.perf_counter()
-    images, labels = next(batches)
-    called = time.perf_counter()
-    stop_agreed, phases = train_step.timed(images, labels, stop_requested)
+    if self._settings.performance.steps_per_call == 1:
+      images, labels = next(batches)
+      called = time.perf_counter()
+      stop_agreed, phases = train_step.timed(images, labels, stop_requested)
+      ran, read = 1, {"input": called - began}
+    else:  # the batches read inside the call: their wait is its `input`
+      called = began
+      ran, stop_agreed, phases = train_step.timed_steps(batches, count,
+                                                        stop_requested)
+      read = {}
     ended = time.perf_counter()
     between = began - self._call_ended if self._call_ended else None
     self._call_ended = ended
-    self._timed_steps.append(dict(
-        phases, global_step=self._global_step, input=called - began,
-        between_calls=between,
-        launch_and_read=ended - called - sum(phases.values())))
+    graph = sum(phases.values())
+    parts = dict(phases, **read, between_calls=between,
+                 launch_and_read=ended - called - graph)
+    self._timed_calls.append(dict(
+        {part: None if seconds is None else seconds / max(1, ran)
+         for part, seconds in parts.items()},
+        global_step=self._global_step, steps=ran, graph=graph / max(1, ran),
+        traced=train_step.timed_traces > traces))
     return stop_agreed
 
   @contextlib.contextmanager
   def step(self, global_step: int):
-    """Around the call that takes global step `global_step` (1-based)."""
+    """Around the call whose first step is `global_step` (1-based)."""
     if not self._first <= global_step <= self._last:
       yield
       return
@@ -169,22 +204,24 @@ class StepProfiler(actions.Action):
       self.timing = False
 
   def _end(self) -> None:
-    """The trace stopped, and the steps timed reported."""
+    """The trace stopped, and the calls timed reported."""
     self._stop()
-    if self._timed_steps:
+    if self._timed_calls:
       self._report()
+    self._timeline = None  # the first window's
 
   def _report(self) -> None:
     """Every rank's window gathered; rank 0 writes the report, logs its
-    table, and gives its figures to TensorBoard. The range's first step
-    traces the timed step and is left out, unless it is the only one."""
-    steps = self._timed_steps[1:] or self._timed_steps
-    self._timed_steps = []
-    ranks = distributed.gathered(step_report.of_rank(steps),
-                                 name="step_report")
-    found = step_report.across(
-        ranks, (steps[0]["global_step"], steps[-1]["global_step"]),
-        self._settings)
+    table, and gives its figures to TensorBoard. A call that traced the
+    timed step is left out, unless it is the only one."""
+    calls = [c for c in self._timed_calls if not c["traced"]] or (
+        self._timed_calls)
+    self._timed_calls = []
+    ranks = distributed.gathered(
+        step_report.of_rank(calls, **self._where), name="step_report")
+    last = calls[-1]["global_step"] + calls[-1]["steps"] - 1
+    found = step_report.across(ranks, (calls[0]["global_step"], last),
+                               self._settings)
     def write():
       with storage.writing("step report", self._model_dir):
         path = step_report.write(self._model_dir, found)
@@ -197,6 +234,7 @@ class StepProfiler(actions.Action):
                          name="step_report_written")
 
   def _start(self, global_step: int) -> None:
+    self._call_ended = None  # the time since the last window is not a call's
     if self._traces:
       with storage.writing("profile trace", self._logdir):
         tf.profiler.experimental.start(self._logdir)
@@ -213,8 +251,23 @@ class StepProfiler(actions.Action):
     self._tracing = False
     try:
       if self._traces:  # the trace is written now: a full disk fails here
+        # Into a run named by the second it is written in: a window's
+        # trace written within the second of the last one's would replace
+        # it.
+        while int(time.time()) in self._last_trace_written:
+          time.sleep(0.05)
+        began = int(time.time())
         with storage.writing("profile trace", self._logdir):
           tf.profiler.experimental.stop()
+        self._last_trace_written = range(began, int(time.time()) + 1)
     finally:
       if self._timeline:
         distributed.stop_timeline()
+
+
+def _windows(windows: list[tuple[int, int]], every: int):
+  """`windows`, in order, then again `every` steps on, and on (if
+  `every`)."""
+  for cycle in itertools.count() if every else [0]:
+    for first, last in windows:
+      yield first + cycle * every, last + cycle * every

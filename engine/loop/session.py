@@ -6,13 +6,16 @@ the run's state (run_state.LoopState) continued from where the run stood,
 this rank's batches, the reporting, progress, profiling and stop handling,
 which `close()` ends however the start ends.
 """
+import dataclasses
 import functools
+import socket
 from typing import Any, Callable, Optional
 
 from absl import logging
 import tensorflow as tf
 
 from engine import distributed
+from engine.records import scaling
 from engine.compute import metrics
 from engine.compute import precision
 from engine.core.config import TrainConfig
@@ -24,6 +27,7 @@ from engine.loop import progress as progress_lib
 from engine.loop.run_directory import RunDirectory
 from engine.loop.run_state import LoopState
 from engine.records import report
+from engine.records import step_advice
 
 
 def batches(config: TrainConfig, info, world_size: int
@@ -47,18 +51,21 @@ def batches(config: TrainConfig, info, world_size: int
 
 
 def _profiled_settings(config: TrainConfig, world: distributed.World,
-                       precision_mode: str, compression: str) -> dict:
-  """What the run already does that a step report would otherwise suggest
-  (step_report.verdict)."""
-  performance = config.performance
-  return dict(
+                       precision_mode: str, compression: str,
+                       gradient_bytes: int) -> step_advice.Settings:
+  """What the run does, for its step report: what it would otherwise
+  suggest (step_report.verdict), the gradients' bytes and the link."""
+  performance, profile = config.performance, config.profiling
+  return step_advice.Settings(
       device=world.device, processes_per_host=distributed.hosts()[1],
-      mixed_precision=precision_mode, xla=performance.xla,
-      gradient_compression=compression,
-      allreduce_op=performance.allreduce_op,
-      grad_accum_steps=performance.grad_accum_steps,
-      steps_per_call=performance.steps_per_call,
-      stage_dir=bool(config.data.stage_dir), **_records_read(config.data))
+      performance=dataclasses.replace(performance,
+                                      mixed_precision=precision_mode,
+                                      gradient_compression=compression),
+      stage_dir=bool(config.data.stage_dir), gradient_bytes=gradient_bytes,
+      link=scaling.Link.of(profile.profile_link_gbit,
+                           profile.profile_link_latency_us)
+      if profile.profile_link_gbit else None,
+      **_records_read(config.data))
 
 
 def _records_read(data_config) -> dict:
@@ -83,12 +90,13 @@ class Session:
                precision_choice: precision.Choice, compression: str,
                world: distributed.World,
                directory: Optional[RunDirectory], state: LoopState,
-               train_totals: metrics.Totals,
+               train_totals: metrics.Totals, gradient_bytes: int,
                batches_from: Callable[..., tf.data.Dataset]):
     """`precision_choice`: the start-up's, whose mode the run's hparams
     name; `compression`, the gradients' as start-up decided it.
     `train_totals`: the train step's running sums, which summaries within
-    an epoch read. `batches_from(first_epoch=, first_step=)`: this
+    an epoch read; `gradient_bytes`, an update's (the step report's
+    bandwidth). `batches_from(first_epoch=, first_step=)`: this
     rank's training batches from there on (data.train_stream, all else
     given)."""
     self.world = world
@@ -116,9 +124,10 @@ class Session:
     self.profiler = profiling.StepProfiler(
         training.model_dir, steps=profile.profile_steps, rank=world.rank,
         all_ranks=profile.profile_all_ranks,
-        timeline=profile.horovod_timeline,
+        timeline=profile.horovod_timeline, every=profile.profile_every,
         settings=_profiled_settings(config, world, precision_choice.mode,
-                                    compression),
+                                    compression, gradient_bytes),
+        host=socket.gethostname(), local_rank=distributed.local_rank(),
         reporter=self.reporter)
 
   def read_from_state(self) -> None:

@@ -183,7 +183,10 @@ class Reporter:
     scalars = {**{f"{part}_ms": 1e3 * seconds
                   for part, seconds in slowest["parts"].items()},
                "step_ms": 1e3 * slowest["step"],
+               "step_p95_ms": 1e3 * slowest["distribution"]["step"]["p95"],
                "slowest_by_ms": 1e3 * found["slowest_by"]}
+    if found["link"]:  # the allreduce's achieved bus bandwidth
+      scalars["bus_gbit"] = found["link"]["bus_gbit"]["p50"]
     with self._tensorboard(run_files.TRAIN_RUN) as writer:
       with writer.as_default(step=found["window"][1]):
         for name, value in scalars.items():

@@ -1,79 +1,219 @@
-"""The step report of a profiled window: where each rank's step went, the
-ranks side by side, and the slowest named.
+"""The step report of a profiled window: where each rank's step went, step
+by step, the ranks side by side and grouped by host, the slowest named
+(a rank, or a node whose ranks are all slow), and how fast the allreduce
+moved the gradients against the link it runs on.
 
-Each rank times its own window (engine/loop/profiling.py): per step, the
+Each rank times its own window (engine/loop/profiling.py): per call, the
 wait for its batch, the phases inside the compiled step on its own clock
 (engine/compute/step_clock.py), the rest of the call (launching it and
-reading its result) and the host's time between calls; they add up to the
-step. The ranks' figures are gathered; rank 0 writes them to
-model_dir/profile/step_report.json and logs a table.
+reading its result) and the host's time between calls, each per step of
+the call; they add up to the step. The ranks' series are gathered; rank 0
+appends the report to model_dir/profile/step_reports.jsonl (a line a
+window), writes the latest to step_report.json and logs a table.
 
-Across ranks, the allreduce ends together: the rank that reaches it last
-waits least, so the smallest communication is about the transfer itself,
-and each rank's excess over it is waiting for a slower rank. The slowest
-rank is the one busiest outside the allreduce.
+Across ranks, the allreduce ends together: in each step the rank that
+reaches it last waits least, so the smallest communication is about the
+transfer itself, and each rank's excess over it is waiting for a slower
+one. A rank's lateness in a step is how much later than the first rank it
+reached the allreduce (the first one's communication less its own): no
+clocks are compared across hosts. The slowest rank is the one busiest
+outside the allreduce on average; a straggler is named with how often and
+by how much it was late, and where all ranks of one host were late
+together, the host is named instead.
+
+The transfer's bus bandwidth, bytes * 2 (N - 1) / N / seconds (nccl-tests'
+measure: a ring's bus bandwidth is its slowest link's), is set against the
+scaling model's time for the link the run says it has
+(--profile_link_gbit; engine/records/scaling.py).
 
 The verdict reads the slowest rank, whose step the others wait for: the
 part of its step that is largest bounds the run (`BOUNDS`), and each part
 that takes a fair share of it (`NOTABLE_SHARE`) gets what the engine
-offers against it, leaving out what the run already does (`settings`).
+offers against it, leaving out what the run already does
+(engine/records/step_advice.py).
 """
+import dataclasses
+import json
 import os
+import statistics
+from typing import Optional
 
-from engine.compute import step_clock
+from engine.records import scaling
+from engine.records import step_advice
 from engine.core import run_files
 
-# A step's parts, in the order a step runs them.
-PARTS = ("input", *step_clock.PHASES, "launch_and_read", "between_calls")
+# A step's parts, in the order a step runs them: its input (read on the
+# host, or inside a call of several steps), the phases of the compiled
+# step, and the host's own.
+PARTS = ("input", "forward", "backward", "communication", "optimizer",
+         "launch_and_read", "between_calls")
+# A task's own train step is one phase (step_clock.py): a part of its own,
+# shown where it was measured, and compute.
+TASK_STEP = "task_step"
 # What can bound a step, and the parts that make it: its input, the
 # device's work, the allreduce's exposed time, the host's work around the
 # calls (launching, reading the outcome, the loop's own).
-BOUNDS = {"input": ("input",), "compute": ("forward", "backward", "optimizer"),
+BOUNDS = {"input": ("input",),
+          "compute": ("forward", "backward", "optimizer"),
           "communication": ("communication",),
           "host": ("launch_and_read", "between_calls")}
 # A bound this share of the step or more gets its suggestions.
 NOTABLE_SHARE = 0.25
 # The slowest rank is a straggler when it is busy this share of its step
-# longer than the least busy rank.
+# longer than the least busy rank, on average; and a rank is late in a
+# step when it reaches the allreduce this share of the step after the
+# first (at least LATE_FLOOR seconds), a straggler when late in
+# LATE_OFTEN of the steps or more (at least 2), twice as often as any other
+# (`_stands_out`).
 STRAGGLER_SHARE = 0.1
+LATE_FLOOR = 0.0005
+LATE_OFTEN = 0.1
+# The allreduce's bus bandwidth below this share of the link's, where the
+# run names its link: the network is slower than it should be.
+SLOW_LINK_SHARE = 0.5
 
 
-def of_rank(steps: list[dict]) -> dict:
-  """One rank's mean seconds per part over its window's `steps` (each a
-  part -> seconds dict; a phase the step does not have counts 0; a part
-  None was not measured that step, and is the mean of the others), their
-  sum (the step), and the share of the call the phases cover."""
-  mean = {}
-  for part in PARTS:
-    measured = [step.get(part, 0.0) for step in steps
-                if step.get(part, 0.0) is not None]
-    mean[part] = sum(measured) / len(measured) if measured else 0.0
-  phases = sum(mean[phase] for phase in step_clock.PHASES)
-  call = phases + mean["launch_and_read"]
-  return dict(steps=len(steps), step=sum(mean.values()), parts=mean,
-              in_graph=phases / call if call else 0.0)
+def of_rank(calls: list[dict], *, host: str = "", local_rank: int = 0
+            ) -> dict:
+  """One rank's window from its timed `calls` (each a dict of a part ->
+  seconds a step, `steps` it ran and `graph`, the seconds its clock
+  stamped; a phase the call does not have counts 0; a part None was not
+  measured that call, and is the mean of the others): each part's mean,
+  p50, p95 and max a step, the series, their sum (the step), and the share
+  of the call the clock covers."""
+  measured = [p for p in (*PARTS, TASK_STEP)
+              if p in PARTS or any(p in call for call in calls)]
+  series, mean, spread = {}, {}, {}
+  for part in measured:
+    values = [call.get(part, 0.0) for call in calls]
+    known = [v for v in values if v is not None]
+    fill = sum(known) / len(known) if known else 0.0
+    series[part] = [fill if v is None else v for v in values]
+    mean[part] = fill
+    spread[part] = _distribution(series[part])
+  graph = sum(call.get("graph", sum(call.get(part) or 0.0 for part in (
+      *BOUNDS["compute"], TASK_STEP, "communication"))) for call in calls
+              ) / max(1, len(calls))
+  call_seconds = graph + mean["launch_and_read"]
+  steps = [sum(series[part][i] for part in measured)
+           for i in range(len(calls))]
+  return dict(host=host, local_rank=local_rank,
+              steps=sum(call.get("steps", 1) for call in calls),
+              calls=len(calls), step=sum(mean.values()), parts=mean,
+              distribution=dict(spread, step=_distribution(steps)),
+              series=dict(series, step=steps),
+              in_graph=graph / call_seconds if call_seconds else 0.0)
 
 
 def across(ranks: list[dict], window: tuple[int, int],
-           settings: dict) -> dict:
+           settings: step_advice.Settings) -> dict:
   """The report of every rank's `of_rank`, for global steps `window`: the
-  transfer, each rank's wait in the allreduce, the slowest rank and where
-  its extra time goes, and the verdict (`verdict`, given the run's
-  `settings`)."""
+  transfer, each rank's wait in the allreduce and lateness step by step,
+  the hosts, the slowest rank and where its extra time goes, the link,
+  and the verdict (`verdict`, given the run's `settings`)."""
   transfer = min(rank["parts"]["communication"] for rank in ranks)
   busy = [rank["step"] - rank["parts"]["communication"] for rank in ranks]
   slowest = max(range(len(ranks)), key=busy.__getitem__)
   least = min(range(len(ranks)), key=busy.__getitem__)
   extra = {bound: _of(ranks[slowest], bound) - _of(ranks[least], bound)
            for bound in BOUNDS if bound != "communication"}
+  lateness = _lateness(ranks)
   report = dict(
       window=list(window),
       ranks=[dict(rank, rank=r, waiting=rank["parts"]["communication"]
-                  - transfer, busy=busy[r]) for r, rank in enumerate(ranks)],
+                  - transfer, busy=busy[r], late=lateness["ranks"][r])
+             for r, rank in enumerate(ranks)],
+      hosts=_hosts(ranks, lateness),
       transfer=transfer, slowest_rank=slowest,
       slowest_by=busy[slowest] - busy[least],
-      slowest_in=max(extra, key=extra.get), settings=settings)
-  return dict(report, verdict=verdict(report))
+      slowest_in=max(extra, key=extra.get),
+      late_threshold=lateness["threshold"], late_in=_calls_of(ranks[0]),
+      link=_link(ranks, settings),
+      settings=dataclasses.asdict(settings))
+  return dict(report, verdict=verdict(report, settings))
+
+
+def _calls_of(rank: dict) -> str:
+  """What the window's series count: steps, or calls of several."""
+  per_call = rank["steps"] // max(1, rank["calls"])
+  return "steps" if per_call == 1 else f"calls of {per_call} steps"
+
+
+def _distribution(values: list[float]) -> dict:
+  ordered = sorted(values)
+  def percentile(q):  # the nearest rank's
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if (
+        ordered) else 0.0
+  return dict(p50=percentile(0.5), p95=percentile(0.95),
+              max=ordered[-1] if ordered else 0.0)
+
+
+def _lateness(ranks: list[dict]) -> dict:
+  """Step by step, how much later than the first each rank reached the
+  allreduce; which steps it was late in (`threshold`, from the median
+  step), and by how much."""
+  communication = [rank["series"]["communication"] for rank in ranks]
+  calls = min(len(series) for series in communication)
+  steps = [s for rank in ranks for s in rank["series"]["step"]]
+  threshold = max(LATE_FLOOR, STRAGGLER_SHARE * statistics.median(steps)
+                  ) if steps else LATE_FLOOR
+  by_step = [[max(c[i] for c in communication) - own[i]
+              for i in range(calls)] for own in communication]
+  return dict(threshold=threshold, by_step=by_step,
+              ranks=[_late(series, threshold) for series in by_step])
+
+
+def _late(series: list[float], threshold: float) -> dict:
+  """The steps of `series` (seconds late, a step) that were late, the
+  range of their lateness, and the series."""
+  late = [i for i, seconds in enumerate(series) if seconds >= threshold]
+  return dict(steps=late, of=len(series), seconds=series,
+              by=[min(series[i] for i in late),
+                  max(series[i] for i in late)] if late else None)
+
+
+def _hosts(ranks: list[dict], lateness: dict) -> list[dict]:
+  """The hosts, each with its ranks (by local rank) and the steps all of
+  them were late in together."""
+  found = {}
+  for r, rank in enumerate(ranks):
+    found.setdefault(rank["host"], []).append(r)
+  hosts = []
+  for host, members in found.items():
+    members.sort(key=lambda r: ranks[r]["local_rank"])
+    together = [min(lateness["by_step"][r][i] for r in members)
+                for i in range(len(lateness["by_step"][members[0]]))]
+    hosts.append(dict(host=host, ranks=members,
+                      late=_late(together, lateness["threshold"])))
+  return hosts
+
+
+def _link(ranks: list[dict],
+          settings: step_advice.Settings) -> Optional[dict]:
+  """The allreduce's bus bandwidth step by step (over the step's smallest
+  communication across ranks: its transfer), and the scaling model's
+  time for the run's link, where it names one."""
+  processes = len(ranks)
+  if processes < 2 or not settings.gradient_bytes:
+    return None
+  communication = [rank["series"]["communication"] for rank in ranks]
+  transfers = [min(c[i] for c in communication)
+               for i in range(min(len(c) for c in communication))]
+  bus_bytes = settings.gradient_bytes * 2 * (processes - 1) / processes
+  gbit = [8e-9 * bus_bytes / seconds for seconds in transfers if seconds > 0]
+  hosts = len({rank["host"] for rank in ranks})
+  found = dict(gradient_bytes=settings.gradient_bytes, processes=processes,
+               crosses="hosts" if hosts > 1 else "one host",
+               bus_gbit=_distribution(gbit))
+  if settings.link:
+    expected = scaling.update_allreduce_seconds(settings.gradient_bytes,
+                                                processes, settings.link)
+    found.update(link_gbit=8e-9 * settings.link.bandwidth,
+                 expected_seconds=expected,
+                 transfer_seconds=_distribution(transfers)["p50"],
+                 share=found["bus_gbit"]["p50"]
+                 / (8e-9 * settings.link.bandwidth))
+  return found
 
 
 def shares(rank: dict) -> dict:
@@ -82,103 +222,153 @@ def shares(rank: dict) -> dict:
           for bound in BOUNDS}
 
 
-def verdict(report: dict) -> dict:
+def verdict(report: dict, settings: step_advice.Settings) -> dict:
   """What bounds the step (the largest of BOUNDS on the slowest rank),
-  each bound's share, what makes a rank straggle (or None: none does),
-  and what to try."""
+  each bound's share, what makes a rank or a node straggle (or None: none
+  does), what the network achieves against its link, and what to try."""
   slowest = report["ranks"][report["slowest_rank"]]
   split = shares(slowest)
   bound = max(split, key=split.get)
-  straggler = report["slowest_by"] >= STRAGGLER_SHARE * slowest["step"]
   notable = sorted((b for b in split if split[b] >= NOTABLE_SHARE
                     or b == bound), key=split.get, reverse=True)
+  stragglers = _stragglers(report)
   return dict(bound=bound, shares=split,
-              straggler=_STRAGGLER[report["slowest_in"]].format(
-                  rank=report["slowest_rank"]) if straggler else None,
-              suggestions=_once_a_flag(
-                  text for b in notable
-                  for text in _suggestions(b, report["settings"])))
+              straggler=stragglers[0] if stragglers else None,
+              stragglers=stragglers,
+              network=_network(report["link"], "communication" in notable),
+              suggestions=step_advice.against(notable, settings))
 
 
-def _once_a_flag(suggestions) -> list[str]:
-  """`suggestions` in their order, a flag offered against two bounds
-  (--cache_records against input and compute) kept where it comes first."""
-  kept, flags = [], set()
-  for text in suggestions:
-    flag = text.split(":")[0].split(" ")[0] if text.startswith("--") else text
-    if flag not in flags:
-      flags.add(flag)
-      kept.append(text)
-  return kept
+def _stragglers(report: dict) -> list[str]:
+  """Who straggles, where its extra time goes, how often and by how much,
+  the most late first: each node whose ranks were all often late
+  together, each rank often late elsewhere (with its host); or, where none
+  was often late, the slowest rank if it is busier on average."""
+  ranks, hosts = report["ranks"], report["hosts"]
+  nodes = sorted((h for h in hosts if len(hosts) > 1 and len(h["ranks"]) > 1
+                  and _stands_out(h["late"], [
+                      ranks[r]["late"] for r in range(len(ranks))
+                      if r not in h["ranks"]])),
+                 key=lambda h: _total(h["late"]), reverse=True)
+  found = [_STRAGGLER[_extra_in(report, max(
+      node["ranks"], key=lambda r: ranks[r]["busy"]))].format(
+          who=f"node {node['host']}") + f"; its ranks "
+           f"{', '.join(map(str, node['ranks']))} reached the allreduce "
+           f"last together {_how_often(node['late'], report)}"
+           for node in nodes]
+  on_nodes = {r for node in nodes for r in node["ranks"]}
+  late = sorted((r for r in range(len(ranks)) if r not in on_nodes
+                 and _stands_out(ranks[r]["late"], [
+                     ranks[o]["late"] for o in range(len(ranks))
+                     if o != r and o not in on_nodes])),
+                key=lambda r: _total(ranks[r]["late"]), reverse=True)
+  slowest = report["slowest_rank"]
+  if not found and not late and report["slowest_by"] >= (
+      STRAGGLER_SHARE * ranks[slowest]["step"]):
+    late = [slowest]
+  for r in late:
+    rank = ranks[r]
+    text = _STRAGGLER[_extra_in(report, r)].format(who=f"rank {r}")
+    if rank["host"]:
+      text += f"; on {rank['host']} (local rank {rank['local_rank']})"
+    if rank["late"]["steps"]:
+      text += (", it reached the allreduce last "
+               + _how_often(rank["late"], report))
+    found.append(text)
+  return found
 
 
-# The slowest rank's extra time, by where it is.
+def _extra_in(report: dict, r: int) -> str:
+  """Where rank `r`'s step is longer than the others', outside the
+  allreduce: the bound with the most extra time over the least of the
+  other ranks', in the steps it was late (all, if none)."""
+  ranks = report["ranks"]
+  steps = ranks[r]["late"]["steps"] or range(ranks[r]["late"]["of"])
+  def of(rank, bound, i):
+    return sum(rank["series"].get(part, [0.0] * (i + 1))[i]
+               for part in (*BOUNDS[bound], TASK_STEP))
+  extra = {bound: sum(of(ranks[r], bound, i) - min(
+      of(other, bound, i) for other in ranks if other is not ranks[r])
+                      for i in steps)
+           for bound in BOUNDS if bound != "communication"}
+  return max(extra, key=extra.get)
+
+
+def _total(late: dict) -> float:
+  return len(late["steps"]) * (late["by"][1] if late["by"] else 0.0)
+
+
+def _stands_out(late: dict, others: list[dict]) -> bool:
+  """Whether `late` (a rank's or a node's) was late often, and at least
+  twice as often as each of `others` (the ranks outside it): on a busy
+  machine every rank is late now and then."""
+  count = len(late["steps"])
+  return count >= max(2, LATE_OFTEN * late["of"]) and all(
+      count >= 2 * len(other["steps"]) for other in others)
+
+
+def _how_often(late: dict, report: dict) -> str:
+  low, high = (1e3 * seconds for seconds in late["by"])
+  by = f"{low:.0f} ms" if round(low) == round(high) else (
+      f"{low:.0f}-{high:.0f} ms")
+  return (f"in {len(late['steps'])} of {late['of']} {report['late_in']}, "
+          f"by {by} a step")
+
+
+def _network(link: Optional[dict], matters: bool) -> Optional[str]:
+  """What the allreduce achieved, against the link where the run names
+  it; None for a process alone."""
+  if not link:
+    return None
+  achieved = (f"the allreduce's bus bandwidth {_rate(link['bus_gbit']['p50'])}"
+              f" (p50 of its steps; {link['processes']} processes, across "
+              f"{link['crosses']})")
+  if "link_gbit" not in link:
+    return achieved + "; give --profile_link_gbit to set it against the link"
+  achieved += (f", {link['share']:.0%} of the {_rate(link['link_gbit'])} "
+               f"link (the scaling model's transfer "
+               f"{1e3 * link['expected_seconds']:.2f} ms, measured "
+               f"{1e3 * link['transfer_seconds']:.2f} ms)")
+  if link["share"] < SLOW_LINK_SHARE:
+    return achieved + (": the network is slower than it should be (other "
+                       "traffic, its interfaces' settings, the route)"
+                       if matters else ": slower than the link, but the "
+                       "allreduce is a small part of the step")
+  return achieved + ": the network does what the link allows"
+
+
+def _rate(gbit: float) -> str:
+  return f"{gbit:.3g} Gbit/s" if gbit >= 1 else f"{1e3 * gbit:.3g} Mbit/s"
+
+
+# The slowest rank's (or node's) extra time, by where it is.
 _STRAGGLER = {
-    "compute": "rank {rank} computes longer than the others: a slower or "
+    "compute": "{who} computes longer than the others: a slower or "
                "busier host (what else runs on its cores; --bind_cpus)",
-    "input": "rank {rank} waits longer for its batches: its storage or its "
+    "input": "{who} waits longer for its batches: its storage or its "
              "share of the files",
-    "host": "rank {rank}'s host spends longer around its calls: other "
+    "host": "{who} spends longer around its calls on the host: other "
             "processes on its cores",
 }
 
 
-def _suggestions(bound: str, settings: dict) -> list[str]:
-  """What the engine offers against `bound`, leaving out what a run with
-  `settings` already does."""
-  gpu = settings.get("device") == "GPU"
-  offered = {
-      "input": [
-          (settings.get("records") and not settings.get("cache_records")
-           and not settings.get("image_records"),
-           "--cache_records: TFRecords of declared features decoded once "
-           "and kept in memory"),
-          (settings.get("records") and not settings.get("stage_dir"),
-           "--stage_dir: TFRecords copied to node-local storage first"),
-          (True, "more cores for each process's reads (tf.data reads in "
-                 "parallel, as many as it has cores)")],
-      "compute": [
-          (settings.get("mixed_precision") in (None, "none"),
-           "--mixed_precision=" + ("float16" if gpu else "bfloat16 (where "
-                                   "the CPU has AVX512_BF16 or AMX)")),
-          # On a CPU tf.data decodes on the cores the step computes on:
-          # the decoding shows as longer forward and backward passes, not
-          # as input wait (bench/RESULTS.md, "The step at float32 is the
-          # core's peak").
-          (not gpu and settings.get("streams_declared_records"),
-           "--cache_records: the records are decoded on the cores that "
-           "compute, which shows in forward and backward, not in input"),
-          (gpu and not settings.get("xla"), "--xla")],
-      "communication": [
-          (settings.get("gradient_compression") in (None, "none"),
-           "--gradient_compression=fp16: half the bytes"),
-          (settings.get("grad_accum_steps", 1) == 1,
-           "--grad_accum_steps: one allreduce for several batches"),
-          (True, "Horovod's fusion and cycle (horovodrun --fusion-"
-                 "threshold-mb, --cycle-time-ms)"),
-          (settings.get("processes_per_host", 1) > 1,
-           "fewer processes per host, each with more threads"),
-          (settings.get("allreduce_op", "average") == "average",
-           "--allreduce_op=adasum, where Horovod runs on MPI")],
-      "host": [
-          (True, f"--steps_per_call above "
-                 f"{settings.get('steps_per_call', 1)}: several steps a "
-                 "call, one launch and read")],
-  }[bound]
-  return [text for applies, text in offered if applies]
-
-
 def _of(rank: dict, bound: str) -> float:
-  return sum(rank["parts"][part] for part in BOUNDS[bound])
+  parts = (*BOUNDS[bound], TASK_STEP) if bound == "compute" else BOUNDS[bound]
+  return sum(rank["parts"].get(part, 0.0) for part in parts)
 
 
 def table(report: dict) -> str:
-  """The report as the log's table: milliseconds per step, a row a rank."""
-  heads = ["rank", "step", *PARTS, "waiting"]
+  """The report as the log's table: milliseconds per step, a row a rank,
+  then the window, the verdict, what to try, the ranks' spread and hosts,
+  and the link."""
+  parts = [part for part in (*PARTS, TASK_STEP)
+           if part in report["ranks"][0]["parts"]]
+  heads = ["rank", "step", *parts, "waiting"]
   widths = [max(len(head), 7) for head in heads]
   lines = ["  ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
   for rank in report["ranks"]:
-    cells = [rank["step"], *rank["parts"].values(), rank["waiting"]]
+    cells = [rank["step"], *(rank["parts"][p] for p in parts),
+             rank["waiting"]]
     lines.append("  ".join([f"{rank['rank']:>{widths[0]}}", *(
         f"{1e3 * c:>{w}.2f}" for c, w in zip(cells, widths[1:]))]))
   first, last = report["window"]
@@ -191,15 +381,28 @@ def table(report: dict) -> str:
   lines.append(f"{found['bound']}-bound: " + ", ".join(
       f"{bound} {share:.0%}" for bound, share in found["shares"].items())
                + " of the slowest rank's step")
-  if found["straggler"]:
-    lines.append(f"a straggler: {found['straggler']}")
+  lines += [f"a straggler: {text}" for text in found["stragglers"]]
   lines += [f"  try {text}" for text in found["suggestions"]]
+  for rank in report["ranks"]:
+    step = rank["distribution"]["step"]
+    lines.append(
+        f"rank {rank['rank']} on {rank['host'] or '?'} (local rank "
+        f"{rank['local_rank']}): step p50 {1e3 * step['p50']:.2f}, p95 "
+        f"{1e3 * step['p95']:.2f}, max {1e3 * step['max']:.2f} ms over "
+        f"{rank['calls']} {report['late_in']}" + (
+            f"; late to the allreduce in {len(rank['late']['steps'])}"
+            f" of {rank['late']['of']}" if rank["late"]["steps"] else ""))
+  if found["network"]:
+    lines.append(f"network: {found['network']}")
   return "\n".join(lines)
 
 
 def write(model_dir: str, report: dict) -> str:
-  """model_dir/profile/step_report.json; its path."""
+  """The window's report, appended to model_dir/profile/step_reports.jsonl
+  and as the latest, step_report.json; the latter's path."""
   directory = run_files.profile_dir(model_dir, rank=0)
   os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, run_files.STEP_REPORTS_FILE), "a") as f:
+    f.write(json.dumps(report) + "\n")
   run_files.write_record(directory, run_files.STEP_REPORT_FILE, report)
   return os.path.join(directory, run_files.STEP_REPORT_FILE)

@@ -26,7 +26,7 @@ inputs), `sample_images` (pictures in TensorBoard), `build_model` and
 `serving` (a GAN's two models and its generator's export), and, for steps
 one loss cannot say, `optimizers`, `optimized_variables` and `train_step`:
 the task's own step, with the engine's helpers to average gradients across
-ranks and apply them (engine/compute/step.py, TaskTrainStep).
+ranks and apply them (engine/compute/task_step.py).
 
 A task is built with the data set's DatasetInfo, and with whichever of the
 task flags (--label_smoothing, --loss, ...) its __init__ declares.
