@@ -18,7 +18,8 @@ from here, so the layout is written down once:
                          format.json, their format's version
   tensorboard/           train/ and validation/, and the run's hparams
   export/                final/ and best/: SavedModels
-  profile/, timeline.json  traces of --profile_steps (engine.loop.profiling)
+  profile/, timeline.json  traces of --profile_steps (engine.loop.profiling),
+                           profile/step_reports.jsonl their step reports
 
 It imports no TensorFlow: engine.runs reads runs without it, in a fraction
 of a second.
