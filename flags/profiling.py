@@ -15,8 +15,8 @@ flags.DEFINE_string("profile_steps", "",
                     "allreduce's bandwidth, and flags to try; TensorBoard "
                     "shows it under profile/; docs/performance.md). The "
                     "steps run as the run runs them, --steps_per_call a "
-                    "call. A window's first call, which includes tracing, "
-                    "is left out of its report. Empty: off.")
+                    "call. The first window's first call, which traces the "
+                    "timed step, is left out of its report. Empty: off.")
 flags.DEFINE_integer("profile_every", 0,
                      "With --profile_steps: its windows again every this "
                      "many steps (e.g. --profile_steps=11,20 "

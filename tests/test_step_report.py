@@ -339,3 +339,25 @@ def test_the_allreduces_bandwidth_is_set_against_the_link():
           fast["verdict"]["network"])
   assert report(1.2)["verdict"]["network"].endswith(
       "the network does what the link allows")
+
+
+def test_ranks_late_by_turns_are_noise_not_stragglers():
+  """On a busy machine each rank is late now and then: rank 1 in 3 steps
+  of 20 and rank 0 in 2 others, by 20 ms. Neither is late twice as often
+  as the other, and neither is named; late in 4 to rank 0's 2, rank 1
+  is."""
+  waits, own = [0.002] * 20, [0.002] * 20
+  forward, own_forward = [0.004] * 20, [0.004] * 20
+  for i in (3, 9, 15):  # rank 1 late: rank 0 waits
+    waits[i], forward[i] = 0.022, 0.024
+  for i in (5, 11):  # rank 0 late: rank 1 waits
+    own[i], own_forward[i] = 0.022, 0.024
+  def stragglers():
+    return step_report.across(
+        [window("a", 0, waits, own_forward), window("b", 0, own, forward)],
+        (1, 20), CPU)["verdict"]["stragglers"]
+  assert stragglers() == []
+  waits[17], forward[17] = 0.022, 0.024
+  [named] = stragglers()
+  assert named.startswith("rank 1 computes longer")
+  assert "it reached the allreduce last in 4 of 20 steps, by 20 ms" in named
