@@ -306,7 +306,7 @@ def test_each_window_reports_the_runs_own_calls(data_dir, tmp_path):
     parts = report["ranks"][0]["parts"]
     assert all(parts[part] > 0 for part in (
         "input", "forward", "backward", "optimizer", "launch_and_read")), parts
-    assert report["settings"]["performance"]["steps_per_call"] == 4
+    assert report["settings"]["steps_per_call"] == 4
   assert reports[1]["ranks"][0]["parts"]["between_calls"] > 0
   assert json.loads((tmp_path / "profile" / "step_report.json")
                     .read_text()) == reports[1]

@@ -250,9 +250,11 @@ def test_a_slowed_node_and_a_rank_slowed_now_and_then_are_named(jobs):
     assert (0.75 * HOST_DELAY_MS < 1e3 * (forward[slowed] - forward[0])
             < 1.5 * HOST_DELAY_MS), forward
   rank1 = report["ranks"][1]["late"]
-  # 100 ms late in every 4th step: 3 or 4 of the 13, by 75-150 ms.
-  assert 2 <= len(rank1["steps"]) <= 4, rank1
-  assert 0.75 * RANK_DELAY_MS < 1e3 * rank1["by"][1] < 1.5 * RANK_DELAY_MS
+  # 100 ms late in every 4th step: 3 or 4 of the 13, by 75-150 ms (a busy
+  # machine makes it late by less in others too).
+  delayed = [s for s in rank1["seconds"] if s > 0.75 * RANK_DELAY_MS / 1e3]
+  assert 2 <= len(delayed) <= 4, rank1
+  assert 0.75 * RANK_DELAY_MS < 1e3 * max(delayed) < 1.5 * RANK_DELAY_MS
   node, rank = report["verdict"]["stragglers"]
   assert node.startswith("node host1 computes longer than the others")
   assert "its ranks 2, 3 reached the allreduce last together in " in node

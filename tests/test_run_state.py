@@ -58,7 +58,7 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
                         model_dir=str(tmp_path), progress="none")),
                     precision_choice=precision.Choice(mode="none"),
                     compression="none", world=world, directory=None, state=state,
-                    batches_from=lambda **at: [at],
+                    batches_from=lambda **at: [at], gradient_bytes=40,
                     train_totals=metrics.Totals(
                         "train", Classification(num_classes=2)))
   try:

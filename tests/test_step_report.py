@@ -361,3 +361,25 @@ def test_ranks_late_by_turns_are_noise_not_stragglers():
   [named] = stragglers()
   assert named.startswith("rank 1 computes longer")
   assert "it reached the allreduce last in 4 of 20 steps, by 20 ms" in named
+
+
+def test_a_slow_node_and_a_rank_slow_half_the_time_are_both_named():
+  """host1's ranks 40 ms late in every step, rank 1 on host0 100 ms late
+  in 7 of 13: both named, the node first (the most late), each standing
+  out against the ranks elsewhere."""
+  steps = 13
+  first = [0.042] * steps  # rank 0 waits for everyone
+  rank1, rank1_forward = [0.042] * steps, [0.004] * steps
+  host1, host1_forward = [0.002] * steps, [0.044] * steps
+  for i in range(0, steps, 2):  # rank 1 last: the others wait longer
+    first[i], rank1[i], rank1_forward[i] = 0.102, 0.002, 0.104
+    host1[i] = 0.062
+  report = step_report.across(
+      [window("host0", 0, first), window("host0", 1, rank1, rank1_forward),
+       window("host1", 0, host1, host1_forward),
+       window("host1", 1, host1, host1_forward)], (1, 13), CPU)
+  node, rank = report["verdict"]["stragglers"]
+  assert node.startswith("node host1 computes longer")
+  assert "together in 13 of 13 steps, by 40 ms a step" in node
+  assert rank.startswith("rank 1 computes longer")
+  assert "in 7 of 13 steps, by 100 ms a step" in rank

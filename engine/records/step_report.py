@@ -63,8 +63,8 @@ NOTABLE_SHARE = 0.25
 # longer than the least busy rank, on average; and a rank is late in a
 # step when it reaches the allreduce this share of the step after the
 # first (at least LATE_FLOOR seconds), a straggler when late in
-# LATE_OFTEN of the steps or more (at least 2), twice as often as any other
-# (`_stands_out`).
+# LATE_OFTEN of the steps or more (at least 2), twice as often as the
+# median rank elsewhere (`_stands_out`).
 STRAGGLER_SHARE = 0.1
 LATE_FLOOR = 0.0005
 LATE_OFTEN = 0.1
@@ -129,8 +129,15 @@ def across(ranks: list[dict], window: tuple[int, int],
       slowest_in=max(extra, key=extra.get),
       late_threshold=lateness["threshold"], late_in=_calls_of(ranks[0]),
       link=_link(ranks, settings),
-      settings=dataclasses.asdict(settings))
+      settings=_flat(settings))
   return dict(report, verdict=verdict(report, settings))
+
+
+def _flat(settings: step_advice.Settings) -> dict:
+  """`settings` as the report's JSON keeps them: the performance flags'
+  beside the rest, as a run's flags name them."""
+  flat = dataclasses.asdict(settings)
+  return {**flat.pop("performance"), **flat}
 
 
 def _calls_of(rank: dict) -> str:
@@ -243,7 +250,7 @@ def _stragglers(report: dict) -> list[str]:
   """Who straggles, where its extra time goes, how often and by how much,
   the most late first: each node whose ranks were all often late
   together, each rank often late elsewhere (with its host); or, where none
-  was often late, the slowest rank if it is busier on average."""
+  was, the slowest rank if it is busier on average."""
   ranks, hosts = report["ranks"], report["hosts"]
   nodes = sorted((h for h in hosts if len(hosts) > 1 and len(h["ranks"]) > 1
                   and _stands_out(h["late"], [
@@ -300,11 +307,12 @@ def _total(late: dict) -> float:
 
 def _stands_out(late: dict, others: list[dict]) -> bool:
   """Whether `late` (a rank's or a node's) was late often, and at least
-  twice as often as each of `others` (the ranks outside it): on a busy
-  machine every rank is late now and then."""
+  twice as often as the median of `others` (the ranks outside it): on a
+  busy machine every rank is late now and then."""
   count = len(late["steps"])
-  return count >= max(2, LATE_OFTEN * late["of"]) and all(
-      count >= 2 * len(other["steps"]) for other in others)
+  return count >= max(2, LATE_OFTEN * late["of"]) and count >= 2 * (
+      statistics.median(len(other["steps"]) for other in others)
+      if others else 0)
 
 
 def _how_often(late: dict, report: dict) -> str:
