@@ -7,9 +7,11 @@ shards:
 
   2 hosts x 1 process, 1 epoch; the same command with --epochs=2, which
   resumes, its second epoch profiled; 2 hosts x 2 processes (local and
-  cross ranks both > 1); and 2 hosts x 1 process on links shaped to
+  cross ranks both > 1); 2 hosts x 1 process on links shaped to
   SHAPED_LINK (tc), one epoch of 16 steps at half the batch, profiled at
-  the steps the resumed run was.
+  the steps the resumed run was; and 2 hosts x 2 processes on unshaped
+  links, host1's ranks slowed in every step and rank 1 in every 2nd
+  (tests/workers/slowed_model.py), profiled.
 
 Skipped, with the reason, where hosts cannot be simulated (not root, no
 network namespaces, no sshd).
@@ -37,8 +39,9 @@ TRAIN_FILES = 4
 SHAPED_LINK, SHAPED_GBIT = "0.25mbit", 0.00025
 PROFILED = "--profile_steps=10,16"
 # The slowed job's delays, in its forward pass: host1's two ranks in every
-# step, rank 1 (on host0) in every 4th.
-HOST_DELAY_MS, RANK_DELAY_MS, RANK_EVERY = 40, 100, 4
+# step, rank 1 (on host0) in every 2nd (late that often, it stands out of
+# a busy machine's noise, which makes any rank late now and then).
+HOST_DELAY_MS, RANK_DELAY_MS, RANK_EVERY = 40, 100, 2
 WORKER = os.path.join(fixtures.REPO, "tests", "workers", "recorded_run.py")
 
 reason = simulated_hosts.unavailable()
@@ -229,7 +232,7 @@ def test_the_hosts_leave_the_machine_as_they_found_it(jobs, before):
 
 def test_a_slowed_node_and_a_rank_slowed_now_and_then_are_named(jobs):
   """host1's two ranks sleep 40 ms in every forward pass, rank 1 (on
-  host0) 100 ms in every 4th: the report names the node, with both its
+  host0) 100 ms in every 2nd: the report names the node, with both its
   ranks and about the delay, and rank 1 with its host and how often; no
   clock is compared across hosts (each rank's lateness is read from the
   waits on its own clock)."""
@@ -250,10 +253,10 @@ def test_a_slowed_node_and_a_rank_slowed_now_and_then_are_named(jobs):
     assert (0.75 * HOST_DELAY_MS < 1e3 * (forward[slowed] - forward[0])
             < 1.5 * HOST_DELAY_MS), forward
   rank1 = report["ranks"][1]["late"]
-  # 100 ms late in every 4th step: 3 or 4 of the 13, by 75-150 ms (a busy
+  # 100 ms late in every 2nd step: 6 or 7 of the 13, by 75-150 ms (a busy
   # machine makes it late by less in others too).
   delayed = [s for s in rank1["seconds"] if s > 0.75 * RANK_DELAY_MS / 1e3]
-  assert 2 <= len(delayed) <= 4, rank1
+  assert 5 <= len(delayed) <= 8, rank1
   assert 0.75 * RANK_DELAY_MS < 1e3 * max(delayed) < 1.5 * RANK_DELAY_MS
   node, rank = report["verdict"]["stragglers"]
   assert node.startswith("node host1 computes longer than the others")
