@@ -293,7 +293,7 @@ def _extra_in(report: dict, r: int) -> str:
   steps = ranks[r]["late"]["steps"] or range(ranks[r]["late"]["of"])
   def of(rank, bound, i):
     return sum(rank["series"].get(part, [0.0] * (i + 1))[i]
-               for part in (*BOUNDS[bound], TASK_STEP))
+               for part in _parts_of(bound))
   extra = {bound: sum(of(ranks[r], bound, i) - min(
       of(other, bound, i) for other in ranks if other is not ranks[r])
                       for i in steps)
@@ -360,9 +360,13 @@ _STRAGGLER = {
 }
 
 
+def _parts_of(bound: str) -> tuple:
+  """BOUNDS' parts of `bound`; a task's own step is compute."""
+  return (*BOUNDS[bound], TASK_STEP) if bound == "compute" else BOUNDS[bound]
+
+
 def _of(rank: dict, bound: str) -> float:
-  parts = (*BOUNDS[bound], TASK_STEP) if bound == "compute" else BOUNDS[bound]
-  return sum(rank["parts"].get(part, 0.0) for part in parts)
+  return sum(rank["parts"].get(part, 0.0) for part in _parts_of(bound))
 
 
 def table(report: dict) -> str:
