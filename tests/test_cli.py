@@ -116,6 +116,12 @@ def test_corrupt_gzip(data_dir, tmp_path, fails_with):
     ("--batch_size=0", "flag --batch_size=0: 0 is not a positive integer"),
     ("--batch_size=-4", "flag --batch_size=-4"),
     ("--profile_steps=5,2", "flag --profile_steps=5,2: must be START,END"),
+    ("--profile_steps=10,20,15,30", "flag --profile_steps=10,20,15,30: must "
+     "be START,END"),
+    ("--profile_every=100", "--profile_every repeats the --profile_steps "
+     "windows: give --profile_steps too"),
+    ("--profile_link_gbit=0", "--profile_link_gbit is the link's bandwidth "
+     "in Gbit/s, above 0"),
     ("--horovod_timeline", "--horovod_timeline records the --profile_steps "
      "range; give --profile_steps too"),
     ("--grad_accum_steps=0", "flag --grad_accum_steps=0: 0 is not a positive"),
