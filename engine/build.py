@@ -95,12 +95,12 @@ def prepare(config: TrainConfig, measure_auto: bool = True) -> Prepared:
 def start_processes(config: TrainConfig) -> distributed.World:
   """Horovod, this process's device and cores, and the chief's logging;
   says what it started."""
-  devices = config.devices
-  world = distributed.init(intra_op_threads=devices.intra_op_threads,
-                           inter_op_threads=devices.inter_op_threads,
-                           bind_cpus=devices.bind_cpus,
-                           deterministic=devices.deterministic,
-                           timeline=config.profiling.horovod_timeline)
+  devices, profiled = config.devices, config.profiling
+  world = distributed.init(
+      intra_op_threads=devices.intra_op_threads,
+      inter_op_threads=devices.inter_op_threads, bind_cpus=devices.bind_cpus,
+      deterministic=devices.deterministic, timeline=profiled.horovod_timeline,
+      link_levels=bool(profiled.profile_steps) and not config.faults.elastic)
   report.configure_logging(distributed.is_chief())
   kernels, kernels_advice = distributed.cpu_kernels()
   logging.info("%d processes on Horovod's %s controller; %s", world.size,

@@ -9,9 +9,9 @@ shards:
   resumes, its second epoch profiled; 2 hosts x 2 processes (local and
   cross ranks both > 1); 2 hosts x 1 process on links shaped to
   SHAPED_LINK (tc), one epoch of 16 steps at half the batch, profiled at
-  the steps the resumed run was; and 2 hosts x 2 processes on unshaped
-  links, host1's ranks slowed in every step and rank 1 in every 2nd
-  (tests/workers/slowed_model.py), profiled.
+  the steps the resumed run was; and 2 hosts x 2 processes on links
+  shaped to LEVELS_LINK, host1's ranks slowed in every step and rank 1 in
+  every 2nd (tests/workers/slowed_model.py), profiled.
 
 Skipped, with the reason, where hosts cannot be simulated (not root, no
 network namespaces, no sshd).
@@ -42,6 +42,9 @@ PROFILED = "--profile_steps=10,16"
 # step, rank 1 (on host0) in every 2nd (late that often, it stands out of
 # a busy machine's noise, which makes any rank late now and then).
 HOST_DELAY_MS, RANK_DELAY_MS, RANK_EVERY = 40, 100, 2
+# The slowed job's links between hosts: slow enough to tell from a host's
+# own links, fast enough for the window's probe of 1 MiB (link_probe.py).
+LEVELS_LINK, LEVELS_GBIT = "20mbit", 0.02
 WORKER = os.path.join(fixtures.REPO, "tests", "workers", "recorded_run.py")
 
 reason = simulated_hosts.unavailable()
@@ -103,17 +106,23 @@ def jobs(tmp_path_factory, before):  # pylint: disable=redefined-outer-name
                                flags=[PROFILED]),
         "2x2": run_job(hosts, tmp, "2x2", per_host=2, epochs=1,
                        model_dir=tmp / "run_2x2"),
-        "2x2 slowed": run_job(
-            hosts, tmp, "2x2_slowed", per_host=2, epochs=1,
-            model_dir=tmp / "run_2x2_slowed",
-            flags=["--model=" + os.path.join(
-                fixtures.REPO, "tests", "workers", "slowed_model.py:conv_net"),
-                   "--batch_size=1", "--profile_steps=3,16"],
-            env=dict(SLOWED_HOST="host1", SLOWED_HOST_MS=str(HOST_DELAY_MS),
-                     SLOWED_RANK="1", SLOWED_MS=str(RANK_DELAY_MS),
-                     SLOWED_EVERY=str(RANK_EVERY))),
+        "2x2 slowed": slowed_job(hosts, tmp),
         "2x1 shaped": shaped_job(hosts, tmp),
     }
+
+
+def slowed_job(hosts, tmp):
+  hosts.shape(LEVELS_LINK)
+  return run_job(
+      hosts, tmp, "2x2_slowed", per_host=2, epochs=1,
+      model_dir=tmp / "run_2x2_slowed",
+      flags=["--model=" + os.path.join(
+          fixtures.REPO, "tests", "workers", "slowed_model.py:conv_net"),
+             "--batch_size=1", "--profile_steps=3,16",
+             f"--profile_link_gbit={LEVELS_GBIT}"],
+      env=dict(SLOWED_HOST="host1", SLOWED_HOST_MS=str(HOST_DELAY_MS),
+               SLOWED_RANK="1", SLOWED_MS=str(RANK_DELAY_MS),
+               SLOWED_EVERY=str(RANK_EVERY)))
 
 
 def shaped_job(hosts, tmp):
@@ -269,6 +278,32 @@ def test_a_slowed_node_and_a_rank_slowed_now_and_then_are_named(jobs):
   assert "a straggler: rank 1 " in output
 
 
+def test_each_level_of_the_links_is_probed_at_its_own_rate(jobs):
+  """2 hosts x 2 processes on links shaped to 20 Mbit/s: the probe across
+  hosts gives the rate within 30% (tc's bucket and TCP's headers); inside
+  a host, where nothing is shaped, the links carry many times more; the
+  2 processes on one host alone, where one ring over all 4 could only show
+  the slower level."""
+  levels = {level["level"]: level
+            for level in step_report(jobs["2x2 slowed"])["link"]["levels"]}
+  assert sorted(levels) == ["across hosts", "inside a host"]
+  across, inside = levels["across hosts"], levels["inside a host"]
+  assert across["processes"] == 2 and across["hosts"] == 2
+  assert inside["processes"] == 2 and inside["hosts"] == 2
+  assert across["bytes"] == inside["bytes"] == 1 << 20
+  assert 0.7 < across["bus_gbit"] / LEVELS_GBIT < 1.3, across
+  assert inside["bus_gbit"] > 5 * across["bus_gbit"], levels
+  # The step's own allreduce, a kilobyte, is too small to fill the link:
+  # the probe tells that from a slow network.
+  assert re.search(r"the network does what the link allows \(probed across "
+                   r"hosts, \d+%\), but the step's allreduce moves too few "
+                   r"bytes at a time to fill it", jobs["2x2 slowed"]["output"])
+  assert re.search(r"link levels: probed with 1\.05 MB allreduces: inside a "
+                   r"host \S+ [GM]bit/s \(host\d's 2 processes, the slowest of 2 "
+                   r"hosts\), across hosts \S+ Mbit/s \(2 processes, one a "
+                   r"host; \d+% of the link\)", jobs["2x2 slowed"]["output"])
+
+
 def test_a_shaped_link_gives_its_rate_as_the_allreduces_bandwidth(jobs):
   """Links shaped to 0.25 Mbit/s: the allreduce's bus bandwidth is the
   rate within 30% (tc's bucket and TCP's headers), and the verdict says
@@ -278,6 +313,7 @@ def test_a_shaped_link_gives_its_rate_as_the_allreduces_bandwidth(jobs):
   report = step_report(jobs["2x1 shaped"])
   link = report["link"]
   assert link["crosses"] == "hosts" and link["link_gbit"] == SHAPED_GBIT
+  assert link["levels"] == []  # a process a host: one level, not probed
   assert 0.7 < link["bus_gbit"]["p50"] / SHAPED_GBIT < 1.3, link
   assert report["verdict"]["network"].endswith(
       "the network does what the link allows")

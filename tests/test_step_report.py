@@ -341,6 +341,50 @@ def test_the_allreduces_bandwidth_is_set_against_the_link():
       "the network does what the link allows")
 
 
+def test_the_links_levels_name_the_host_whose_own_links_are_slowest():
+  """Hosts a and b, 2 ranks each, probed with 1 MB: a repeat's transfer
+  is the least time a rank of its process set took (the last to arrive
+  waited least). b's own links carry 0.4 Gbit/s, a's 2: inside a host is
+  b's. Across hosts, ranks 0 and 2: 0.1 Gbit/s, 10% of a 1 Gbit/s link.
+  The step's own allreduce, 40 Mbit/s, is slow against that link and
+  against one of 120 Mbit/s, which the probe fills: there, its bytes are
+  too few, not the network slow. A run with one level probes none, and
+  its table says nothing of it."""
+  def probed(host, local_rank, **seconds):
+    return dict(window(host, local_rank, [0.2] * 3),
+                link_probe=dict(bytes=1_000_000, seconds=seconds))
+  inside, across = "inside a host", "across hosts"
+  ranks = [probed("a", 0, **{inside: [0.004, 0.004, 0.006],
+                             across: [0.1, 0.1, 0.1]}),
+           probed("a", 1, **{inside: [0.008, 0.005, 0.004]}),
+           probed("b", 0, **{inside: [0.02] * 3, across: [0.08] * 3}),
+           probed("b", 1, **{inside: [0.03] * 3})]
+  linked = dataclasses.replace(CPU, gradient_bytes=1_000_000,
+                               link=scaling.Link.of(1, 0))
+  report = step_report.across(ranks, (1, 3), linked)
+  assert report["link"]["levels"] == [
+      dict(level=inside, processes=2, hosts=2, host="b", bytes=1_000_000,
+           bus_gbit=pytest.approx(0.4)),
+      dict(level=across, processes=2, hosts=2, bytes=1_000_000,
+           bus_gbit=pytest.approx(0.1))]
+  assert step_report.table(report).endswith(
+      "link levels: probed with 1 MB allreduces: inside a host 400 Mbit/s "
+      "(b's 2 processes, the slowest of 2 hosts), across hosts 100 Mbit/s "
+      "(2 processes, one a host; 10% of the link)")
+  assert report["verdict"]["network"].endswith(
+      "the network is slower than it should be (other traffic, its "
+      "interfaces' settings, the route)")
+  filled = step_report.across(ranks, (1, 3), dataclasses.replace(
+      linked, link=scaling.Link.of(0.12, 0)))
+  assert filled["verdict"]["network"].endswith(
+      "the network does what the link allows (probed across hosts, 83%), "
+      "but the step's allreduce moves too few bytes at a time to fill it")
+  alone = step_report.across([window("a", 0, [0.002] * 3),
+                              window("b", 0, [0.003] * 3)], (1, 3), linked)
+  assert alone["link"]["levels"] == []
+  assert "link levels" not in step_report.table(alone)
+
+
 def test_ranks_late_by_turns_are_noise_not_stragglers():
   """On a busy machine each rank is late now and then: rank 1 in 3 steps
   of 20 and rank 0 in 2 others, by 20 ms. Neither is late twice as often

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from engine.core import compat
 from engine.core.errors import UserError
+from engine.distributed import link_probe
 from engine.distributed import liveness
 
 
@@ -44,27 +45,18 @@ class World:
 
 def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
          bind_cpus: bool = True, deterministic: bool = False,
-         timeline: bool = False) -> World:
+         timeline: bool = False, link_levels: bool = False) -> World:
   """Starts Horovod and gives this process its device and its share of cores.
 
   On CPU, thread counts of 0 mean "this process's share" (`cpu_threads`).
   `timeline` lets the run start and stop Horovod's timeline for a range of
-  steps (profiling.StepProfiler). Must run before TensorFlow executes
-  anything: devices and thread pools are fixed at the first op.
+  steps (profiling.StepProfiler); `link_levels`, probe each level of the
+  links at its windows' ends (link_probe.py). Must run before TensorFlow
+  executes anything: devices and thread pools are fixed at the first op.
   """
-  if timeline:
-    # Read by hvd.init: a timeline that hvd.start_timeline can switch on.
-    os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
   gpus = tf.config.list_physical_devices("GPU")
-  if not gpus:
-    # Read by hvd.init; a user's (horovodrun --cycle-time-ms) wins.
-    os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
-    # Read by Open MPI's MPI_Init (in hvd.init, under horovodrun --mpi); a
-    # user's wins. Horovod's thread shares this process's core with the
-    # step's: waiting in a collective, MPI polls without yielding unless
-    # told to, and takes that core from the step (CosmoFlow on 2 processes:
-    # 1.15x the volumes/s yielding; BUILD.md).
-    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+  _settings_for_horovod(timeline=timeline, link_levels=link_levels,
+                        on_cpu=not gpus)
   start_horovod()
   # So a survivor of a failed collective can name the rank that stopped.
   liveness.start_heartbeat(hvd.rank(), hvd.size())
@@ -100,6 +92,25 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
     inter = tf.config.threading.get_inter_op_parallelism_threads()
   return World(hvd.rank(), hvd.size(), device="CPU", intra_op_threads=intra,
                inter_op_threads=inter)
+
+
+def _settings_for_horovod(*, timeline: bool, link_levels: bool,
+                          on_cpu: bool) -> None:
+  """What hvd.init reads from the environment; a user's own settings win."""
+  if timeline:
+    # Read by hvd.init: a timeline that hvd.start_timeline can switch on.
+    os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
+  if link_levels:
+    link_probe.allow()
+  if on_cpu:
+    # Read by hvd.init; a user's (horovodrun --cycle-time-ms) wins.
+    os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
+    # Read by Open MPI's MPI_Init (in hvd.init, under horovodrun --mpi); a
+    # user's wins. Horovod's thread shares this process's core with the
+    # step's: waiting in a collective, MPI polls without yielding unless
+    # told to, and takes that core from the step (CosmoFlow on 2 processes:
+    # 1.15x the volumes/s yielding; BUILD.md).
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
 
 def bind_to_own_cores(local_rank: int, local_size: int) -> None:

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from engine import distributed
 from engine.core import run_files
+from engine.distributed import link_probe as link_probe_lib
 from engine.loop import actions
 from engine.records import report
 from engine.records import step_advice
@@ -78,7 +79,8 @@ class StepProfiler(actions.Action):
   inside a window still closes its trace. Rank 0 writes model_dir/profile;
   with `all_ranks`, every rank writes its own (run_files.profile_dir).
   Horovod's timeline records the first window. `settings`: what the run
-  does, for the report (step_advice.Settings).
+  does, for the report (step_advice.Settings); `link_probe`, if given,
+  times each level of the links at each window's end (every rank's).
 
   Inside a window the calls are the run's own: one step a call at
   --steps_per_call=1, its batch read on the host; K steps a call beyond,
@@ -89,6 +91,7 @@ class StepProfiler(actions.Action):
                all_ranks: bool, timeline: bool,
                settings: step_advice.Settings, every: int = 0,
                host: str = "", local_rank: int = 0,
+               link_probe: Optional[link_probe_lib.LinkProbe] = None,
                reporter: Optional[report.Reporter] = None):
     self._windows = _windows(list(zip(steps[::2], steps[1::2])), every)
     self._first, self._last = next(self._windows, (0, -1))
@@ -111,6 +114,7 @@ class StepProfiler(actions.Action):
     self._call_ended = None
     self._settings = settings
     self._where = dict(host=host, local_rank=local_rank)
+    self._link_probe = link_probe
     self._reporter = reporter  # TensorBoard's writer of the report, if any
 
   def close(self) -> None:
@@ -217,8 +221,11 @@ class StepProfiler(actions.Action):
     calls = [c for c in self._timed_calls if not c["traced"]] or (
         self._timed_calls)
     self._timed_calls = []
+    probed = self._link_probe.probe(self._settings.gradient_bytes) if (
+        self._link_probe) else None
     ranks = distributed.gathered(
-        step_report.of_rank(calls, **self._where), name="step_report")
+        step_report.of_rank(calls, **self._where, link_probe=probed),
+        name="step_report")
     last = calls[-1]["global_step"] + calls[-1]["steps"] - 1
     found = step_report.across(ranks, (calls[0]["global_step"], last),
                                self._settings)

@@ -21,6 +21,7 @@ from engine.compute import precision
 from engine.core.config import TrainConfig
 from engine.datasets import record_features
 from engine.input import data
+from engine.distributed import link_probe
 from engine.loop import preemption
 from engine.loop import profiling
 from engine.loop import progress as progress_lib
@@ -128,7 +129,7 @@ class Session:
         settings=_profiled_settings(config, world, precision_choice.mode,
                                     compression, gradient_bytes),
         host=socket.gethostname(), local_rank=distributed.local_rank(),
-        reporter=self.reporter)
+        link_probe=link_probe.LinkProbe(), reporter=self.reporter)
 
   def read_from_state(self) -> None:
     """This rank's batches from where the state stands on (a start, or a

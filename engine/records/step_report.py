@@ -38,6 +38,7 @@ import os
 import statistics
 from typing import Optional
 
+from engine.records import link_levels
 from engine.records import scaling
 from engine.records import step_advice
 from engine.core import run_files
@@ -73,8 +74,8 @@ LATE_OFTEN = 0.1
 SLOW_LINK_SHARE = 0.5
 
 
-def of_rank(calls: list[dict], *, host: str = "", local_rank: int = 0
-            ) -> dict:
+def of_rank(calls: list[dict], *, host: str = "", local_rank: int = 0,
+            link_probe: Optional[dict] = None) -> dict:
   """One rank's window from its timed `calls` (each a dict of a part ->
   seconds a step, `steps` it ran and `graph`, the seconds its clock
   stamped; a phase the call does not have counts 0; a part None was not
@@ -98,6 +99,7 @@ def of_rank(calls: list[dict], *, host: str = "", local_rank: int = 0
   steps = [sum(series[part][i] for part in measured)
            for i in range(len(calls))]
   return dict(host=host, local_rank=local_rank,
+              link_probe=link_probe or dict(bytes=0, seconds={}),
               steps=sum(call.get("steps", 1) for call in calls),
               calls=len(calls), step=sum(mean.values()), parts=mean,
               distribution=dict(spread, step=_distribution(steps)),
@@ -211,7 +213,7 @@ def _link(ranks: list[dict],
   hosts = len({rank["host"] for rank in ranks})
   found = dict(gradient_bytes=settings.gradient_bytes, processes=processes,
                crosses="hosts" if hosts > 1 else "one host",
-               bus_gbit=_distribution(gbit))
+               bus_gbit=_distribution(gbit), levels=link_levels.of(ranks))
   if settings.link:
     expected = scaling.update_allreduce_seconds(settings.gradient_bytes,
                                                 processes, settings.link)
@@ -328,25 +330,28 @@ def _network(link: Optional[dict], matters: bool) -> Optional[str]:
   it; None for a process alone."""
   if not link:
     return None
-  achieved = (f"the allreduce's bus bandwidth {_rate(link['bus_gbit']['p50'])}"
-              f" (p50 of its steps; {link['processes']} processes, across "
+  achieved = (f"the allreduce's bus bandwidth "
+              f"{link_levels.rate(link['bus_gbit']['p50'])} (p50 of its steps; {link['processes']} processes, across "
               f"{link['crosses']})")
   if "link_gbit" not in link:
     return achieved + "; give --profile_link_gbit to set it against the link"
-  achieved += (f", {link['share']:.0%} of the {_rate(link['link_gbit'])} "
-               f"link (the scaling model's transfer "
+  achieved += (f", {link['share']:.0%} of the "
+               f"{link_levels.rate(link['link_gbit'])} link (the scaling model's transfer "
                f"{1e3 * link['expected_seconds']:.2f} ms, measured "
                f"{1e3 * link['transfer_seconds']:.2f} ms)")
+  probed = [level["bus_gbit"] / link["link_gbit"] for level in link["levels"]
+            if level["level"] == link_levels.ACROSS]
+  if link["share"] < SLOW_LINK_SHARE and probed and (
+      probed[0] >= SLOW_LINK_SHARE):
+    return achieved + (f": the network does what the link allows (probed "
+                       f"across hosts, {probed[0]:.0%}), but the step's "
+                       "allreduce moves too few bytes at a time to fill it")
   if link["share"] < SLOW_LINK_SHARE:
     return achieved + (": the network is slower than it should be (other "
                        "traffic, its interfaces' settings, the route)"
                        if matters else ": slower than the link, but the "
                        "allreduce is a small part of the step")
   return achieved + ": the network does what the link allows"
-
-
-def _rate(gbit: float) -> str:
-  return f"{gbit:.3g} Gbit/s" if gbit >= 1 else f"{1e3 * gbit:.3g} Mbit/s"
 
 
 # The slowest rank's (or node's) extra time, by where it is.
@@ -406,6 +411,9 @@ def table(report: dict) -> str:
             f" of {rank['late']['of']}" if rank["late"]["steps"] else ""))
   if found["network"]:
     lines.append(f"network: {found['network']}")
+  if report["link"] and report["link"]["levels"]:
+    lines.append("link levels: " + link_levels.described(
+        report["link"]["levels"], report["link"].get("link_gbit")))
   return "\n".join(lines)
 
 
