@@ -4,10 +4,6 @@ r"""A recipe trained by the engine and by Keras `fit`, interleaved.
       --recipe=flags/fashion_mnist_segmentation.cfg --repeats=3
   .venv/bin/python -m bench.against_keras \
       --recipe=flags/cosmoflow_mini.cfg --figures=val_mae,val_r2 --repeats=3
-  .venv/bin/python -m bench.against_keras \
-      --recipe=bench/cosmoflow_speed.cfg --figures=val_mae,val_r2 \
-      --variant="engine=engine --cache_records" \
-      --variant="independent=independent --cache"
 
 Each round trains the recipe once with the engine (`engine.train`) and once
 with Keras `model.fit` and Horovod's callbacks given the same model, data,
@@ -19,10 +15,6 @@ training, and images/s (the median of the epochs after the first) the
 steps. Prints every run as it ends, then each configuration's medians and
 the seeds' spread of the first figure.
 
---configs=engine,independent races the engine against CosmoFlow's
-independent Keras trainer instead (bench/keras_cosmoflow.py: its own
-model and tf.data pipeline after the MLPerf HPC reference, nothing of the
-engine's; it reads the recipe's shared flags and ignores the rest).
 --variant="LABEL=CONFIG FLAG..." runs a configuration under a label of its
 own with flags added to the recipe's (several variants of one
 configuration race in the same rounds); the first variant is the one the
@@ -38,8 +30,7 @@ from absl import flags
 
 from bench import interleaved
 
-CONFIGS = {"engine": "engine.train", "keras_fit": "bench.keras_recipe",
-           "independent": "bench.keras_cosmoflow"}
+CONFIGS = {"engine": "engine.train", "keras_fit": "bench.keras_recipe"}
 FLAGS = flags.FLAGS
 flags.DEFINE_string("recipe", "flags/fashion_mnist_segmentation.cfg",
                     "The recipe's flagfile.")

@@ -6,15 +6,14 @@ layers, forward and backward, on one thread (or --threads).
       --variants=taps,engine,engine-avx2 --steps=3 --repeats=2
 
 What it answers: how much of the engine's lead over a Keras fit trainer
-(bench/against_keras.py --configs=engine,independent) its network gives,
-with no loop, input or allreduce around it. Each variant times, in a fresh
-process on one intra- and one inter-op thread (as the engine gives each of
-2 processes on 2 cores), one batch's forward pass and its gradients (MSE
+of the MLPerf HPC reference's network its network gives, with no loop,
+input or allreduce around it. Each variant times, in a fresh process on
+one intra- and one inter-op thread (as the engine gives each of 2
+processes on 2 cores), one batch's forward pass and its gradients (MSE
 against random targets, no optimizer) in a compiled function, the median
 of --steps after two warm-up calls, and the process's peak memory:
 - `keras`: the reference's layers in Keras 3 (Conv3D with its bias,
-  LeakyReLU, MaxPool3D a block; Dense 128 and 64; as bench/keras_cosmoflow.py
-  builds them in tf_keras);
+  LeakyReLU, MaxPool3D a block; Dense 128 and 64);
 - `direct`: models/cosmoflow.py with every block convolved by oneDNN;
 - `taps`: the same, but a block of at most MAX_SIDE_BY_TAPS voxels a side
   convolved by taps: the engine with --cpu_kernels=off;

@@ -105,7 +105,7 @@ def load() -> float:
   """The machine's load: the 1-minute load average, which counts a
   benchmark's own processes too. The benchmarks that print the load print
   this one beside their figures (against_keras before and after each run,
-  auto_precision and allreduce_link after each), so a figure taken on a
-  busy machine shows as one. throughput.py measures more: the cores kept
-  busy by anything but its run, from /proc/stat."""
+  allreduce_link after each), so a figure taken on a busy machine shows
+  as one. throughput.py measures more: the cores kept busy by anything
+  but its run, from /proc/stat."""
   return os.getloadavg()[0]
