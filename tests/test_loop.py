@@ -12,6 +12,7 @@ agreement on a stop or a failure) is pinned by the multi-process tests.
 import dataclasses
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ class FakeStep:
         self.calls.append((first, ran))
         return ran, True
     self.calls.append((first, ran))
-    return ran, False
+    return ran, bool(stop_requested)  # this rank's request: all agree
 
 
 class FaultyStep:
@@ -222,6 +223,55 @@ def records(model_dir):
              for key, value in record.items()
              if key not in per_start and not key.endswith("_seconds")}
             for record in map(json.loads, f)]
+
+
+def test_a_signal_mid_epoch_stops_at_the_calls_end_and_saves_there(
+    data_dir, tmp_path):
+  """SIGTERM, as a scheduler sends at a job's time limit, during step 21:
+  the loop stops after the call it was in (epoch 2, step 3), saves there,
+  and the rerun reads on from step 4, having taken no step after it."""
+  def terminate(at):
+    del at
+    os.kill(os.getpid(), signal.SIGTERM)
+  handler = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(preemption.Preempted, match=r"at epoch 2, step 4; "
+                     r"saved .*ckpt"):
+    run_loop(data_dir, tmp_path,
+             user_actions=[actions.Every(STEPS_PER_EPOCH + 3, terminate)])
+  assert signal.getsignal(signal.SIGTERM) is handler  # given back
+  history, step, _ = run_loop(data_dir, tmp_path)
+  assert step.calls[0] == (STEPS_PER_EPOCH + 5, 1)
+  assert [r["epoch"] for r in history] == [2]
+
+
+def early_stopping(epochs):
+  """A target every epoch reaches (accuracy 0.01: the untrained model's
+  is about a tenth), for 2 epochs in a row."""
+  return dict(training=dict(epochs=epochs, target=0.01, target_accuracy=True,
+                            patience=2))
+
+
+def test_early_stopping_ends_the_run_after_patience_epochs_at_target(
+    data_dir, tmp_path):
+  history, step, _ = run_loop(data_dir, tmp_path, **early_stopping(5))
+  assert [r["epoch"] for r in history] == [1, 2]
+  assert [r.get("stopped_early", False) for r in history] == [False, True]
+  assert history[-1]["target_accuracy_first_epoch"] == 1
+  # Epochs 3-5 take no step.
+  assert sum(ran for _, ran in step.calls) == 2 * STEPS_PER_EPOCH
+
+
+def test_early_stoppings_count_goes_on_in_a_resumed_run(data_dir, tmp_path):
+  """1 epoch at the target, and the run ends (its epochs done); the same
+  command for 5 resumes with that epoch counted: it stops after epoch 2,
+  not 3, and still says the target was first reached in epoch 1."""
+  first, _, _ = run_loop(data_dir, tmp_path, **early_stopping(1))
+  assert [r.get("stopped_early", False) for r in first] == [False]
+  history, step, _ = run_loop(data_dir, tmp_path, **early_stopping(5))
+  assert [r["epoch"] for r in history] == [2]
+  assert history[-1]["stopped_early"]
+  assert history[-1]["target_accuracy_first_epoch"] == 1
+  assert sum(ran for _, ran in step.calls) == STEPS_PER_EPOCH
 
 
 def test_a_run_stopped_and_resumed_ends_as_the_run_that_went_on(data_dir,

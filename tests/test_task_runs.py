@@ -296,6 +296,11 @@ def test_the_volumes_train_through_our_winograd_kernels(worker):
   out, ranks = worker
   assert [rank["volumes"]["by_winograd"] for rank in ranks] == [
       [False, True, False]] * 2
+  # In the step that ran: the convolution, and the transforms and kernel
+  # gradient its backward pass takes (models/kernels/winograd3d.cc).
+  assert [rank["volumes"]["winograd_ops_in_step"] for rank in ranks] == [[
+      "Winograd3DConv", "Winograd3DKernelGradient",
+      "Winograd3DTransformKernel", "Winograd3DUntransformKernel"]] * 2
   # Each start's record names the build each rank loaded: the widest this
   # CPU runs (models/winograd3d.py).
   widest = "avx512" if "avx512f" in cpu.features() else "avx2"

@@ -29,6 +29,7 @@ from engine import train as engine_train
 from engine.compute import metrics
 from engine.core.errors import Diverged, UserError
 from engine.input import data
+from models import winograd3d
 from tests import fixtures
 
 
@@ -130,8 +131,20 @@ def gan(out_dir: str, fashion_mnist: str) -> dict:
       devices=dict(deterministic=True)), "gan")
 
 
+def graphs_calling(module, name: str) -> list:
+  """The graphs `module.name` adds its ops to from now on (each a
+  tf.function's, as traced: the train step's is `_plain_step`)."""
+  graphs, original = [], getattr(module, name)
+  def recorded(*args, **kwargs):
+    graphs.append(tf.compat.v1.get_default_graph())
+    return original(*args, **kwargs)
+  setattr(module, name, recorded)
+  return graphs
+
+
 def volumes(out_dir: str, volumes_dir: str, damaged_dir: str) -> dict:
   """CosmoFlow's layout: log(1 + x), flips and transposes, staging."""
+  convolved_in = graphs_calling(winograd3d, "conv3d")
   defaults = fixtures.train_config()
   config = fixtures.train_config(
       data=dict(name="tfrecord", dir=volumes_dir,
@@ -150,6 +163,11 @@ def volumes(out_dir: str, volumes_dir: str, damaged_dir: str) -> dict:
   observed = straight_and_resumed(config, "volumes", lambda model: {
       "by_winograd": [layer._by_winograd for layer in model.layers
                       if hasattr(layer, "_by_winograd")]})
+  # Our kernels' ops in the train step's graph that ran, forward and
+  # backward (the gradients the tape took through them).
+  observed["winograd_ops_in_step"] = sorted({
+      op.type for graph in convolved_in if graph.name == "_plain_step"
+      for op in graph.get_operations() if op.type.startswith("Winograd3D")})
   damaged = config.replace(
       data=dict(dir=damaged_dir),
       training=dict(model_dir=os.path.join(out_dir, "damaged_run")))
