@@ -7,12 +7,12 @@ runs its variants in --rounds interleaved rounds (bench/interleaved.py), so
 a slow spell of the machine lands on every variant alike. Every figure is
 printed as it comes, then a table per part.
 
-  threads    core binding and thread pools (engine/distributed/__init__.py:
+  threads    core binding and thread pools (engine/distributed/world.py:
              bind_to_own_cores, cpu_threads): whole 2-process runs of the
              engine's defaults (the cnn on real Fashion-MNIST) bound to
              their own cores or not, with the intra-op threads of their
              share of the cores or twice that, and 1 or 2 inter-op threads
-  cycle      Horovod's 3 ms cycle on CPU (engine/distributed/__init__.py): 2 processes
+  cycle      Horovod's 3 ms cycle on CPU (engine/distributed/world.py): 2 processes
              that only run hvd.init() and sleep, the CPU time and context
              switches each spends a second; then whole 2-process runs of
              the throughput workload (bench/workload.py, synthetic data),

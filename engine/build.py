@@ -28,6 +28,7 @@ from engine.compute import schedules
 from engine.compute import eval_step as eval_steps
 from engine.compute import step as steps
 from engine.compute import task_step
+from engine.core import cpu
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.datasets import Shard
@@ -102,7 +103,7 @@ def start_processes(config: TrainConfig) -> distributed.World:
       deterministic=devices.deterministic, timeline=profiled.horovod_timeline,
       link_levels=bool(profiled.profile_steps) and not config.faults.elastic)
   report.configure_logging(distributed.is_chief())
-  kernels, kernels_advice = distributed.cpu_kernels()
+  kernels, kernels_advice = cpu.tensorflow_kernels()
   logging.info("%d processes on Horovod's %s controller; %s", world.size,
                distributed.controller(), _describe(world, kernels))
   if (world.size > 1 and distributed.controller() == "MPI"
@@ -383,9 +384,8 @@ def _describe(world: distributed.World, kernels: str) -> str:
   if world.device == "GPU":
     return "one GPU per process"
   return (f"CPU, {world.intra_op_threads} intra-op and "
-          f"{world.inter_op_threads} inter-op threads per process, "
-          f"{kernels} kernels, Horovod cycle "
-          f"{os.environ['HOROVOD_CYCLE_TIME']} ms")
+          f"{world.inter_op_threads} inter-op threads per process, {kernels}"
+          f" kernels, Horovod cycle {os.environ['HOROVOD_CYCLE_TIME']} ms")
 
 
 def cpu_kernels_record(config: TrainConfig, model: keras.Model

@@ -5,11 +5,11 @@ import sys
 
 import pytest
 
-from engine import distributed
+from engine.core import cpu
 from tests import fixtures
 
-KERNELS = ("from engine import distributed; "
-           "print('|'.join(distributed.cpu_kernels()))")
+KERNELS = ("from engine.core import cpu; "
+           "print('|'.join(cpu.tensorflow_kernels()))")
 # TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, the first time it asks
 # whether oneDNN is on; this asks before the engine is imported.
 DECIDED_BY_TENSORFLOW = ("from tensorflow.python.util import "
@@ -30,7 +30,7 @@ def kernels_of(script: str, exported: str | None = None) -> str:
 
 
 def test_importing_the_engine_first_gives_onednn():
-  assert distributed.cpu_kernels() == ("oneDNN", "")  # conftest's import
+  assert cpu.tensorflow_kernels() == ("oneDNN", "")  # conftest's import
 
 
 def test_tensorflow_used_first_runs_eigen_and_is_told_why():

@@ -1,8 +1,10 @@
 """The CPU this process runs on, as the kernels that depend on it ask:
-its feature flags, as Linux lists them (/proc/cpuinfo). Read from the CPU
+its feature flags, as Linux lists them (/proc/cpuinfo), and whose kernels
+TensorFlow runs on it (oneDNN's or Eigen's). Read from the CPU
 running the process, never recorded from the one that built or set up
 the venv: one venv serves nodes of several kinds."""
 import functools
+import os
 import platform
 
 
@@ -32,3 +34,22 @@ def features() -> frozenset:
   except OSError:
     pass
   return frozenset()
+
+
+def tensorflow_kernels() -> tuple[str, str]:
+  """(which CPU kernels TensorFlow runs, advice if they are not oneDNN's).
+
+  engine/__init__.py asks for oneDNN's, but TensorFlow reads the request
+  once, the first time it needs it: a script that used TensorFlow before
+  importing the engine may run Eigen's, 2.5x slower on AVX2 CPUs (BUILD.md,
+  "CPU kernels").
+  """
+  # (compat imports TensorFlow, which nothing else in engine/core does.)
+  from engine.core import compat  # pylint: disable=import-outside-toplevel
+  if compat.onednn_enabled():
+    return "oneDNN", ""
+  if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0":
+    return "Eigen", ""  # the user's choice
+  return "Eigen", ("TensorFlow was used before the engine was imported, too "
+                   "late for oneDNN's kernels: import engine first, or "
+                   "export TF_ENABLE_ONEDNN_OPTS=1")
