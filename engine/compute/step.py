@@ -265,11 +265,12 @@ class TrainStep:
     with clock.phase("communication", overlaps_previous=reduce.overlaps):
       gradients, shared = reduce.reduced(
           local, reduce.shared(stop_requested, loss))
-      shares = reduce.shares(shared)
-    with clock.phase("optimizer"):
+      # BatchNorm's moving statistics, set to their average over ranks.
+      reduce.update_statistics(shared)
       # The shares of ranks that asked to stop and whose loss was not
       # finite.
-      stop_share, nonfinite_loss_share = shares[0], shares[1]
+      stop_share, nonfinite_loss_share = reduce.flags_of(shared)
+    with clock.phase("optimizer"):
       # The same on every rank: every rank holds the same averaged
       # gradients (under float16, scaled: finite where the unscaled ones
       # are).
@@ -280,29 +281,28 @@ class TrainStep:
           tf.convert_to_tensor(precision.loss_scale(self.optimizer))
           if self._scales_loss else tf.constant(0.0))
       with tf.control_dependencies([loss_scale]):  # the scale of this step
-        self._apply(finite, gradients, variables)
+        # Under float16 the loss scaler decides: it unscales the
+        # (allreduced) gradients and applies them, or skips the update and
+        # lowers its scale.
+        if self._scales_loss:
+          self.optimizer.apply_gradients(zip(gradients, variables))
+        applied = (self.optimizer.check_finite(gradients)
+                   if self._scales_loss else finite)
+        # The update (unless the loss scaler made it) and the weights'
+        # average, where it was applied; a step skipped is still counted
+        # (count_skipped).
+        tf.cond(applied, lambda: self._update(gradients, variables),
+                lambda: count_skipped(self.optimizer))
       return step_status.outcome(
           stop_share=stop_share, finite=finite, loss=loss,
           nonfinite_loss_share=nonfinite_loss_share,
           gradients_finite=gradients_finite, loss_scale=loss_scale)
 
-  def _apply(self, finite, gradients, variables) -> None:
-    """The update and the weights' average, unless something was not
-    finite. Under float16 the loss scaler decides: it unscales the
-    (allreduced) gradients, or skips the update and lowers its scale; its
-    inner optimizer's step counter then stays, and is counted here as
-    every skipped step is, and the average, which counts applied updates
-    (ema.py), stays too."""
-    if self._scales_loss:
+  def _update(self, gradients, variables) -> None:
+    """The update (the loss scaler's own under float16) and the weights'
+    average, which counts applied updates (ema.py)."""
+    if not self._scales_loss:
       self.optimizer.apply_gradients(zip(gradients, variables))
-      apply_if(self.optimizer.check_finite(gradients),  # its own decision
-                self.optimizer, self._update_average)
-      return
-    apply_if(finite, self.optimizer, lambda: (
-        self.optimizer.apply_gradients(zip(gradients, variables)),
-        self._update_average()))
-
-  def _update_average(self) -> None:
     if self._weight_average:
       self._weight_average.update()
 
@@ -372,16 +372,10 @@ def _of_any_size(batch: tf.Tensor) -> tf.TensorSpec:
   return tf.TensorSpec(shape, batch.dtype)
 
 
-def apply_if(finite: tf.Tensor, optimizer, update) -> None:
-  """`update()` if `finite`; else the update is skipped, and the
-  optimizer's step counter still counts the step: it counts batches."""
-  def apply():  # what update() returns is not an output of the cond
-    update()
-
-  tf.cond(finite, apply, lambda: _count_skipped(optimizer))
-
-
-def _count_skipped(optimizer) -> None:
+def count_skipped(optimizer) -> None:
+  """A step whose update was skipped still counts on the optimizer's step
+  counter: it counts batches. (Under float16 the loss scaler's inner
+  optimizer's counter stays when it skips.)"""
   optimizer.iterations.assign_add(1)
 
 

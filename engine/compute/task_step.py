@@ -53,8 +53,10 @@ class TaskTrainStep(step.TrainStep):
     finite = tf.reduce_all(tf.stack([step.is_finite(g) for g in gradients]))
     self._gradients_finite.assign(
         tf.logical_and(self._gradients_finite, finite))
-    step.apply_if(finite, optimizer,
-              lambda: optimizer.apply_gradients(zip(gradients, variables)))
+    def update() -> None:
+      optimizer.apply_gradients(zip(gradients, variables))
+
+    tf.cond(finite, update, lambda: step.count_skipped(optimizer))
 
   def _train_step(self, images, labels, stop_requested,
                   clock=step_clock.NO_CLOCK):
@@ -68,13 +70,15 @@ class TaskTrainStep(step.TrainStep):
       if self._weight_average:
         self._weight_average.update()
     with clock.phase("communication"):
-      shares = self._reduce.shares(self._reduce.averaged_alone(
-          self._reduce.shared(stop_requested, loss)))
+      shared = self._reduce.averaged_alone(
+          self._reduce.shared(stop_requested, loss))
+      self._reduce.update_statistics(shared)  # the models' BatchNorms'
+      stop_share, nonfinite_loss_share = self._reduce.flags_of(shared)
       gradients_finite = self._gradients_finite.read_value()
-      finite = tf.logical_and(shares[1] == 0, gradients_finite)
+      finite = tf.logical_and(nonfinite_loss_share == 0, gradients_finite)
       return step_status.outcome(
-          stop_share=shares[0], finite=finite, loss=loss,
-          nonfinite_loss_share=shares[1],
+          stop_share=stop_share, finite=finite, loss=loss,
+          nonfinite_loss_share=nonfinite_loss_share,
           gradients_finite=gradients_finite[None],
           loss_scale=tf.constant(0.0))
 

@@ -114,15 +114,19 @@ class StepReduction:
     return tf.concat([step_flags(stop_requested, loss)]
                      + [tf.reshape(v, [-1]) for v in self._statistics], 0)
 
-  def shares(self, shared: tf.Tensor) -> tf.Tensor:
-    """Sets the statistics to their average over ranks, from `shared`
-    averaged; returns the flags' average: the shares of ranks [asked to
-    stop, loss not finite]."""
+  def update_statistics(self, shared: tf.Tensor) -> None:
+    """Sets the model's statistics to their average over ranks, from
+    `shared` averaged."""
     parts = tf.split(shared, [FLAGS] + [v.shape.num_elements()
                                         for v in self._statistics])
     for variable, average in zip(self._statistics, parts[1:]):
       variable.assign(tf.reshape(average, variable.shape))
-    return parts[0]
+
+  @staticmethod
+  def flags_of(shared: tf.Tensor) -> list:
+    """From `shared` averaged, the flags' average: the shares of ranks
+    [asked to stop, loss not finite]."""
+    return tf.unstack(shared[:FLAGS])
 
   def reduced(self, local: list, shared=None):
     """The local gradients averaged across ranks, and `shared` (if given)
