@@ -7,7 +7,7 @@ and converted with engine.tools.to_tfrecords. Then, interleaved over
 --repeats rounds:
 
 1. The input pipeline alone: one process with all cores pulls
-   --pipeline_batches batches of 128 from engine.input.data.train_stream, as
+   --pipeline_batches batches of 128 from engine.datasets.train_stream, as
    training would, and nothing else: images/s.
 2. A real run: `horovodrun --gloo -np 2 engine.train --model=M --image_size=32`
    on each, for each of --models (resnet_small, and the far cheaper cnn),
@@ -55,14 +55,13 @@ import sys, time
 from absl import flags
 from engine import datasets
 from engine.datasets.augmentation import Augmentation
-from engine.input import data
 import flags as engine_flags
 FLAGS = flags.FLAGS
 FLAGS(["pipeline", *sys.argv[2:]])
 splits = datasets.load(FLAGS.dataset, data_dir=FLAGS.data_dir,
     image_size=32, channels=3, validation_split=0.0, skip_bad_files=False,
     num_classes=10, label_offset=0, train_examples=0, test_examples=0)
-batches = iter(data.train_stream(splits.train, splits.info,
+batches = iter(datasets.train_stream(splits.train, splits.info,
     shard=datasets.Shard(0, 1),
     epochs=datasets.Epochs(batch_size=128,
                            steps=splits.info.num_train // 128, seed=0),

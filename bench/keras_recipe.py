@@ -53,7 +53,7 @@ from engine.compute import eval_step as eval_steps
 from engine.core import run_files
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
-from engine.input import data
+from engine import datasets
 from engine.tasks import Regression, Segmentation
 from flags import config_from_flags
 
@@ -66,11 +66,11 @@ def main(argv):
                                 prepared.task, prepared.model)
   info = splits.info
   training, optimization = config.training, config.optimization
-  steps_per_epoch = data.steps_per_epoch(
+  steps_per_epoch = datasets.steps_per_epoch(
       num_train=info.num_train, batch_size=training.batch_size,
       world_size=world.size, requested=training.steps_per_epoch)
   segmentation = isinstance(task, Segmentation)
-  batches = data.train_stream(
+  batches = datasets.train_stream(
       splits.train, info, shard=Shard(world.rank, world.size),
       epochs=Epochs(batch_size=training.batch_size, steps=steps_per_epoch,
                     seed=training.seed),
@@ -160,7 +160,7 @@ class _EvaluateAndRecord(keras.callbacks.Callback):
     if self._config.optimization.ema_decay:
       self.model.optimizer.finalize_variable_values(
           self.model.trainable_variables)
-    val = eval_steps.evaluate(self._eval_step, data.eval_batches(
+    val = eval_steps.evaluate(self._eval_step, datasets.eval_batches(
         self._splits.test, self._splits.info,
         shard=Shard(self._world.rank, self._world.size),
         batch_size=self._config.training.batch_size))

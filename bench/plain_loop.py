@@ -2,7 +2,7 @@ r"""The floor: a plain tf.GradientTape loop on one process, no Horovod at all.
 
 The engine at 1 process against this loop is what Horovod and the engine's
 loop cost when there is nothing to average. Only the loop differs: the loop
-reads the engine's own input pipeline (engine.input.data.train_stream, which
+reads the engine's own input pipeline (engine.datasets.train_stream, which
 imports no Horovod) and applies the engine's optimizer (engine.compute.optimizers)
 in a compiled step of the same math (workload.train_step).
 
@@ -23,7 +23,7 @@ from bench import epochs
 from bench import workload
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
-from engine.input import data
+from engine import datasets
 
 FLAGS = flags.FLAGS
 workload.define_worker_flags()
@@ -43,7 +43,7 @@ def main(argv):
   info = splits.info
   model = workload.build_model(info)
   step = workload.train_step(model)
-  batches = iter(data.train_stream(
+  batches = iter(datasets.train_stream(
       splits.train, info, shard=Shard(0, 1),
       epochs=Epochs(batch_size=FLAGS.batch_size, steps=FLAGS.steps_per_epoch,
                     seed=workload.SEED),

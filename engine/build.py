@@ -32,8 +32,7 @@ from engine.core import cpu
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.datasets import Shard
-from engine.input import data
-from engine.input import staging
+from engine.datasets import staging
 from engine.loop.parts import TrainingParts
 from engine.records import mlperf
 from engine.records import report
@@ -177,7 +176,7 @@ def _first_images(splits: datasets.Splits):
   fitted to the data before training are fitted to (models/whitening.py),
   the same on every rank."""
   height, width = splits.info.image_shape[:2]
-  images, _ = next(iter(data.eval_batches(
+  images, _ = next(iter(datasets.eval_batches(
       splits.train, splits.info, shard=Shard(0, 1),
       batch_size=max(1, min(ADAPTED_IMAGES,
                             ADAPTED_PIXELS // (height * width))))))
@@ -220,7 +219,7 @@ def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
 def stage(config: TrainConfig, world: distributed.World,
           splits: datasets.Splits) -> tuple[datasets.Splits, Optional[dict]]:
   """With --stage_dir: the splits reading this rank's files from their
-  node-local copies (engine/input/staging.py), and the staging's record for
+  node-local copies (engine/datasets/staging.py), and the staging's record for
   metrics.jsonl: files and bytes over all ranks, the bytes copied, and the
   seconds until the slowest process had its share."""
   data_dir, stage_dir = config.data.dir, config.data.stage_dir

@@ -26,7 +26,7 @@ from engine.core import run_files
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.datasets import Shard
-from engine.input import data
+from engine import datasets
 from engine.records import checkpoint
 from engine.records import report
 from engine.tasks.classification import Classification
@@ -68,7 +68,7 @@ def evaluate(config: TrainConfig, which: str):
                                    + ema.variables(weight_average))
   eval_step = build.eval_step(config, task, model)
   with ema.averaged(weight_average):
-    result = eval_steps.evaluate(eval_step, data.eval_batches(
+    result = eval_steps.evaluate(eval_step, datasets.eval_batches(
         splits.test, splits.info, shard=Shard(world.rank, world.size),
         batch_size=config.training.batch_size))
   if not isinstance(task, Classification):

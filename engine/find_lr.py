@@ -40,7 +40,7 @@ from engine.core.errors import UserError
 from engine.core.errors import WriteFailed
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
-from engine.input import data
+from engine import datasets
 from flags import config_from_flags
 
 FLAGS = flags.FLAGS
@@ -105,10 +105,10 @@ def range_test(config: TrainConfig, *, min_lr: float,
                                            rate)
   training = config.training
   step_batch = training.batch_size * config.performance.grad_accum_steps
-  steps_per_epoch = data.steps_per_epoch(
+  steps_per_epoch = datasets.steps_per_epoch(
       num_train=splits.info.num_train, batch_size=step_batch,
       world_size=world.size, requested=training.steps_per_epoch)
-  batches = iter(data.train_stream(
+  batches = iter(datasets.train_stream(
       splits.train, splits.info, shard=Shard(world.rank, world.size),
       epochs=Epochs(batch_size=step_batch, steps=steps_per_epoch,
                     seed=training.seed),

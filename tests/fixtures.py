@@ -217,9 +217,9 @@ def write_tfrecords(directory: str, *, num_files: int = 3,
 def eval_batches_of_every_rank(source, info, *, world_size: int,
                                batch_size: int):
   """(images, labels) of every evaluation batch of every rank, in turn."""
-  from engine.input import data  # pylint: disable=import-outside-toplevel
+  from engine import datasets  # pylint: disable=import-outside-toplevel
   for rank in range(world_size):
-    yield from data.eval_batches(source, info, shard=Shard(rank, world_size),
+    yield from datasets.eval_batches(source, info, shard=Shard(rank, world_size),
                                  batch_size=batch_size)
 
 

@@ -8,7 +8,6 @@ from engine.core.errors import UserError
 from engine.datasets import ArrayRows, Examples
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
-from engine.input import data
 from tests import fixtures
 
 FORMATS = ["a.npz", "a.h5", "npy_dir"]
@@ -50,7 +49,7 @@ def test_each_rank_reads_its_rows_and_eval_covers_the_split(stored):
     assert images.shape[1:] == (12, 12, 1)
     seen += labels.numpy().tolist()
   assert sorted(seen) == sorted(test_labels.tolist())
-  stream = data.train_stream(
+  stream = datasets.train_stream(
       splits.train, splits.info,
       shard=Shard(1, 2),
       epochs=Epochs(batch_size=8, steps=5, seed=0),
@@ -65,7 +64,7 @@ def test_the_formats_train_alike(tmp_path):
   streams = []
   for name in FORMATS:
     splits = load(fixtures.write_arrays(str(tmp_path / name)))
-    stream = data.train_stream(
+    stream = datasets.train_stream(
         splits.train, splits.info,
         shard=Shard(0, 2),
         epochs=Epochs(batch_size=8, steps=3, seed=2),

@@ -140,7 +140,7 @@ def test_a_measurement_wins_only_beyond_its_own_spread(monkeypatch, rounds,
       ("none", "bfloat16") if r % 2 == 0 else ("bfloat16", "none"))
       for t in (0.0, rounds[v][r])])
   monkeypatch.setattr(auto.time, "perf_counter", lambda: next(clock))
-  monkeypatch.setattr(auto.data, "train_stream",
+  monkeypatch.setattr(auto.datasets, "train_stream",
                       lambda *a, **k: iter([(None, [0] * 4)] * 8))
   monkeypatch.setattr(auto, "MEASURED_SECONDS", 1e-9)  # one step a round
   monkeypatch.setattr(auto, "MEASURED_ROUNDS", 3)

@@ -6,7 +6,7 @@ from engine.core.errors import UserError
 from engine.datasets import augmentation
 from engine.datasets import DatasetInfo, Epochs, Examples, Shard
 from engine.datasets.augmentation import Augmentation
-from engine.input import data
+from engine import datasets
 
 NUM = 103
 INFO = DatasetInfo(name="t", image_shape=(4, 6, 1), num_classes=10,
@@ -23,7 +23,7 @@ def numbered_examples():
 
 def train_labels(rank, world_size, epoch, *, steps, batch_size=8, seed=0):
   """The labels of each batch of `epoch`, from a stream started there."""
-  batches = data.train_stream(
+  batches = datasets.train_stream(
       numbered_examples(), INFO,
       shard=Shard(rank, world_size),
       epochs=Epochs(batch_size=batch_size, steps=steps, seed=seed),
@@ -33,15 +33,15 @@ def train_labels(rank, world_size, epoch, *, steps, batch_size=8, seed=0):
 
 
 def test_steps_per_epoch_is_floor_of_examples_over_global_batch():
-  assert data.steps_per_epoch(num_train=60000, batch_size=128, world_size=2,
+  assert datasets.steps_per_epoch(num_train=60000, batch_size=128, world_size=2,
                               requested=0) == 234
-  assert data.steps_per_epoch(num_train=60000, batch_size=128, world_size=2,
+  assert datasets.steps_per_epoch(num_train=60000, batch_size=128, world_size=2,
                               requested=7) == 7
 
 
 def test_global_batch_larger_than_the_data_is_an_error():
   with pytest.raises(UserError, match="global batch of 120.*lower --batch"):
-    data.steps_per_epoch(num_train=100, batch_size=60, world_size=2,
+    datasets.steps_per_epoch(num_train=100, batch_size=60, world_size=2,
                          requested=0)
 
 
@@ -49,7 +49,7 @@ def test_global_batch_larger_than_the_data_is_an_error():
 def test_eval_shards_are_disjoint_and_cover_the_split(world_size):
   seen = []
   for rank in range(world_size):
-    batches = data.eval_batches(numbered_examples(), INFO,
+    batches = datasets.eval_batches(numbered_examples(), INFO,
                                 shard=Shard(rank, world_size), batch_size=10)
     seen += [label for _, labels in batches for label in labels.numpy()]
   assert sorted(seen) == list(range(NUM))
@@ -57,7 +57,7 @@ def test_eval_shards_are_disjoint_and_cover_the_split(world_size):
 
 def test_train_shards_are_disjoint_and_every_rank_runs_the_same_steps():
   world_size, batch_size = 3, 8
-  steps = data.steps_per_epoch(num_train=NUM, batch_size=batch_size,
+  steps = datasets.steps_per_epoch(num_train=NUM, batch_size=batch_size,
                                world_size=world_size, requested=0)
   per_rank = [train_labels(rank, world_size, epoch=0, steps=steps)
               for rank in range(world_size)]
@@ -69,7 +69,7 @@ def test_train_shards_are_disjoint_and_every_rank_runs_the_same_steps():
 
 
 def test_the_stream_runs_epoch_after_epoch_and_can_start_at_any():
-  stream = data.train_stream(
+  stream = datasets.train_stream(
       numbered_examples(), INFO,
       shard=Shard(0, 2),
       epochs=Epochs(batch_size=8, steps=6, seed=0),
@@ -82,7 +82,7 @@ def test_the_stream_runs_epoch_after_epoch_and_can_start_at_any():
 
 def test_resizing_gives_each_epoch_its_side_and_a_resume_its_batches():
   def stream(first_epoch, first_step=0):
-    return data.train_stream(
+    return datasets.train_stream(
         numbered_examples(), INFO,
         shard=Shard(0, 2),
         epochs=Epochs(batch_size=8, steps=3, seed=0),
@@ -106,14 +106,14 @@ def test_resizing_gives_each_epoch_its_side_and_a_resume_its_batches():
 
 
 def test_the_keywords_read_the_stream_the_records_do():
-  keywords = data.train_stream(
+  keywords = datasets.train_stream(
       numbered_examples(), INFO,
       shard=Shard(1, 2),
       epochs=Epochs(batch_size=8, steps=3, seed=4),
       augmentation=Augmentation(flip=True, shift=0.25),
       first_epoch=1,
       first_step=2)
-  records = data.train_stream(
+  records = datasets.train_stream(
       numbered_examples(), INFO, shard=Shard(1, 2),
       epochs=Epochs(batch_size=8, steps=3, seed=4),
       augmentation=Augmentation(flip=True, shift=0.25), first_epoch=1,

@@ -130,8 +130,8 @@ def test_the_engines_modules_import_each_other_without_cycles(tmp_path):
 # its flags name, and turns the parsed flags into core's TrainConfig for
 # the commands above it (engine/*.py: train, build, evaluate, ...), which
 # with engine/tools/ may import any.
-LAYERS = ("core", "models", "sweeps", "distributed", "datasets", "input",
-          "tasks", "compute", "records", "loop", "flags")
+LAYERS = ("core", "models", "sweeps", "distributed", "datasets", "tasks",
+          "compute", "records", "loop", "flags")
 COMMANDS = "commands"
 
 

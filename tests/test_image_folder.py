@@ -12,7 +12,6 @@ from engine.core.errors import UserError
 from engine.datasets import Epochs, Shard
 from engine.datasets import ImageFiles, image_folder
 from engine.datasets.augmentation import Augmentation
-from engine.input import data
 from tests import fixtures
 
 TRAIN_COUNTS, VALIDATION_COUNTS = (7, 5, 6), (3, 2, 4)
@@ -94,7 +93,7 @@ def test_eval_reads_each_file_once_across_ranks(folder):
 
 
 def rank_stream(splits, rank, *, first_epoch=0, first_step=0, steps=4):
-  batches = data.train_stream(
+  batches = datasets.train_stream(
       splits.train, splits.info,
       shard=Shard(rank, 2),
       epochs=Epochs(batch_size=2, steps=steps, seed=1),
@@ -108,7 +107,7 @@ def rank_stream(splits, rank, *, first_epoch=0, first_step=0, steps=4):
 def test_ranks_train_on_disjoint_complete_shares(folder):
   splits = load(folder)
   # 18 files on 2 ranks, 9 each: an epoch of 4 steps of 2 is 8 per rank.
-  steps = data.steps_per_epoch(num_train=18, batch_size=2, world_size=2,
+  steps = datasets.steps_per_epoch(num_train=18, batch_size=2, world_size=2,
                                requested=0)
   seen = [collections.Counter() for _ in range(2)]
   for rank in range(2):

@@ -28,7 +28,7 @@ from engine.core.errors import UserError
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
 from engine.distributed import elastic
-from engine.input import data
+from engine import datasets
 from engine.loop import actions
 from engine.loop import preemption
 from engine.loop.loop import TrainLoop
@@ -173,7 +173,7 @@ def test_a_stop_saves_where_it_stands_and_the_rerun_reads_on_from_there(
   assert [r["epoch"] for r in history] == [2]
   # The batch after the stop: step 3 of epoch 2 onwards, as a run that had
   # not stopped reads it.
-  expected = data.train_stream(
+  expected = datasets.train_stream(
       parts.splits.train, parts.splits.info,
       shard=Shard(0, 1),
       epochs=Epochs(batch_size=32, steps=STEPS_PER_EPOCH,

@@ -5,9 +5,11 @@ import pytest
 import keras
 import tensorflow as tf
 
+from engine import datasets
 from engine import distributed
 from engine.compute import metrics
 from engine.compute import precision
+from engine.datasets.augmentation import Augmentation
 from engine.loop import stopping
 from engine.loop.run_state import Counts
 from engine.loop.run_state import LoopState
@@ -54,15 +56,32 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
                     learning_rate=lambda step: 0.1, start=committed,
                     steps_per_epoch=10, global_batch=8, world_size=1,
                     gradient_bytes=40, epochs=3, best_metric="val_accuracy:max")
-  session = Session(config=fixtures.train_config(training=dict(
-                        model_dir=str(tmp_path), progress="none")),
+  # 80 examples, each image filled with its number.
+  numbered = np.arange(80, dtype=np.uint8)[:, None, None, None] * np.ones(
+      (1, 4, 4, 1), np.uint8)
+  splits = datasets.from_arrays(numbered, np.arange(80) % 2, numbered[:8],
+                                np.arange(8) % 2)
+  config = fixtures.train_config(training=dict(model_dir=str(tmp_path),
+                                               progress="none"))
+  task = Classification(num_classes=2)
+  session = Session(config=config,
                     precision_choice=precision.Choice(mode="none"),
                     compression="none", world=world, directory=None, state=state,
-                    batches_from=lambda **at: [at], gradient_bytes=40,
-                    train_totals=metrics.Totals(
-                        "train", Classification(num_classes=2)))
+                    splits=splits, task=task, gradient_bytes=40,
+                    train_totals=metrics.Totals("train", task))
   try:
-    assert next(session.batches) == dict(first_epoch=1, first_step=10)
+    def batch_at(epoch, step):  # the first, read from there on
+      images, _ = next(iter(datasets.train_stream(
+          splits.train, splits.info, shard=datasets.Shard(0, 1),
+          epochs=datasets.Epochs(batch_size=8, steps=10,
+                                 seed=config.training.seed),
+          augmentation=Augmentation.requested(config.data, task),
+          first_epoch=epoch, first_step=step)))
+      return images.numpy()
+    first = next(session.batches)[0].numpy()
+    # The commit's position, epoch 1 (from 0), step 10; not the run's start.
+    assert np.array_equal(first, batch_at(1, 10))
+    assert not np.array_equal(first, batch_at(0, 0))
     assert state.seconds() >= 100.0
     assert state.history == ({"epoch": 1},)
     record = state.end_epoch(

@@ -341,13 +341,13 @@ def test_fashion_mnist_masks_label_each_garment_pixel_with_its_class(
 
 
 def test_masks_are_flipped_and_shifted_with_their_images():
-  from engine.input import data  # pylint: disable=import-outside-toplevel
+  from engine import datasets  # pylint: disable=import-outside-toplevel
   from engine.datasets import Examples  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(0)
   images = rng.integers(0, 3, (32, 4, 4, 1)).astype(np.uint8) * 100
   masks = (images[..., 0] > 0).astype(np.uint8)
   info = dataclasses.replace(MASKS, num_train=32, shift_fill="constant")
-  batches = data.train_stream(
+  batches = datasets.train_stream(
       Examples(images, masks), info,
       shard=Shard(0, 1),
       epochs=Epochs(batch_size=8, steps=4, seed=1),
@@ -524,7 +524,7 @@ def test_a_tasks_own_step_refuses_float16_and_accumulation():
 
 
 def test_an_image_folder_with_masks_beside_its_images(tmp_path):
-  from engine.input import data  # pylint: disable=import-outside-toplevel
+  from engine import datasets  # pylint: disable=import-outside-toplevel
   from engine.datasets import image_folder  # pylint: disable=import-outside-toplevel
   directory = fixtures.write_mask_folder(str(tmp_path))
   splits = image_folder.load(data_dir=directory, image_size=24, channels=3,
@@ -536,7 +536,7 @@ def test_an_image_folder_with_masks_beside_its_images(tmp_path):
   assert (info.label_shape, info.label_dtype) == ((24, 24), "uint8")
   assert (info.num_train, info.num_test) == (9, 5)
   # Masks resized (nearest) and flipped and shifted with their images.
-  batches = data.train_stream(
+  batches = datasets.train_stream(
       splits.train, info,
       shard=Shard(0, 1),
       epochs=Epochs(batch_size=3, steps=3, seed=0),
@@ -548,7 +548,7 @@ def test_an_image_folder_with_masks_beside_its_images(tmp_path):
     assert set(np.unique(masks)) <= {0, 1, 2}
     # Edges blend with the grey (images resize bilinearly, masks nearest).
     assert (pixels[masks == 1] > 160).all() and (pixels[masks == 2] < 100).all()
-  [(images, masks)] = data.eval_batches(splits.test, info,
+  [(images, masks)] = datasets.eval_batches(splits.test, info,
                                         shard=Shard(0, 1), batch_size=5)
   assert masks.shape == (5, 24, 24) and masks.dtype == tf.uint8
 

@@ -9,7 +9,6 @@ from engine.core.errors import UserError
 from engine.datasets import Epochs, Shard
 from engine.datasets import RecordFiles
 from engine.datasets.augmentation import Augmentation
-from engine.input import data
 from tests import fixtures
 
 
@@ -52,10 +51,10 @@ def test_training_files_are_split_across_ranks_and_steps_are_equal(data_dir):
   splits = load(data_dir, label_offset=1)
   # 3 files on 2 ranks: rank 0 reads files 0 and 2 (16 records), rank 1 file
   # 1 (8 records), yet both must give the same number of batches.
-  steps = data.steps_per_epoch(num_train=24, batch_size=4, world_size=2,
+  steps = datasets.steps_per_epoch(num_train=24, batch_size=4, world_size=2,
                                requested=0)
   for rank in range(2):
-    stream = data.train_stream(
+    stream = datasets.train_stream(
         splits.train, splits.info,
         shard=Shard(rank, 2),
         epochs=Epochs(batch_size=4, steps=steps, seed=0),
@@ -72,7 +71,7 @@ def test_each_rank_reads_exactly_its_own_files_each_epoch(tmp_path):
   splits = load(directory)
   labels = fixtures.learnable_images(8, (24, 20, 3), 10, 0)[1].tolist()
   for rank, own_file in ((0, labels[:4]), (1, labels[4:])):
-    stream = data.train_stream(
+    stream = datasets.train_stream(
         splits.train, splits.info,
         shard=Shard(rank, 2),
         epochs=Epochs(batch_size=2, steps=2, seed=0),
@@ -89,7 +88,7 @@ def test_fewer_files_than_processes(data_dir):
   splits = load(data_dir)
   with pytest.raises(UserError, match="3 TFRecord files cannot be split "
                      "across 4 processes"):
-    data.train_stream(
+    datasets.train_stream(
         splits.train, splits.info,
         shard=Shard(0, 4),
         epochs=Epochs(batch_size=2, steps=1, seed=0),

@@ -8,7 +8,6 @@ import tensorflow as tf
 
 from engine import datasets
 from engine.core.errors import UserError
-from engine.input import data
 from engine.tools import to_tfrecords
 from tests import fixtures
 
@@ -58,7 +57,7 @@ def test_an_image_folder_becomes_shards_of_its_files(folder, tmp_path):
   assert splits.info.num_classes == 3
   assert (splits.info.num_train, splits.info.num_test) == (18, 9)
   # The reader decodes all four formats.
-  labels = [l for _, l in data.eval_batches(
+  labels = [l for _, l in datasets.eval_batches(
       splits.test, splits.info, shard=datasets.Shard(0, 1), batch_size=4)]
   assert sum(len(l) for l in labels) == 9
 

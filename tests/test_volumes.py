@@ -21,7 +21,7 @@ from engine.core.errors import UserError
 from engine.datasets import augmentation
 from engine.datasets import RecordFiles, record_features
 from engine.datasets.augmentation import Augmentation
-from engine.input import data, staging
+from engine.datasets import staging
 import models
 from tests import fixtures
 
@@ -279,7 +279,7 @@ def test_validation_reads_every_record_once_across_ranks(data_dir):
 
 def train_batches(splits, *, batch_size=2, steps=3, flip=True,
                   transpose=True, first_epoch=0, first_step=0):
-  return [(x.numpy(), y.numpy()) for x, y in data.train_stream(
+  return [(x.numpy(), y.numpy()) for x, y in datasets.train_stream(
       splits.train, splits.info, shard=datasets.Shard(0, 2),
       epochs=datasets.Epochs(batch_size=batch_size, steps=steps, seed=5),
       augmentation=Augmentation(flip=flip, shift=0.1, transpose=transpose),
@@ -333,7 +333,7 @@ def test_cached_validation_gives_the_very_batches_and_reads_no_file_again(
   assert cached.test.cache_evaluation and not streamed.test.cache_evaluation
 
   def evaluated(splits):
-    return [[(x.numpy(), y.numpy()) for x, y in data.eval_batches(
+    return [[(x.numpy(), y.numpy()) for x, y in datasets.eval_batches(
         splits.test, splits.info, shard=datasets.Shard(rank, 2),
         batch_size=2)] for rank in (0, 1)]
 
@@ -415,9 +415,9 @@ def test_each_rank_stages_its_own_files_and_a_rerun_copies_nothing(
     other = staged_splits[rank].train.rank_files(datasets.Shard(1 - rank, 2))
     assert not any(f.startswith(stage_dir) for f in other)
   # The staged files read as the originals.
-  assert [y.numpy().tolist() for _, y in data.eval_batches(
+  assert [y.numpy().tolist() for _, y in datasets.eval_batches(
       staged_splits[1].test, splits.info, shard=datasets.Shard(1, 2),
-      batch_size=8)] == [y.numpy().tolist() for _, y in data.eval_batches(
+      batch_size=8)] == [y.numpy().tolist() for _, y in datasets.eval_batches(
           splits.test, splits.info, shard=datasets.Shard(1, 2), batch_size=8)]
   _, again = staging.stage(splits, data_dir=str(data_dir),
                            stage_dir=stage_dir, rank=0, world_size=2)

@@ -48,7 +48,6 @@ from engine.core import run_files
 from engine.core.config import TrainConfig
 from engine.datasets import Epochs, Shard
 from engine.datasets.augmentation import Augmentation
-from engine.input import data
 
 # Each measurement's rounds, the seconds of timed steps they share (all
 # variants, all rounds), and the batches each rank reads for them. A
@@ -208,7 +207,7 @@ def timed(config: TrainConfig, world: distributed.World,
   on a model of its own at learning rate 0, timed on this rank's first
   training batches, alternating over MEASURED_ROUNDS rounds after a step
   that traces them."""
-  batches = list(itertools.islice(data.train_stream(
+  batches = list(itertools.islice(datasets.train_stream(
       splits.train, splits.info, shard=Shard(world.rank, world.size),
       epochs=Epochs(batch_size=config.training.batch_size
                     * config.performance.grad_accum_steps,

@@ -2,9 +2,9 @@
 
 A loader returns raw examples, images and int64 labels, and the statistics
 to normalize them. Sharding, shuffling, augmentation and batching are done
-by each split's source, whose kind knows how it is read
-(engine/datasets/sources.py), when the input pipeline (engine/input/data.py)
-asks. The built-in formats: the original files of Fashion-MNIST and
+by each split's source, whose kind knows how it is read, and normalized,
+resized and prefetched once for all kinds (engine/datasets/sources.py:
+`train_stream`, `eval_batches`). The built-in formats: the original files of Fashion-MNIST and
 CIFAR-10 (in memory), TFRecords and image folders (streamed), arrays on
 disk (read by rows), synthetic images. A user's own loader,
 `--dataset=package.module:function`, returns the same `Splits`
@@ -26,6 +26,9 @@ from engine.datasets.record_files import (  # noqa: F401
     FeatureRecords, ImageRecords, RecordFiles)
 from engine.datasets.sources import (  # noqa: F401
     ArrayRows, Examples, ImageFiles)
+# A split's batches, for training and for evaluation.
+from engine.datasets.sources import (  # noqa: F401
+    eval_batches, steps_per_epoch, train_stream)
 from engine.datasets.splits import (  # noqa: F401
     DatasetInfo, Epochs, LabelKind, Shard, Source, Splits)
 from engine.core import run_files

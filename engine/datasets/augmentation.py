@@ -29,7 +29,7 @@ class Augmentation:
   volumes flipped along each spatial axis and, with `transpose`, their
   axes put in a random order (`augment_volumes`). `resizing`, ((side,
   last epoch), ...), makes the images of the first epochs smaller
-  (engine/input/data.py)."""
+  (engine/datasets/sources.py)."""
   flip: bool = False
   shift: float = 0.0
   transpose: bool = False

@@ -6,8 +6,8 @@ they stream by. Each layout of records (engine/datasets/tfrecord.py) is a
 source of its own: ImageNet's encoded images (`ImageRecords`), decoded
 with a random crop for training, and declared features (`FeatureRecords`,
 engine/datasets/record_features.py), such as CosmoFlow's volumes, decoded
-as stored and augmented by the batch. Both give batches as stored; the
-input pipeline normalizes them (engine/input/data.py).
+as stored and augmented by the batch. Both give batches as stored;
+`train_stream` and `eval_batches` normalize them (sources.py).
 """
 import abc
 import dataclasses

@@ -1,5 +1,8 @@
-"""The kinds of source, each reading itself for training and for
-evaluation (what every kind guarantees: `Source`, in splits.py).
+"""A split's batches, from the loader's examples to the batches the step
+takes: each kind of source reads itself for training and for evaluation
+(what every kind guarantees: `Source`, in splits.py), and here, once for
+every kind, its batches are normalized, resized and prefetched
+(`train_stream`, `eval_batches`).
 
 Examples held in memory (`Examples`), arrays on disk (`ArrayRows`) and
 image files (`ImageFiles`) are read by index. Rank r keeps examples r,
@@ -17,10 +20,25 @@ draws made from its key, (seed, epoch), and a rank whose share is too short
 for an epoch's steps reads it again in another pass, so every rank runs the
 same number of steps. Batches are augmented with stateless draws keyed by
 (epoch, step, rank) (`batch_augmentation`). Every kind gives its batches
-as stored; the input pipeline normalizes them, all kinds alike
-(engine/input/data.py).
+as stored; `_normalized` normalizes them, all kinds alike, the one place
+any batch is. Three properties matter more than speed, and every kind
+keeps them:
+
+* Every rank runs the same number of steps each epoch. Horovod's allreduce
+  waits for all ranks, so one rank with an extra batch would hang the job.
+  `steps_per_epoch` is fixed from the global batch, and a rank whose shard
+  is too short for it starts another pass over its shard.
+* Ranks see disjoint data: rank r's examples, or its files.
+* An epoch's batches depend only on (seed, epoch, rank, size): shuffles are
+  stateless permutations keyed by (seed, epoch), and augmentation uses
+  stateless random ops keyed by epoch, step and rank. A run is reproducible,
+  every epoch differs from the last, no two ranks augment alike, and a run
+  can start at any epoch, and at any step of it.
+
+Training reads one stream for the whole run, epoch after epoch, through one
+iterator: prefetching carries on across epoch ends, and no iterator is torn
+down between epochs.
 """
-import abc
 import dataclasses
 import math
 import os
@@ -29,13 +47,117 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from engine.core.errors import UserError
 from engine.datasets.augmentation import Augmentation, augment, augment_volumes
 from engine.datasets.splits import DatasetInfo, Epochs, Shard, Source
 
 # Batches augmented (or read) at once: our per-batch work (a gather, a
 # flip, a shift) runs at about 45k images/s on one thread, so one batch in
-# flight and two ready (engine/input/data.py) keep the step fed.
+# flight and two ready (PREFETCH_BATCHES) keep the step fed.
 PARALLEL_BATCHES = 2
+
+# Fixed parallelism rather than tf.data's autotuning: one batch in flight
+# and two ready keep the step fed (PARALLEL_BATCHES). Autotuning
+# bought nothing and cost a lot: its background optimizer competes with
+# training for the cores, and an iterator's teardown waits for it
+# (measured: 1.5-6 s at each epoch end and at exit on 2 processes sharing
+# 2 cores).
+PREFETCH_BATCHES = 2
+
+
+def _without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  options = tf.data.Options()
+  options.autotune.enabled = False
+  return dataset.with_options(options)
+
+
+def steps_per_epoch(*, num_train: int, batch_size: int, world_size: int,
+                    requested: int) -> int:
+  """`requested` if set, else as many global batches as the data holds."""
+  if requested:
+    return requested
+  global_batch = batch_size * world_size
+  steps = num_train // global_batch
+  if steps == 0:
+    raise UserError(
+        f"--batch_size={batch_size} on {world_size} processes is a global "
+        f"batch of {global_batch}, more than the {num_train} training "
+        "examples; lower --batch_size")
+  return steps
+
+
+def train_stream(source: Source, info: DatasetInfo, *, shard: Shard,
+                 epochs: Epochs, augmentation: Augmentation,
+                 first_epoch: int = 0, first_step: int = 0) -> tf.data.Dataset:
+  """This rank's training batches from `first_epoch` on, `epochs.steps`
+  per epoch.
+
+  Normalized float32 images (or volumes) and their labels (int64 class
+  ids, float targets, or masks flipped and shifted with their images), one
+  stream for the whole run, augmented as `augmentation` says; with its
+  `resizing`, the images of the first epochs are made smaller (`_resized`).
+  A run resumed mid-epoch starts at `first_step` of `first_epoch`, with the
+  very batches an uninterrupted run would have had there.
+  """
+  augmentation.check(info.image_shape)
+  batches = _normalized(info, source.train_batches(
+      info, shard=shard, epochs=epochs, augmentation=augmentation,
+      first_epoch=first_epoch, first_step=first_step))
+  if augmentation.resizing:
+    batches = _resized(batches, augmentation.resizing, steps=epochs.steps,
+                       first_epoch=first_epoch, first_step=first_step)
+  return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
+
+
+def _resized(batches: tf.data.Dataset, resizing: tuple, *, steps: int,
+             first_epoch: int, first_step: int) -> tf.data.Dataset:
+  """Progressive resizing (fast.ai's; Touvron et al. 2019, "Fixing the
+  train-test resolution discrepancy"): each batch of an epoch up to a
+  stage's last epoch (1-based) resized to that stage's side, later ones
+  as they are. The epoch follows from the batch's place in the stream, so
+  a resumed run resizes exactly as the run it continues. Area-weighted
+  (antialiased) so that a small image is the large one seen from further
+  away, not a sample of its pixels."""
+  last_epochs = tf.constant([last for _, last in resizing], tf.int64)
+  sides = tf.constant([side for side, _ in resizing], tf.int32)
+
+  def resized(index, batch):
+    images, labels = batch
+    epoch = first_epoch + (first_step + index) // steps  # 0-based
+    stage = tf.searchsorted(last_epochs, [epoch], side="right")[0]
+    return tf.cond(
+        stage < len(resizing),
+        lambda: tf.image.resize(images, [sides[stage], sides[stage]],
+                                antialias=True),
+        lambda: images), labels
+
+  return batches.enumerate().map(resized,
+                                 num_parallel_calls=PARALLEL_BATCHES)
+
+
+def eval_batches(source: Source, info: DatasetInfo, *, shard: Shard,
+                 batch_size: int) -> tf.data.Dataset:
+  """This rank's share of the whole split, each example exactly once,
+  normalized.
+
+  No padding and no repetition: the last batch may be short, and ranks may
+  hold more examples than others. Figures are reduced as sums and counts, so
+  the result is exactly the whole split's.
+  """
+  batches = _normalized(info, source.eval_batches(info, shard=shard,
+                                                   batch_size=batch_size))
+  return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
+
+
+def _normalized(info: DatasetInfo, batches: tf.data.Dataset
+                ) -> tf.data.Dataset:
+  """Batches as stored, normalized as the model receives them
+  (DatasetInfo.normalized): the one place any batch is. Training's after
+  their augmentation, which moves stored values (a shift fills its border
+  with a stored value, or zero) and before progressive resizing, which
+  averages normalized ones."""
+  return batches.map(lambda images, labels: (info.normalized(images), labels),
+                     num_parallel_calls=PARALLEL_BATCHES)
 
 
 def stream(epochs: Epochs, epoch_batches, *, first_epoch: int,
@@ -85,93 +207,71 @@ def decode_parallelism() -> int:
 
 # Read by index.
 
-class _ByIndex(Source):
-  """Examples chosen by index (`labels` holds one per example): rank r's
-  are r, r + N, r + 2N, ..."""
+def indices(num_examples: int, *, shard: Shard, epochs: Epochs,
+            first_epoch: int, first_step: int) -> tf.data.Dataset:
+  """(epoch key, step, rows) of this rank's training batches, examples
+  chosen by index: rank r's are r, r + N, r + 2N, ...; each epoch a
+  stateless shuffle of them (several passes over them if they are fewer
+  than the epoch takes), cut into `steps` batches."""
+  rows = tf.range(shard.rank, num_examples, shard.world_size, dtype=tf.int64)
+  per_epoch = epochs.steps * epochs.batch_size
+  passes = math.ceil(per_epoch / len(rows))
+
+  def epoch_rows(key):
+    order = tf.concat([
+        tf.random.experimental.stateless_shuffle(
+            rows, tf.random.experimental.stateless_fold_in(key, p))
+        for p in range(passes)], axis=0)
+    return tf.data.Dataset.from_tensor_slices(
+        tf.reshape(order[:per_epoch], [epochs.steps, epochs.batch_size]))
+
+  return stream(epochs, epoch_rows, first_epoch=first_epoch,
+                first_step=first_step,
+                key_space=0)  # indices: skipping them costs nothing
+
+
+def eval_rows(num_examples: int, shard: Shard) -> tf.data.Dataset:
+  """This rank's share of a split's examples, each once."""
+  return tf.data.Dataset.range(shard.rank, num_examples, shard.world_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Examples(Source):
+  """One split in memory: uint8 or float32 images [N, H, W, C], int64
+  labels [N]; a batch's examples read in one vectorized gather."""
+  images: np.ndarray
+  labels: np.ndarray
 
   def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
                     augmentation: Augmentation, first_epoch: int,
                     first_step: int) -> tf.data.Dataset:
-    """Each epoch a stateless shuffle of this rank's indices (several
-    passes over them if they are fewer than the epoch takes), cut into
-    `steps` batches; then each batch's examples are read and augmented."""
-    rows = tf.range(shard.rank, len(self.labels), shard.world_size,
-                    dtype=tf.int64)
-    per_epoch = epochs.steps * epochs.batch_size
-    passes = math.ceil(per_epoch / len(rows))
-
-    def epoch_rows(key):
-      order = tf.concat([
-          tf.random.experimental.stateless_shuffle(
-              rows, tf.random.experimental.stateless_fold_in(key, p))
-          for p in range(passes)], axis=0)
-      return tf.data.Dataset.from_tensor_slices(
-          tf.reshape(order[:per_epoch], [epochs.steps, epochs.batch_size]))
-
-    indices = stream(epochs, epoch_rows, first_epoch=first_epoch,
-                     first_step=first_step,
-                     key_space=0)  # indices: skipping them costs nothing
-    return self._read_training(
-        indices, info, batch_augmentation(info, shard, augmentation),
-        epochs.batch_size)
-
-  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
-                   batch_size: int) -> tf.data.Dataset:
-    return self._read_eval(
-        tf.data.Dataset.range(shard.rank, len(self.labels), shard.world_size),
-        info, batch_size)
-
-  @abc.abstractmethod
-  def _read_training(self, indices: tf.data.Dataset, info: DatasetInfo,
-                     augmented, batch_size: int) -> tf.data.Dataset:
-    """The batches of `indices`' (epoch key, step, rows), read and
-    `augmented`."""
-
-  @abc.abstractmethod
-  def _read_eval(self, rows: tf.data.Dataset, info: DatasetInfo,
-                 batch_size: int) -> tf.data.Dataset:
-    """The examples of `rows`, in batches of `batch_size`."""
-
-
-class _ByRows(_ByIndex):
-  """Examples read a batch at a time, by `_reader`: one vectorized op for
-  the whole batch."""
-
-  def _read_training(self, indices: tf.data.Dataset, info: DatasetInfo,
-                     augmented, batch_size: int) -> tf.data.Dataset:
     read = self._reader(info)
-    return indices.map(
+    augmented = batch_augmentation(info, shard, augmentation)
+    return indices(len(self.labels), shard=shard, epochs=epochs,
+                   first_epoch=first_epoch, first_step=first_step).map(
         lambda key, step, rows: augmented(key, step, *read(rows)),
         num_parallel_calls=PARALLEL_BATCHES)
 
-  def _read_eval(self, rows: tf.data.Dataset, info: DatasetInfo,
-                 batch_size: int) -> tf.data.Dataset:
-    return rows.batch(batch_size).map(self._reader(info))
+  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
+                   batch_size: int) -> tf.data.Dataset:
+    return eval_rows(len(self.labels), shard).batch(batch_size).map(
+        self._reader(info))
 
-  @abc.abstractmethod
   def _reader(self, info: DatasetInfo):
     """A function from a batch's indices to its (images, labels)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Examples(_ByRows):
-  """One split in memory: uint8 or float32 images [N, H, W, C], int64
-  labels [N]."""
-  images: np.ndarray
-  labels: np.ndarray
-
-  def _reader(self, info: DatasetInfo):
+    del info  # (the arrays have their shape)
     images, labels = tf.constant(self.images), tf.constant(self.labels)
     return lambda rows: (tf.gather(images, rows), tf.gather(labels, rows))
 
 
 @dataclasses.dataclass(frozen=True)
-class ArrayRows(_ByRows):
+class ArrayRows(Examples):
   """One split in an array on disk, read by rows as batches need them.
 
   `images` is anything with `.shape`, `.dtype` and `read(rows)` returning
   those rows (sorted, increasing) as an array [len(rows), H, W, C]; labels
-  (small) are in memory, int64 [N].
+  (small) are in memory, int64 [N]. Sharded, shuffled, batched and
+  augmented as Examples are; only a batch's reading differs.
   """
   images: Any
   labels: np.ndarray
@@ -195,7 +295,7 @@ class ArrayRows(_ByRows):
 
 
 @dataclasses.dataclass(frozen=True)
-class ImageFiles(_ByIndex):
+class ImageFiles(Source):
   """One split as image files (JPEG, PNG, BMP, GIF), one example each.
 
   Decoded to the image shape's channels and resized to its size as they
@@ -205,28 +305,33 @@ class ImageFiles(_ByIndex):
   paths: tuple[str, ...]
   labels: np.ndarray
 
-  def _read_training(self, indices: tf.data.Dataset, info: DatasetInfo,
-                     augmented, batch_size: int) -> tf.data.Dataset:
+  def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
+                    augmentation: Augmentation, first_epoch: int,
+                    first_step: int) -> tf.data.Dataset:
     """Each batch's files decoded in parallel, one example per call, and
     batched again with their batch's (key, step)."""
     example = self._example(info)
+    augmented = batch_augmentation(info, shard, augmentation)
 
     def per_example(key, step, rows):
       count = tf.shape(rows)[0]
       return (tf.tile(key[None], [count, 1]), tf.fill([count], step), rows)
 
-    return (indices.map(per_example).unbatch()
+    return (indices(len(self.labels), shard=shard, epochs=epochs,
+                    first_epoch=first_epoch, first_step=first_step)
+            .map(per_example).unbatch()
             .map(lambda key, step, row: (key, step, *example(row)),
                  num_parallel_calls=decode_parallelism())
-            .batch(batch_size, drop_remainder=True)
+            .batch(epochs.batch_size, drop_remainder=True)
             .map(lambda keys, steps, images, labels:
                  augmented(keys[0], steps[0], images, labels),
                  num_parallel_calls=PARALLEL_BATCHES))
 
-  def _read_eval(self, rows: tf.data.Dataset, info: DatasetInfo,
-                 batch_size: int) -> tf.data.Dataset:
-    return rows.map(self._example(info),
-                    num_parallel_calls=decode_parallelism()).batch(batch_size)
+  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
+                   batch_size: int) -> tf.data.Dataset:
+    return eval_rows(len(self.labels), shard).map(
+        self._example(info),
+        num_parallel_calls=decode_parallelism()).batch(batch_size)
 
   def _example(self, info: DatasetInfo):
     """A function from an example's index to its image and label decoded:

@@ -3,9 +3,9 @@
 A loader (built in, or a user's `--dataset=package.module:function`) returns
 `Splits(train, test, info)`. Each split is a `Source`, one of five kinds
 (engine/datasets/sources.py, record_files.py), and each kind knows how it
-is read, for training and for evaluation; the input pipeline
-(engine/input/data.py) asks any of them for batches the same way, and
-normalizes what they give:
+is read, for training and for evaluation; `train_stream` and
+`eval_batches` (sources.py) ask any of them for batches the same way, and
+normalize what they give:
 
 * `Examples`: arrays in memory (small data sets).
 * `ArrayRows`: arrays on disk, read a batch of rows at a time (.npy, .npz,
@@ -171,7 +171,7 @@ class Source(abc.ABC):
   and a run resumed mid-epoch gets the very batches it would have had.
   Evaluation reads every example exactly once across ranks.
   """
-  # Whether engine/input/staging.py can copy the files this rank reads to
+  # Whether engine/datasets/staging.py can copy the files this rank reads to
   # node-local storage: only a kind that splits whole files across ranks.
   stageable = False
 
@@ -180,8 +180,8 @@ class Source(abc.ABC):
                     augmentation: Augmentation, first_epoch: int,
                     first_step: int) -> tf.data.Dataset:
     """This rank's training batches from `first_step` of `first_epoch` on,
-    augmented, as stored: (images, labels). The input pipeline normalizes
-    them (engine/input/data.py), whatever the kind."""
+    augmented, as stored: (images, labels). `train_stream` normalizes
+    them (sources.py), whatever the kind."""
 
   @abc.abstractmethod
   def eval_batches(self, info: DatasetInfo, *, shard: Shard,

@@ -19,7 +19,7 @@ import shutil
 import time
 
 from engine.core.errors import UserError
-from engine.datasets import Shard, Splits
+from engine.datasets.splits import Shard, Splits
 
 MB = 1 << 20
 

@@ -29,7 +29,6 @@ from engine.compute import ema
 from engine.compute import eval_step as eval_steps
 from engine.compute import metrics
 from engine.core.config import TrainConfig
-from engine.input import data
 from engine.loop import trial as trial_lib
 from engine.loop.run_state import RunState
 from engine.loop.session import Session
@@ -86,7 +85,7 @@ class EpochEnd:
     rank 0 the task's pictures of the first few test examples."""
     pictures = {}
     with session.times.evaluation(), ema.averaged(self._weight_average):
-      val = eval_steps.evaluate(self._eval_step, data.eval_batches(
+      val = eval_steps.evaluate(self._eval_step, datasets.eval_batches(
           self._splits.test, self._splits.info,
           shard=datasets.Shard(session.world.rank, session.world.size),
           batch_size=self._config.training.batch_size))
@@ -101,7 +100,7 @@ class EpochEnd:
     task = self._eval_step.task
     if not tasks.defines(task, "sample_images"):
       return {}  # the task draws none
-    for images, labels in data.eval_batches(
+    for images, labels in datasets.eval_batches(
         self._splits.test, self._splits.info, shard=datasets.Shard(0, 1),
         batch_size=SAMPLES).take(1):
       return task.sample_images(self._model, images, labels)

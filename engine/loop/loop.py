@@ -14,15 +14,12 @@ from typing import Optional, Sequence
 from absl import logging
 import tensorflow as tf
 
-from engine import datasets
 from engine import distributed
 from engine.compute import ema
 from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute.step_status import NonFinite
-from engine.datasets.augmentation import Augmentation
 from engine.distributed import elastic
-from engine.input import data
 from engine.loop import actions
 from engine.loop import preemption
 from engine.loop import run_state
@@ -118,7 +115,7 @@ class TrainLoop:
     chief = distributed.is_chief()
     report.configure_logging(chief)
     training = config.training
-    step_batch, steps_per_epoch, global_batch = session_lib.batches(
+    steps_per_epoch, global_batch = session_lib.batches(
         config, info, world.size)
     run_state, fresh = self._continue_from(committed, world, chief,
                                            global_batch)
@@ -142,13 +139,7 @@ class TrainLoop:
         directory=self.directory if chief else None, state=state,
         train_totals=self._train_step.totals,
         gradient_bytes=self._train_step.gradient_bytes,
-        batches_from=functools.partial(
-            data.train_stream, self._parts.splits.train, info,
-            shard=datasets.Shard(world.rank, world.size),
-            epochs=datasets.Epochs(batch_size=step_batch,
-                                   steps=steps_per_epoch, seed=training.seed),
-            augmentation=Augmentation.requested(config.data,
-                                              self._train_step.task)))
+        splits=self._parts.splits, task=self._train_step.task)
     if fresh and config.faults.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.
       self._save(session)

@@ -12,15 +12,15 @@ import socket
 from typing import Any, Callable, Optional
 
 from absl import logging
-import tensorflow as tf
 
 from engine import distributed
 from engine.records import scaling
 from engine.compute import metrics
 from engine.compute import precision
 from engine.core.config import TrainConfig
+from engine import datasets
 from engine.datasets import record_features
-from engine.input import data
+from engine.datasets.augmentation import Augmentation
 from engine.distributed import link_probe
 from engine.loop import preemption
 from engine.loop import profiling
@@ -32,14 +32,14 @@ from engine.records import step_advice
 
 
 def batches(config: TrainConfig, info, world_size: int
-            ) -> tuple[int, int, int]:
-  """A start's batches on `world_size` processes: a step's batch per
-  process (--grad_accum_steps micro-batches of --batch_size), the steps
-  per epoch and the global batch; logged."""
+            ) -> tuple[int, int]:
+  """A start's steps per epoch and global batch on `world_size`
+  processes, each process's step taking --grad_accum_steps micro-batches
+  of --batch_size; logged."""
   training = config.training
   micro_batches = config.performance.grad_accum_steps
   step_batch = training.batch_size * micro_batches
-  steps_per_epoch = data.steps_per_epoch(
+  steps_per_epoch = datasets.steps_per_epoch(
       num_train=info.num_train, batch_size=step_batch,
       world_size=world_size, requested=training.steps_per_epoch)
   global_batch = step_batch * world_size
@@ -48,7 +48,7 @@ def batches(config: TrainConfig, info, world_size: int
                f" ({micro_batches} micro-batches of "
                f"{training.batch_size} per process)"
                if micro_batches > 1 else "", steps_per_epoch)
-  return step_batch, steps_per_epoch, global_batch
+  return steps_per_epoch, global_batch
 
 
 def _profiled_settings(config: TrainConfig, world: distributed.World,
@@ -92,21 +92,26 @@ class Session:
                world: distributed.World,
                directory: Optional[RunDirectory], state: LoopState,
                train_totals: metrics.Totals, gradient_bytes: int,
-               batches_from: Callable[..., tf.data.Dataset]):
+               splits: datasets.Splits, task):
     """`precision_choice`: the start-up's, whose mode the run's hparams
     name; `compression`, the gradients' as start-up decided it.
     `train_totals`: the train step's running sums, which summaries within
     an epoch read; `gradient_bytes`, an update's (the step report's
-    bandwidth). `batches_from(first_epoch=, first_step=)`: this
-    rank's training batches from there on (data.train_stream, all else
-    given)."""
+    bandwidth). `splits`: the data, whose training split this rank reads
+    its share of, augmented as the flags and `task` ask."""
     self.world = world
     self.directory = directory  # rank 0's model_dir; None on the others
     self.state = state
-    self._batches_from = batches_from
-    self.read_from_state()
     chief = distributed.is_chief()
     training, profile = config.training, config.profiling
+    # This rank's batches from any epoch and step on: one stream a start.
+    self._batches_from = functools.partial(
+        datasets.train_stream, splits.train, splits.info,
+        shard=datasets.Shard(world.rank, world.size),
+        epochs=datasets.Epochs(batch_size=state.global_batch // world.size,
+                               steps=state.steps_per_epoch, seed=training.seed),
+        augmentation=Augmentation.requested(config.data, task))
+    self.read_from_state()
     # Rank 0's is its model_dir's; the others' does nothing.
     self.reporter = directory.reporter if directory else report.Reporter(
         training.model_dir, chief=False, epochs=training.epochs)

@@ -31,7 +31,6 @@ from engine import train as engine_train
 from engine.compute import ema, optimizers
 from engine.compute import precision
 from engine.compute import step as steps
-from engine.input import data
 from engine.loop import actions
 from engine.tasks import classification
 import models
@@ -100,7 +99,7 @@ def full_split_figures(model, config) -> tuple[float, float]:
                          normalization=config.data.normalization,
                          **config.data.params)
   losses, correct = [], 0
-  for images, labels in data.eval_batches(
+  for images, labels in datasets.eval_batches(
       splits.test, splits.info, shard=datasets.Shard(0, 1), batch_size=64):
     logits = model(images, training=False)
     losses += classification.cross_entropy(labels, logits).numpy().tolist()

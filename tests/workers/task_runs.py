@@ -28,7 +28,6 @@ from engine import datasets
 from engine import train as engine_train
 from engine.compute import metrics
 from engine.core.errors import Diverged, UserError
-from engine.input import data
 from models import winograd3d
 from tests import fixtures
 
@@ -44,7 +43,7 @@ def whole_split_figures(result, config) -> dict:
                          model_dir=config.training.model_dir,
                          labels=task.labels, **config.data.params)
   totals = metrics.Totals("whole_split", task)
-  for images, labels in data.eval_batches(
+  for images, labels in datasets.eval_batches(
       splits.test, splits.info, shard=datasets.Shard(0, 1), batch_size=7):
     inputs, targets = task.inputs_and_targets(images, labels)
     outputs = result.model(inputs, training=False)
