@@ -235,6 +235,15 @@ def eval_rows(num_examples: int, shard: Shard) -> tf.data.Dataset:
   return tf.data.Dataset.range(shard.rank, num_examples, shard.world_size)
 
 
+def read_by_rows(read, info: DatasetInfo, indexed: tf.data.Dataset, *,
+                 shard: Shard, augmentation: Augmentation) -> tf.data.Dataset:
+  """The training batches of `indexed` (`indices`), each read in one call
+  of `read` (its rows -> images, labels), then augmented."""
+  augmented = batch_augmentation(info, shard, augmentation)
+  return indexed.map(lambda key, step, rows: augmented(key, step, *read(rows)),
+                     num_parallel_calls=PARALLEL_BATCHES)
+
+
 @dataclasses.dataclass(frozen=True)
 class Examples(Source):
   """One split in memory: uint8 or float32 images [N, H, W, C], int64
@@ -245,27 +254,23 @@ class Examples(Source):
   def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
                     augmentation: Augmentation, first_epoch: int,
                     first_step: int) -> tf.data.Dataset:
-    read = self._reader(info)
-    augmented = batch_augmentation(info, shard, augmentation)
-    return indices(len(self.labels), shard=shard, epochs=epochs,
-                   first_epoch=first_epoch, first_step=first_step).map(
-        lambda key, step, rows: augmented(key, step, *read(rows)),
-        num_parallel_calls=PARALLEL_BATCHES)
+    return read_by_rows(self._gather(), info, indices(
+        len(self.labels), shard=shard, epochs=epochs, first_epoch=first_epoch,
+        first_step=first_step), shard=shard, augmentation=augmentation)
 
   def eval_batches(self, info: DatasetInfo, *, shard: Shard,
                    batch_size: int) -> tf.data.Dataset:
     return eval_rows(len(self.labels), shard).batch(batch_size).map(
-        self._reader(info))
+        self._gather())
 
-  def _reader(self, info: DatasetInfo):
+  def _gather(self):
     """A function from a batch's indices to its (images, labels)."""
-    del info  # (the arrays have their shape)
     images, labels = tf.constant(self.images), tf.constant(self.labels)
     return lambda rows: (tf.gather(images, rows), tf.gather(labels, rows))
 
 
 @dataclasses.dataclass(frozen=True)
-class ArrayRows(Examples):
+class ArrayRows(Source):
   """One split in an array on disk, read by rows as batches need them.
 
   `images` is anything with `.shape`, `.dtype` and `read(rows)` returning
@@ -276,7 +281,21 @@ class ArrayRows(Examples):
   images: Any
   labels: np.ndarray
 
+  def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
+                    augmentation: Augmentation, first_epoch: int,
+                    first_step: int) -> tf.data.Dataset:
+    return read_by_rows(self._reader(info), info, indices(
+        len(self.labels), shard=shard, epochs=epochs, first_epoch=first_epoch,
+        first_step=first_step), shard=shard, augmentation=augmentation)
+
+  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
+                   batch_size: int) -> tf.data.Dataset:
+    return eval_rows(len(self.labels), shard).batch(batch_size).map(
+        self._reader(info))
+
   def _reader(self, info: DatasetInfo):
+    """A function from a batch's indices to its (images, labels), read
+    from disk."""
     labels = tf.constant(self.labels)
     dtype = tf.as_dtype(self.images.dtype)
 
