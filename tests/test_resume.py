@@ -230,6 +230,28 @@ def test_sigkill_of_a_worker_ends_the_job_and_a_rerun_resumes(data_dir,
   assert output
 
 
+def test_a_signal_on_one_rank_stops_every_rank_by_its_name(data_dir, runs):
+  # horovodrun's SIGTERM can reach one rank after the others agreed to stop:
+  # here it reaches rank 1 alone, and rank 0 still saves and names it.
+  import psutil  # pylint: disable=import-outside-toplevel
+  model_dir = runs / "one_rank_signalled"
+  run = start(data_dir, model_dir)
+  wait_for(model_dir / "checkpoints" / f"ckpt-{STEPS}.index", run)
+  workers = [p for p in psutil.Process(run.pid).children(recursive=True)
+             if p.cmdline()[:1] == [fixtures.PYTHON]
+             and p.environ().get("HOROVOD_RANK") == "1"]
+  assert workers
+  workers[0].send_signal(signal.SIGTERM)
+  output, _ = run.communicate(timeout=timeouts.bound(120))
+  saved = re.findall(r"\[0\]<stderr>:engine.train: stopped by SIGTERM at "
+                     r"epoch 2, step \d+; saved \S+/ckpt-(\d+);", output)
+  assert len(saved) == 1, output[-3000:]
+  assert os.path.exists(model_dir / "checkpoints" / f"ckpt-{saved[0]}.index")
+  for rank in (0, 1):
+    assert f"Process {rank} exit with status code 143" in output, \
+        output[-3000:]
+
+
 def test_resume_on_another_number_of_processes(data_dir, runs):
   model_dir = runs / "resized"
   train(data_dir, model_dir, "--steps_per_epoch=0", epochs=1, processes=1)

@@ -237,8 +237,11 @@ class TrainLoop:
       return
     state, directory = session.state, session.directory
     self._keep_counts(state)
+    # A collective: the signal reached at least one rank, maybe not this.
+    signum = int(distributed.max_across_ranks(session.stop_requests.signum,
+                                              name="stop_signal"))
     preemption.stop(
-        session.stop_requests.signum,
+        signum,
         f"epoch {state.epoch + 1}, step {state.step}",
         directory and functools.partial(directory.save, state.position(),
                                         state.global_step))

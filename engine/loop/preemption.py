@@ -5,8 +5,10 @@ SIGTERM, and Ctrl-C sends SIGINT; horovodrun passes either on to every rank
 as SIGTERM and kills them 5 s later. The handler only records the signal.
 The train step reduces that record across ranks with the gradients, so all
 ranks learn of it after the same step, even if the signal reached them a
-step apart; then rank 0 saves a checkpoint and every rank exits. A second
-signal interrupts at once, for a user who does not want to wait.
+step apart; then they agree on which signal it was (horovodrun's SIGTERM
+can reach one rank after the others agreed), rank 0 saves a checkpoint
+and every rank exits with 128 + its number. A second signal interrupts at
+once, for a user who does not want to wait.
 """
 import signal
 from typing import Callable, Optional
@@ -24,9 +26,9 @@ class Preempted(Exception):
 
 def stop(signum: int, where: str, save: Optional[Callable[[], str]]):
   """Ends the run on every rank, with Preempted: rank 0 (`save` given)
-  after saving where it stands; `signum` is 0 for a signal that reached
-  another rank only."""
-  name = signal.Signals(signum).name if signum else "a signal on another rank"
+  after saving where it stands; `signum` is the signal the ranks agreed
+  on."""
+  name = signal.Signals(signum).name
   if save:
     path = save()
     raise Preempted(signum, f"stopped by {name} at {where}; saved {path}; "

@@ -257,9 +257,8 @@ def _described(key: str) -> str:
 def _end_record(error: BaseException) -> dict:
   """metrics.jsonl's record of a run that stopped before finishing."""
   if isinstance(error, (preemption.Preempted, KeyboardInterrupt)):
-    signum = getattr(error, "signum", signal.SIGINT)  # 0: another rank's
-    how = dict(state="stopped",
-               signal=signal.Signals(signum).name if signum else None)
+    how = dict(state="stopped", signal=signal.Signals(
+        getattr(error, "signum", signal.SIGINT)).name)
   elif isinstance(error, Diverged):
     how = dict(state="diverged")
   else:
