@@ -286,8 +286,9 @@ class TrainStep:
         # lowers its scale.
         if self._scales_loss:
           self.optimizer.apply_gradients(zip(gradients, variables))
-        applied = (self.optimizer.check_finite(gradients)
-                   if self._scales_loss else finite)
+          applied = self.optimizer.check_finite(gradients)
+        else:
+          applied = finite
         # The update (unless the loss scaler made it) and the weights'
         # average, where it was applied; a step skipped is still counted
         # (count_skipped).
