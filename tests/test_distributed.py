@@ -33,6 +33,20 @@ def test_a_process_alone_keeps_gloo_and_leaves_no_setting_behind(
   assert "HOROVOD_CPU_OPERATIONS" not in os.environ
 
 
+def test_dynamic_process_sets_are_asked_of_horovod_alone(monkeypatch):
+  # The probe of the links' levels asks for them (link_probe.py); the
+  # processes this one launches, and a later start, choose for themselves.
+  monkeypatch.delenv("HOROVOD_DYNAMIC_PROCESS_SETS", raising=False)
+  seen = {}
+  monkeypatch.setattr(hvd, "init", lambda: seen.update(
+      dynamic=os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS")))
+  distributed.start_horovod(dynamic_process_sets=True)
+  assert seen == {"dynamic": "1"}
+  assert "HOROVOD_DYNAMIC_PROCESS_SETS" not in os.environ
+  distributed.start_horovod()
+  assert seen == {"dynamic": None}
+
+
 def test_an_mpi_launch_of_a_horovod_without_mpi_is_refused(monkeypatch):
   monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
   monkeypatch.setattr(hvd, "mpi_built", lambda: False)

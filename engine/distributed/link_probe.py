@@ -11,12 +11,11 @@ links are its own), then one on a rank of each host. The step report
 turns the times into each level's bus bandwidth
 (engine/records/link_levels.py).
 
-Process sets made after hvd.init need Horovod started with
-HOROVOD_DYNAMIC_PROCESS_SETS (`allow`, before it starts), which an elastic
-run must not set: Horovod reports hangs when dynamic process sets meet a
-change of workers (horovod#4021). Without it, nothing is probed.
+Process sets made after hvd.init need Horovod started to take them
+(`World.dynamic_process_sets`, engine/distributed/world.py), which an
+elastic run is not: Horovod reports hangs when dynamic process sets meet
+a change of workers (horovod#4021). Without them, nothing is probed.
 """
-import os
 import socket
 import time
 
@@ -29,28 +28,25 @@ INSIDE, ACROSS = "inside a host", "across hosts"
 # and at most what its repeats move in seconds on a slow network.
 SMALLEST_BYTES, LARGEST_BYTES = 1 << 20, 16 << 20
 REPEATS = 3  # timed, after one that sets the process set's links up
-_DYNAMIC = "HOROVOD_DYNAMIC_PROCESS_SETS"
-
-
-def allow() -> None:
-  """Lets the probe make its process sets: read by hvd.init."""
-  os.environ.setdefault(_DYNAMIC, "1")
 
 
 class LinkProbe:
   """Every rank probes at the same point (a window's end): the process
   sets are made at the first probe, a collective of every rank."""
 
-  def __init__(self):
+  def __init__(self, dynamic_process_sets: bool):
+    """`dynamic_process_sets`: whether Horovod was started to take them;
+    if not, nothing is probed."""
+    self._dynamic_process_sets = dynamic_process_sets
     self._sets = None  # level -> the process set this rank is in
 
   def probe(self, gradient_bytes: int) -> dict:
     """`bytes` allreduced, and `seconds`: the levels this rank took part
     in -> its seconds for each repeat; no levels where the run has one
-    (a host, or a rank a host) or Horovod was started without `allow`."""
+    (a host, or a rank a host) or Horovod takes no process sets now."""
     if self._sets is None:
       self._sets = _process_sets() if (
-          hvd.size() > 1 and os.environ.get(_DYNAMIC) == "1") else {}
+          hvd.size() > 1 and self._dynamic_process_sets) else {}
     nbytes = min(max(gradient_bytes, SMALLEST_BYTES), LARGEST_BYTES) // 4 * 4
     data = tf.zeros([nbytes // 4], tf.float32)
     return dict(bytes=nbytes, seconds={

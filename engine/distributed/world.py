@@ -14,7 +14,6 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from engine.core.errors import UserError
-from engine.distributed import link_probe
 from engine.distributed import liveness
 
 
@@ -38,6 +37,9 @@ class World:
   device: str            # "GPU" or "CPU"
   intra_op_threads: int  # 0 = TensorFlow's default (on GPU)
   inter_op_threads: int
+  # Horovod takes process sets made after its start: each level of the
+  # links can be probed (link_probe.py).
+  dynamic_process_sets: bool = False
 
 
 def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
@@ -52,9 +54,8 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
   executes anything: devices and thread pools are fixed at the first op.
   """
   gpus = tf.config.list_physical_devices("GPU")
-  _settings_for_horovod(timeline=timeline, link_levels=link_levels,
-                        on_cpu=not gpus)
-  start_horovod()
+  _settings_for_horovod(timeline=timeline, on_cpu=not gpus)
+  start_horovod(dynamic_process_sets=link_levels)
   # So a survivor of a failed collective can name the rank that stopped.
   liveness.start_heartbeat(hvd.rank(), hvd.size())
   if deterministic:
@@ -68,7 +69,7 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
     tf.config.experimental.set_memory_growth(gpu, True)
     tf.config.set_visible_devices(gpu, "GPU")
     return World(hvd.rank(), hvd.size(), device="GPU", intra_op_threads=0,
-                 inter_op_threads=0)
+                 inter_op_threads=0, dynamic_process_sets=link_levels)
   if bind_cpus:
     bind_to_own_cores(hvd.local_rank(), hvd.local_size())
   auto_intra, auto_inter = cpu_threads(available_cores(), hvd.local_size())
@@ -88,17 +89,14 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
     intra = tf.config.threading.get_intra_op_parallelism_threads()
     inter = tf.config.threading.get_inter_op_parallelism_threads()
   return World(hvd.rank(), hvd.size(), device="CPU", intra_op_threads=intra,
-               inter_op_threads=inter)
+               inter_op_threads=inter, dynamic_process_sets=link_levels)
 
 
-def _settings_for_horovod(*, timeline: bool, link_levels: bool,
-                          on_cpu: bool) -> None:
+def _settings_for_horovod(*, timeline: bool, on_cpu: bool) -> None:
   """What hvd.init reads from the environment; a user's own settings win."""
   if timeline:
     # Read by hvd.init: a timeline that hvd.start_timeline can switch on.
     os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
-  if link_levels:
-    link_probe.allow()
   if on_cpu:
     # Read by hvd.init; a user's (horovodrun --cycle-time-ms) wins.
     os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
@@ -163,8 +161,9 @@ def current(world: World) -> World:
   return dataclasses.replace(world, rank=hvd.rank(), size=hvd.size())
 
 
-def start_horovod() -> None:
-  """hvd.init(), on Gloo's controller unless an MPI launcher started us.
+def start_horovod(dynamic_process_sets: bool = False) -> None:
+  """hvd.init(), on Gloo's controller unless an MPI launcher started us;
+  taking process sets made after it if `dynamic_process_sets`.
 
   A UserError for processes that would each train alone, unaware of the
   others: started by an MPI launcher with a Horovod built without MPI, or
@@ -173,18 +172,39 @@ def start_horovod() -> None:
   A Horovod built with MPI takes MPI's controller whenever it is built in.
   A process alone, or started by `horovodrun --gloo`, keeps Gloo, as a
   Gloo-only build would: the same collectives and timeouts, and Horovod
-  can start again in the same process (MPI cannot, once finished). The
-  setting is read by hvd.init alone and not left in the environment, so
-  the processes this one launches choose for themselves.
+  can start again in the same process (MPI cannot, once finished). These
+  settings are read by hvd.init alone and not left in the environment, so
+  the processes this one launches, and a later start in this one, choose
+  for themselves.
   """
+  chosen = {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"} if (
+      dynamic_process_sets) else {}
   if _started_by_mpi():
     if not hvd.mpi_built():
       raise UserError("an MPI launcher started this process, but this "
                       "Horovod was built without MPI, so each process "
                       "would train alone: launch with horovodrun, or build "
                       "Horovod with MPI (BUILD.md)")
+  else:
+    _check_srun_has_pmi()
+    chosen.update({name: os.environ.get(name, "gloo")  # a user's wins
+                   for name in ("HOROVOD_CONTROLLER",
+                                "HOROVOD_CPU_OPERATIONS")})
+  before = {name: os.environ.get(name) for name in chosen}
+  for name, value in chosen.items():
+    os.environ[name] = value
+  try:
     hvd.init()
-    return
+  finally:
+    for name, value in before.items():
+      if value is None:
+        del os.environ[name]
+      else:
+        os.environ[name] = value
+
+
+def _check_srun_has_pmi() -> None:
+  """A UserError for srun's tasks that could not find each other."""
   tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
   if "SLURM_STEP_ID" in os.environ and tasks > 1:
     raise UserError(f"srun started {tasks} tasks with no PMI (--mpi=none, "
@@ -192,16 +212,6 @@ def start_horovod() -> None:
                     "alone: launch with srun --mpi=pmix (srun --mpi=list "
                     "shows this cluster's) or through "
                     "scripts/slurm/train.sbatch")
-  chosen = {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
-  before = {name: os.environ.get(name) for name in chosen}
-  for name, value in chosen.items():
-    os.environ.setdefault(name, value)
-  try:
-    hvd.init()
-  finally:
-    for name, value in before.items():
-      if value is None:
-        del os.environ[name]
 
 
 def controller() -> str:

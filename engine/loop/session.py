@@ -134,7 +134,8 @@ class Session:
         settings=_profiled_settings(config, world, precision_choice.mode,
                                     compression, gradient_bytes),
         host=socket.gethostname(), local_rank=distributed.local_rank(),
-        link_probe=link_probe.LinkProbe(), reporter=self.reporter)
+        link_probe=link_probe.LinkProbe(world.dynamic_process_sets),
+        reporter=self.reporter)
 
   def read_from_state(self) -> None:
     """This rank's batches from where the state stands on (a start, or a
