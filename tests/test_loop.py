@@ -83,6 +83,7 @@ class FakeStep:
         raise steps.NonFinite("the loss was nan", step=ran)
       if global_step == self._stop_at:
         self.calls.append((first, ran))
+        signal.raise_signal(signal.SIGTERM)  # what the ranks agree on
         return ran, True
     self.calls.append((first, ran))
     return ran, bool(stop_requested)  # this rank's request: all agree
@@ -107,7 +108,10 @@ class FaultyStep:
     if global_step in self._nonfinite_at:
       self._nonfinite_at.remove(global_step)
       raise steps.NonFinite("the loss was nan")
-    return stop_agreed or global_step == self._stop_at
+    if global_step == self._stop_at:
+      signal.raise_signal(signal.SIGTERM)  # what the ranks agree on
+      return True
+    return stop_agreed
 
 
 def run_loop(data_dir, model_dir, *, user_actions=(), fake=None,

@@ -20,6 +20,7 @@ one step a call. Each rank writes OUT/rank<r>.json.
 """
 import json
 import os
+import signal
 import sys
 
 import horovod.tensorflow as hvd
@@ -82,9 +83,12 @@ watched(run_directory.RunDirectory, "save", note_step(seen["saves"], 1))
 watched(report.Reporter, "steps", note_step(seen["summaries"], 0))
 # A stop asked for on rank 1 alone, once `stop_after` steps have run (in
 # calls of several steps or one).
-preemption.StopRequests.requested = property(lambda self: (
-    hvd.rank() == 1 and seen["stop_after"] is not None
-    and seen["steps_run"] >= seen["stop_after"]))
+# (The signal's record: what its handler would set is not kept.)
+preemption.StopRequests.signum = property(
+    lambda self: signal.SIGTERM if (
+        hvd.rank() == 1 and seen["stop_after"] is not None
+        and seen["steps_run"] >= seen["stop_after"]) else 0,
+    lambda self, signum: None)
 
 
 def weights(model) -> np.ndarray:
