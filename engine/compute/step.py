@@ -1,6 +1,6 @@
 """The compiled train step: its math. How it reduces across ranks is
 engine/distributed/gradients.py's; what the host learns of each step,
-step_status.py's; the eval step, eval_step.py.
+step_outcome.py's; the eval step, eval_step.py.
 
 The train step is where Horovod enters the math: each rank's gradients are
 averaged over all ranks (on GPU each by an allreduce of its own as the
@@ -18,9 +18,8 @@ from engine.compute import eval_step
 from engine.compute import metrics
 from engine.compute import optimizers
 from engine.compute import precision
-from engine.compute import step_clock
-from engine.compute import step_status
-from engine.compute.step_status import NonFinite
+from engine.compute import step_outcome
+from engine.compute.step_outcome import NonFinite
 from engine.distributed import gradients as allreduce
 from engine.tasks import Task
 
@@ -140,7 +139,7 @@ class TrainStep:
   def timed(self, images: tf.Tensor, labels: tf.Tensor,
             stop_requested: bool = False) -> tuple[bool, dict]:
     """One step, as `__call__`, and its phases' seconds on this rank's
-    clock (step_clock.py): for a profiled window's steps only, traced the
+    clock (step_outcome.py): for a profiled window's steps only, traced the
     first time it is called."""
     if self._timed_step is None:
       self._timed_step = self._function(self._clocked_step, images, labels)
@@ -167,7 +166,7 @@ class TrainStep:
     by design, and counted apart from the step's own traces, whose count
     catches retracing."""
     self.timed_traces += 1
-    clock = step_clock.StepClock()
+    clock = step_outcome.StepClock()
     outcome = self._train_step(images, labels, stop_requested, clock)
     return dict(outcome, phases=clock.seconds())
 
@@ -201,9 +200,9 @@ class TrainStep:
     """The host's one read of a call's status: whether the ranks agreed to
     stop; raises NonFinite (or counts a step the loss scaler skipped)."""
     status = int(outcome["status"])
-    if status & step_status.NONFINITE:
+    if status & step_outcome.NONFINITE:
       self._nonfinite(outcome, step)
-    return bool(status & step_status.STOP_AGREED)
+    return bool(status & step_outcome.STOP_AGREED)
 
   def _train_steps(self, batches, count, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
@@ -217,14 +216,14 @@ class TrainStep:
     """`count` steps in a while loop, ended early by a step whose status is
     not 0; returns the last step's outcome and how many steps ran, and if
     `timed`, each step's phases on a StepClock of its own, summed."""
-    outcome = step_status.no_outcome(self._gradient_checks())
+    outcome = step_outcome.no_outcome(self._gradient_checks())
     ran = tf.constant(0)
     summed = {phase: tf.constant(0.0, tf.float64)
-              for phase in step_clock.PHASES} if timed else {}
+              for phase in step_outcome.PHASES} if timed else {}
     ran_phases = []  # the phases a step runs, known once its body is traced
     for _ in tf.range(count):
-      clock = step_clock.StepClock(after=tf.nest.flatten(summed)) if (
-          timed) else step_clock.NO_CLOCK
+      clock = step_outcome.StepClock(after=tf.nest.flatten(summed)) if (
+          timed) else step_outcome.NO_CLOCK
       with clock.phase("input"):
         images, labels = next(batches)
       outcome = self._train_step(images, labels, stop_requested, clock)
@@ -232,7 +231,7 @@ class TrainStep:
         seconds = clock.seconds()
         ran_phases[:] = list(seconds)
         summed = {phase: summed[phase] + seconds.get(phase, 0.0)
-                  for phase in step_clock.PHASES}
+                  for phase in step_outcome.PHASES}
       ran += 1
       if outcome["status"] != 0:
         break
@@ -249,8 +248,8 @@ class TrainStep:
     return [variable.path for variable in self.model.trainable_variables]
 
   def _train_step(self, images, labels, stop_requested,
-                  clock=step_clock.NO_CLOCK):
-    """One step's math, each phase in `clock.phase` (step_clock.py)."""
+                  clock=step_outcome.NO_CLOCK):
+    """One step's math, each phase in `clock.phase` (step_outcome.py)."""
     variables = self.model.trainable_variables
     reduce = self._reduce
     if self._accumulation_steps == 1:
@@ -294,7 +293,7 @@ class TrainStep:
         # (count_skipped).
         tf.cond(applied, lambda: self._update(gradients, variables),
                 lambda: count_skipped(self.optimizer))
-      return step_status.outcome(
+      return step_outcome.outcome(
           stop_share=stop_share, finite=finite, loss=loss,
           nonfinite_loss_share=nonfinite_loss_share,
           gradients_finite=gradients_finite, loss_scale=loss_scale)
@@ -310,7 +309,7 @@ class TrainStep:
   def _nonfinite(self, outcome, step: int) -> None:
     """Counts a step the loss scaler skipped, or raises NonFinite (of the
     call's `step`-th step)."""
-    what = step_status.described(outcome, self._gradient_names())
+    what = step_outcome.described(outcome, self._gradient_names())
     if not self._scales_loss:
       raise NonFinite(what, step)
     self.skipped_steps += 1

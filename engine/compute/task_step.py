@@ -7,8 +7,7 @@ import tensorflow as tf
 
 from engine.compute import optimizers
 from engine.compute import step
-from engine.compute import step_clock
-from engine.compute import step_status
+from engine.compute import step_outcome
 from engine.core.errors import UserError
 
 
@@ -59,7 +58,7 @@ class TaskTrainStep(step.TrainStep):
     tf.cond(finite, update, lambda: step.count_skipped(optimizer))
 
   def _train_step(self, images, labels, stop_requested,
-                  clock=step_clock.NO_CLOCK):
+                  clock=step_outcome.NO_CLOCK):
     """The task's step (in a profiled window one phase, `task_step`: what
     it does inside is the task's), then the flags agreed across ranks."""
     with clock.phase("task_step"):
@@ -76,7 +75,7 @@ class TaskTrainStep(step.TrainStep):
       stop_share, nonfinite_loss_share = self._reduce.flags_of(shared)
       gradients_finite = self._gradients_finite.read_value()
       finite = tf.logical_and(nonfinite_loss_share == 0, gradients_finite)
-      return step_status.outcome(
+      return step_outcome.outcome(
           stop_share=stop_share, finite=finite, loss=loss,
           nonfinite_loss_share=nonfinite_loss_share,
           gradients_finite=gradients_finite[None],

@@ -5,7 +5,7 @@ to its last good checkpoint (--on_nonfinite=rollback, at most
 loss spike.
 
 The step was not applied, on any rank, and every rank learns of it after
-the same step (step_status.NonFinite), so every rank takes the same way.
+the same step (step_outcome.NonFinite), so every rank takes the same way.
 """
 from typing import Callable
 
@@ -13,7 +13,7 @@ from absl import logging
 import tensorflow as tf
 
 from engine import distributed
-from engine.compute.step_status import NonFinite
+from engine.compute.step_outcome import NonFinite
 from engine.core.config import FaultConfig
 from engine.core.errors import Diverged
 from engine.loop.run_state import RunState

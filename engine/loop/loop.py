@@ -18,7 +18,7 @@ from engine import distributed
 from engine.compute import ema
 from engine.compute import metrics
 from engine.compute import optimizers
-from engine.compute.step_status import NonFinite
+from engine.compute.step_outcome import NonFinite
 from engine.distributed import elastic
 from engine.loop import actions
 from engine.loop import preemption

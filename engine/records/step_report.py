@@ -5,7 +5,7 @@ moved the gradients against the link it runs on.
 
 Each rank times its own window (engine/loop/profiling.py): per call, the
 wait for its batch, the phases inside the compiled step on its own clock
-(engine/compute/step_clock.py), the rest of the call (launching it and
+(engine/compute/step_outcome.py), the rest of the call (launching it and
 reading its result) and the host's time between calls, each per step of
 the call; they add up to the step. The ranks' series are gathered; rank 0
 appends the report to model_dir/profile/step_reports.jsonl (a line a
@@ -48,7 +48,7 @@ from engine.core import run_files
 # step, and the host's own.
 PARTS = ("input", "forward", "backward", "communication", "optimizer",
          "launch_and_read", "between_calls")
-# A task's own train step is one phase (step_clock.py): a part of its own,
+# A task's own train step is one phase (step_outcome.py): a part of its own,
 # shown where it was measured, and compute.
 TASK_STEP = "task_step"
 # What can bound a step, and the parts that make it: its input, the
