@@ -54,7 +54,7 @@ PIPELINE = """
 import sys, time
 from absl import flags
 from engine import datasets
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation
 import flags as engine_flags
 FLAGS = flags.FLAGS
 FLAGS(["pipeline", *sys.argv[2:]])

@@ -51,8 +51,7 @@ from engine import distributed
 from engine.compute import optimizers
 from engine.compute import eval_step as eval_steps
 from engine.core import run_files
-from engine.datasets import Epochs, Shard
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation, Epochs, Shard
 from engine import datasets
 from engine.tasks import Regression, Segmentation
 from flags import config_from_flags

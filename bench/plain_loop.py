@@ -21,8 +21,7 @@ from absl import flags
 
 from bench import epochs
 from bench import workload
-from engine.datasets import Epochs, Shard
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation, Epochs, Shard
 from engine import datasets
 
 FLAGS = flags.FLAGS

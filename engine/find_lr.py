@@ -38,8 +38,7 @@ from engine.compute import step as steps
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.core.errors import WriteFailed
-from engine.datasets import Epochs, Shard
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation, Epochs, Shard
 from engine import datasets
 from flags import config_from_flags
 

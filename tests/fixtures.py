@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from engine.datasets import cifar10, fashion_mnist, idx
+from engine.datasets import cifar10, fashion_mnist
 from engine.datasets import Shard
 from tests import timeouts
 
@@ -53,7 +53,7 @@ def write_fashion_mnist(directory: str, num_train: int = 601,
     for kind, array in (("images", images), ("labels", labels)):
       stem = fashion_mnist.FILES[f"{split}_{kind}"]
       with gzip.open(os.path.join(directory, stem + ".gz"), "wb") as f:
-        f.write(idx.encode(array))
+        f.write(fashion_mnist.encode_idx(array))
   return directory
 
 

@@ -6,8 +6,7 @@ import pytest
 from engine import datasets
 from engine.core.errors import UserError
 from engine.datasets import ArrayRows, Examples
-from engine.datasets import Epochs, Shard
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation, Epochs, Shard
 from tests import fixtures
 
 FORMATS = ["a.npz", "a.h5", "npy_dir"]

@@ -1,4 +1,4 @@
-"""Augmentation as the task's targets allow (engine/datasets/augmentation.py,
+"""Augmentation as the task's targets allow (engine/datasets/splits.py,
 Task.augmentation_keeps_targets): flips and shifts by default only where
 the task says its targets are kept, a warning where a flag asks anyway."""
 import logging
@@ -7,8 +7,7 @@ from absl import flags
 import numpy as np
 
 from engine import train as train_lib
-from engine.datasets import DatasetInfo
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation, DatasetInfo
 from engine.tasks import Classification, Reconstruction, Regression
 from engine.tasks import Segmentation, Task
 import flags as engine_flags

@@ -3,9 +3,8 @@ import pytest
 import tensorflow as tf
 
 from engine.core.errors import UserError
-from engine.datasets import augmentation
-from engine.datasets import DatasetInfo, Epochs, Examples, Shard
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation, DatasetInfo, Epochs, Examples, Shard
+from engine.datasets import sources
 from engine import datasets
 
 NUM = 103
@@ -142,19 +141,19 @@ def test_flip_mirrors_some_images_and_shift_moves_them():
   image[0, :, 0] = 200  # a bright left column
   images = tf.constant(np.repeat(image, 64, axis=0))
   key = tf.constant([3, 4], tf.int64)
-  flipped = augmentation.augment(images, key, flip=True, shift=0.0).numpy()
+  flipped = sources.augment(images, key, flip=True, shift=0.0).numpy()
   right = flipped[:, :, 5, 0].min(axis=1) == 200
   left = flipped[:, :, 0, 0].min(axis=1) == 200
   assert np.all(left ^ right) and 10 < right.sum() < 54
-  again = augmentation.augment(images, key, flip=True, shift=0.0).numpy()
+  again = sources.augment(images, key, flip=True, shift=0.0).numpy()
   np.testing.assert_array_equal(again, flipped)
 
 
 def test_shift_moves_whole_pixels_and_fills_with_the_nearest_edge():
   gradient = (np.arange(6, dtype=np.uint8) * 40)[None, None, :, None]
   images = tf.constant(np.broadcast_to(gradient, (64, 4, 6, 1)))
-  shifted = augmentation.augment(images, tf.constant([5, 6], tf.int64),
-                                 flip=False, shift=0.5).numpy()
+  shifted = sources.augment(images, tf.constant([5, 6], tf.int64),
+                            flip=False, shift=0.5).numpy()
   columns = np.arange(6)
   offsets = []
   for image in shifted:

@@ -5,7 +5,7 @@ import pytest
 
 from engine import datasets
 from engine.core.errors import UserError
-from engine.datasets import fashion_mnist, idx
+from engine.datasets import fashion_mnist
 from tests import fixtures
 
 
@@ -44,7 +44,7 @@ def test_missing_file_is_named(tmp_path):
 
 def test_images_and_labels_of_different_lengths(tmp_path):
   fixtures.write_fashion_mnist(str(tmp_path), num_train=5, num_test=5)
-  labels = gzip.compress(idx.encode(np.zeros(6, np.uint8)))
+  labels = gzip.compress(fashion_mnist.encode_idx(np.zeros(6, np.uint8)))
   (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(labels)
   with pytest.raises(UserError, match=r"train images \(5, 28, 28\) and "
                      r"labels \(6,\) do not match"):

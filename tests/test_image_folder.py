@@ -9,9 +9,8 @@ import tensorflow as tf
 
 from engine import datasets
 from engine.core.errors import UserError
-from engine.datasets import Epochs, Shard
+from engine.datasets import Augmentation, Epochs, Shard
 from engine.datasets import ImageFiles, image_folder
-from engine.datasets.augmentation import Augmentation
 from tests import fixtures
 
 TRAIN_COUNTS, VALIDATION_COUNTS = (7, 5, 6), (3, 2, 4)

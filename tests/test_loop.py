@@ -25,8 +25,7 @@ from engine.compute import optimizers
 from engine.compute import step as steps
 from engine.core.errors import Diverged
 from engine.core.errors import UserError
-from engine.datasets import Epochs, Shard
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation, Epochs, Shard
 from engine.distributed import elastic
 from engine import datasets
 from engine.loop import actions
@@ -370,3 +369,4 @@ def test_each_window_reports_the_runs_own_calls(data_dir, tmp_path):
   tensorboard = b"".join(path.read_bytes() for path in (
       tmp_path / "tensorboard" / "train").glob("events.*"))
   assert tensorboard.count(b"profile/step_p95_ms") == 2
+

@@ -9,7 +9,7 @@ from engine import datasets
 from engine import distributed
 from engine.compute import metrics
 from engine.compute import precision
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation
 from engine.loop import stopping
 from engine.loop.run_state import Counts
 from engine.loop.run_state import LoopState

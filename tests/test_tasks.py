@@ -14,8 +14,7 @@ from engine.compute import metrics
 from engine.core.errors import UserError
 from engine.datasets import arrays
 from engine.datasets import DatasetInfo
-from engine.datasets import Epochs, Shard
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation, Epochs, Shard
 from engine.loop import stopping
 from engine.tasks.classification import confusion_image
 from tests import fixtures

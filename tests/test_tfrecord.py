@@ -6,9 +6,8 @@ import pytest
 
 from engine import datasets
 from engine.core.errors import UserError
-from engine.datasets import Epochs, Shard
+from engine.datasets import Augmentation, Epochs, Shard
 from engine.datasets import RecordFiles
-from engine.datasets.augmentation import Augmentation
 from tests import fixtures
 
 

@@ -18,9 +18,8 @@ import tensorflow as tf
 from engine import datasets
 from engine.core import run_files
 from engine.core.errors import UserError
-from engine.datasets import augmentation
-from engine.datasets import RecordFiles, record_features
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation, RecordFiles, record_features
+from engine.datasets import sources
 from engine.datasets import staging
 import models
 from tests import fixtures
@@ -355,11 +354,11 @@ def test_volumes_are_flipped_and_transposed_each_their_own_way():
   counts, _ = volumes(64, 3)
   stored = tf.constant(counts)
   key = tf.constant([1, 2], tf.int64)
-  augmented = augmentation.augment_volumes(stored, key, flip=True,
-                                   transpose=True).numpy()
+  augmented = sources.augment_volumes(stored, key, flip=True,
+                                      transpose=True).numpy()
   views = {}
   for n in range(64):
-    for order in augmentation._AXIS_ORDERS:  # pylint: disable=protected-access
+    for order in sources._AXIS_ORDERS:  # pylint: disable=protected-access
       for flips in np.ndindex(2, 2, 2):
         view = np.transpose(counts[n], order + (3,))
         for axis, flipped in enumerate(flips):
@@ -369,9 +368,9 @@ def test_volumes_are_flipped_and_transposed_each_their_own_way():
           views.setdefault(n, (order, flips))
   assert sorted(views) == list(range(64))  # each one of the 48 symmetries
   assert len(set(views.values())) > 20
-  np.testing.assert_array_equal(augmentation.augment_volumes(
+  np.testing.assert_array_equal(sources.augment_volumes(
       stored, key, flip=False, transpose=False), counts)
-  np.testing.assert_array_equal(augmentation.augment_volumes(
+  np.testing.assert_array_equal(sources.augment_volumes(
       stored, key, flip=True, transpose=True), augmented)
 
 

@@ -46,8 +46,7 @@ from engine.compute import precision
 from engine.core import cpu
 from engine.core import run_files
 from engine.core.config import TrainConfig
-from engine.datasets import Epochs, Shard
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation, Epochs, Shard
 
 # Each measurement's rounds, the seconds of timed steps they share (all
 # variants, all rounds), and the batches each rank reads for them. A

@@ -41,7 +41,7 @@ class DataConfig:
   random_transpose: bool  # volumes: a random order of their axes
   # Those of the three above the command line (or a flagfile) gives: a
   # task whose targets do not follow its images gets only these
-  # (engine/datasets/augmentation.py).
+  # (engine/datasets/splits.py: Augmentation.requested).
   given_augmentation: tuple = ()
   # ((side, last epoch), ...): smaller training images for the first epochs
   progressive_resizing: tuple

@@ -24,13 +24,13 @@ from engine.datasets import (arrays, cifar10, fashion_mnist, image_folder,
 from engine.datasets.arrays import from_arrays  # noqa: F401
 from engine.datasets.record_files import (  # noqa: F401
     FeatureRecords, ImageRecords, RecordFiles)
-from engine.datasets.sources import (  # noqa: F401
-    ArrayRows, Examples, ImageFiles)
+from engine.datasets.image_folder import ImageFiles  # noqa: F401
+from engine.datasets.sources import ArrayRows, Examples  # noqa: F401
 # A split's batches, for training and for evaluation.
 from engine.datasets.sources import (  # noqa: F401
     eval_batches, steps_per_epoch, train_stream)
 from engine.datasets.splits import (  # noqa: F401
-    DatasetInfo, Epochs, LabelKind, Shard, Source, Splits)
+    Augmentation, DatasetInfo, Epochs, LabelKind, Shard, Source, Splits)
 from engine.core import run_files
 from engine.core.errors import UserError
 from engine.core.registry import Registry

@@ -1,17 +1,26 @@
-"""Fashion-MNIST from its original idx files, as Debian's package installs them.
+"""Fashion-MNIST from its original idx files, as Debian's package installs them,
+and the idx file format itself, plain or gzipped (`read_idx`).
 
 `apt-get install dataset-fashion-mnist` puts the four gzipped idx files in
 DEFAULT_DIR. Nothing is downloaded: a missing directory is an error that says
 how to get the files.
+
+An idx file is a 4-byte magic (two zero bytes, a type code, the number of
+dimensions), one big-endian uint32 per dimension, then the values. We read
+only unsigned bytes (type 0x08), the one type these data sets use, and check
+the length against the header so a truncated download is caught here rather
+than as a shape error deep inside TensorFlow.
 """
 import dataclasses
+import gzip
 import os
+import zlib
 
 import numpy as np
 import tensorflow as tf
 
 from engine.core.errors import UserError
-from engine.datasets import idx, statistics
+from engine.datasets import statistics
 from engine.datasets.sources import Examples
 from engine.datasets.splits import DatasetInfo, LabelKind, Splits
 
@@ -30,6 +39,7 @@ MAX_ANGLE = 45.0
 # From the data set's README, in label order.
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+_UNSIGNED_BYTE = 0x08  # the idx type code of uint8 values
 
 
 def load(data_dir: str, labels: LabelKind = LabelKind.CLASSES) -> Splits:
@@ -42,7 +52,7 @@ def load(data_dir: str, labels: LabelKind = LabelKind.CLASSES) -> Splits:
             if data_dir == DEFAULT_DIR else
             "pass --data_dir=DIR holding the four Fashion-MNIST idx files")
     raise UserError(f"--data_dir={data_dir}: no such directory; {hint}")
-  arrays = {key: idx.read(_find(data_dir, stem)) for key, stem in FILES.items()}
+  arrays = {key: read_idx(_find(data_dir, stem)) for key, stem in FILES.items()}
   train_x, train_y = _examples(arrays["train_images"], arrays["train_labels"],
                                data_dir, "train")
   test_x, test_y = _examples(arrays["test_images"], arrays["test_labels"],
@@ -131,3 +141,44 @@ def _examples(images: np.ndarray, labels: np.ndarray, data_dir: str,
     raise UserError(f"--data_dir={data_dir}: {split} labels go up to "
                     f"{labels.max()}, Fashion-MNIST has {NUM_CLASSES} classes")
   return images[..., np.newaxis], labels.astype(np.int64)
+
+
+def read_idx(path: str) -> np.ndarray:
+  """Returns the array stored in the idx file at `path` (.gz or not)."""
+  try:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+      raw = f.read()
+  except FileNotFoundError:
+    raise UserError(f"{path}: file not found") from None
+  except (OSError, EOFError, zlib.error) as e:
+    raise UserError(f"{path}: truncated or corrupt gzip file ({e}); "
+                    "replace it with a fresh copy") from None
+  return parse_idx(raw, path)
+
+
+def parse_idx(raw: bytes, path: str = "<bytes>") -> np.ndarray:
+  """Decodes the bytes of an idx file; `path` only names it in errors."""
+  if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+    raise UserError(f"{path}: not an idx file (bad magic number)")
+  if raw[2] != _UNSIGNED_BYTE:
+    raise UserError(f"{path}: idx type 0x{raw[2]:02x} is not supported "
+                    "(only unsigned bytes, 0x08)")
+  ndim = raw[3]
+  header = 4 + 4 * ndim
+  if ndim == 0 or len(raw) < header:
+    raise UserError(f"{path}: truncated idx header")
+  shape = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, offset=4))
+  expected = header + int(np.prod(shape))
+  if len(raw) != expected:
+    raise UserError(f"{path}: idx header promises {expected} bytes for shape "
+                    f"{shape}, file has {len(raw)}; the file is truncated or "
+                    "corrupt")
+  return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
+
+
+def encode_idx(array: np.ndarray) -> bytes:
+  """The idx bytes of a uint8 array: how tests make real-format files."""
+  array = np.asarray(array, np.uint8)
+  header = bytes([0, 0, _UNSIGNED_BYTE, array.ndim])
+  return header + np.array(array.shape, ">u4").tobytes() + array.tobytes()

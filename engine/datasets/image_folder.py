@@ -23,9 +23,12 @@ rerun, and mostly the same files when some are added.
 Start-up lists the files and reads each one's first bytes (not its image),
 so a missing, empty, unreadable or non-image file is named before any
 training, at the cost of one small read per file. Images are decoded by the
-input pipeline, each rank only its own share. Normalization statistics come
-from a seeded sample of the training images, unless given.
+input pipeline, each rank only its own share: each split is a source of its
+own kind, `ImageFiles`, which reads its files by index as they are needed.
+Normalization statistics come from a seeded sample of the training images,
+unless given.
 """
+import dataclasses
 import hashlib
 import os
 
@@ -37,8 +40,10 @@ import tensorflow as tf
 from engine.core.errors import UserError
 from engine.core.run_files import CLASSES_FILE
 from engine.datasets import statistics
-from engine.datasets.sources import ImageFiles, decode
-from engine.datasets.splits import DatasetInfo, LabelKind, Splits
+from engine.datasets.sources import (PARALLEL_BATCHES, batch_augmentation,
+                                     decode_parallelism, eval_rows, indices)
+from engine.datasets.splits import (Augmentation, DatasetInfo, Epochs,
+                                    LabelKind, Shard, Source, Splits)
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TRAIN_DIR = "train"
@@ -47,6 +52,87 @@ VALIDATION_DIRS = ("validation", "val", "test")
 # Training images decoded at start-up for the normalization statistics.
 STATS_SAMPLE = 512
 _MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"GIF87a", b"GIF89a")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFiles(Source):
+  """One split as image files (JPEG, PNG, BMP, GIF), one example each.
+
+  Decoded to the image shape's channels and resized to its size as they
+  are read; labels are int64 [N], in the order of `paths`, or for
+  segmentation the paths of their masks (PNG files, decoded as read).
+  """
+  paths: tuple[str, ...]
+  labels: np.ndarray
+
+  def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
+                    augmentation: Augmentation, first_epoch: int,
+                    first_step: int) -> tf.data.Dataset:
+    """Each batch's files decoded in parallel, one example per call, and
+    batched again with their batch's (key, step)."""
+    example = self._example(info)
+    augmented = batch_augmentation(info, shard, augmentation)
+
+    def per_example(key, step, rows):
+      count = tf.shape(rows)[0]
+      return (tf.tile(key[None], [count, 1]), tf.fill([count], step), rows)
+
+    return (indices(len(self.labels), shard=shard, epochs=epochs,
+                    first_epoch=first_epoch, first_step=first_step)
+            .map(per_example).unbatch()
+            .map(lambda key, step, row: (key, step, *example(row)),
+                 num_parallel_calls=decode_parallelism())
+            .batch(epochs.batch_size, drop_remainder=True)
+            .map(lambda keys, steps, images, labels:
+                 augmented(keys[0], steps[0], images, labels),
+                 num_parallel_calls=PARALLEL_BATCHES))
+
+  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
+                   batch_size: int) -> tf.data.Dataset:
+    return eval_rows(len(self.labels), shard).map(
+        self._example(info),
+        num_parallel_calls=decode_parallelism()).batch(batch_size)
+
+  def _example(self, info: DatasetInfo):
+    """A function from an example's index to its image and label decoded:
+    the label's class id, or its mask's file."""
+    paths = tf.constant(list(self.paths))
+    labels = tf.constant(self.labels)
+
+    def example(row):
+      label = tf.gather(labels, row)
+      if info.labels_are_masks():
+        label = decode_mask(label, info.image_shape[:2])
+      return decode(tf.gather(paths, row), info.image_shape), label
+
+    return example
+
+
+def decode(path: tf.Tensor, image_shape) -> tf.Tensor:
+  """An image file as float32 [H, W, C] on the 0-255 scale, resized.
+
+  Any of the four formats, with 1 to 4 channels: alpha is dropped, and
+  grayscale and color are converted to the image shape's channels.
+  """
+  height, width, channels = image_shape
+  image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
+  have = tf.shape(image)[-1]
+  image = tf.cond(have >= 3, lambda: image[..., :3], lambda: image[..., :1])
+  if channels == 3:
+    image = tf.cond(tf.shape(image)[-1] == 1,
+                    lambda: tf.tile(image, [1, 1, 3]), lambda: image)
+  else:
+    image = tf.cond(tf.shape(image)[-1] == 3,
+                    lambda: tf.image.rgb_to_grayscale(image), lambda: image)
+  image = tf.image.resize(image, [height, width])
+  return tf.ensure_shape(image, image_shape)
+
+
+def decode_mask(path: tf.Tensor, size) -> tf.Tensor:
+  """A mask PNG as uint8 class ids [H, W], resized to `size` (nearest)."""
+  mask = tf.io.decode_png(tf.io.read_file(path), channels=1)
+  mask = tf.image.resize(mask, size, method="nearest")
+  return tf.ensure_shape(tf.cast(mask[..., 0], tf.uint8), size)
 
 
 def load(*, data_dir: str, image_size: int, channels: int,

@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from engine.core.errors import UserError
 from engine.datasets import record_features, sources
-from engine.datasets.augmentation import Augmentation
-from engine.datasets.splits import DatasetInfo, Epochs, Shard, Source
+from engine.datasets.splits import (Augmentation, DatasetInfo, Epochs, Shard,
+                                    Source)
 
 # TFRecord streams: files read at once, and records shuffled through a
 # buffer (serialized, before decoding: about 110 KB each for ImageNet).

@@ -4,12 +4,13 @@ takes: each kind of source reads itself for training and for evaluation
 every kind, its batches are normalized, resized and prefetched
 (`train_stream`, `eval_batches`).
 
-Examples held in memory (`Examples`), arrays on disk (`ArrayRows`) and
-image files (`ImageFiles`) are read by index. Rank r keeps examples r,
-r + N, r + 2N, ..., the selection `tf.data.Dataset.shard(N, r)` makes, and
-each epoch cuts a stateless shuffle of them into batches; only then are a
-batch's examples read (a vectorized gather in memory, a read of the
-batch's rows on disk, or a parallel decode of the batch's files), so a
+Examples held in memory (`Examples`), arrays on disk (`ArrayRows`), both
+read a batch of rows at a time (`RowsSource`), and image files
+(`ImageFiles`, in image_folder.py) are read by index. Rank r keeps
+examples r, r + N, r + 2N, ..., the selection `tf.data.Dataset.shard(N, r)`
+makes, and each epoch cuts a stateless shuffle of them into batches; only
+then are a batch's examples read (a vectorized gather in memory, a read of
+the batch's rows on disk, or a parallel decode of the batch's files), so a
 resumed run skips to its step without reading what it skips.
 
 TFRecord files (`ImageRecords` and `FeatureRecords`, in record_files.py)
@@ -39,7 +40,9 @@ Training reads one stream for the whole run, epoch after epoch, through one
 iterator: prefetching carries on across epoch ends, and no iterator is torn
 down between epochs.
 """
+import abc
 import dataclasses
+import itertools
 import math
 import os
 from typing import Any
@@ -48,8 +51,8 @@ import numpy as np
 import tensorflow as tf
 
 from engine.core.errors import UserError
-from engine.datasets.augmentation import Augmentation, augment, augment_volumes
-from engine.datasets.splits import DatasetInfo, Epochs, Shard, Source
+from engine.datasets.splits import (Augmentation, DatasetInfo, Epochs, Shard,
+                                    Source)
 
 # Batches augmented (or read) at once: our per-batch work (a gather, a
 # flip, a shift) runs at about 45k images/s on one thread, so one batch in
@@ -200,6 +203,88 @@ def batch_augmentation(info: DatasetInfo, shard: Shard,
   return augmented
 
 
+# Augmentation: random flips and shifts of images, flips and axis orders of
+# volumes. Every draw is stateless, keyed by (seed, epoch, step, rank) by the
+# source that reads the batch (`batch_augmentation`), so a run's batches are
+# reproducible, every epoch differs, no two ranks augment alike, and a
+# resumed run gets the very batches it would have had. Images are
+# transformed a whole batch at a time with a few ops, cheaper than a
+# per-example map; volumes one by one, each copied once or twice, cheaper
+# than whole-batch copies of every flip (`augment_volumes`).
+
+# A volume's three axes, in each of their orders.
+_AXIS_ORDERS = tuple(itertools.permutations(range(3)))
+
+
+def augment(images: tf.Tensor, key: tf.Tensor, *, flip: bool, shift: float,
+            fill: str = "nearest") -> tf.Tensor:
+  """Random horizontal flips and shifts of a uint8 batch, as the Horovod lab.
+
+  The lab's ImageDataGenerator shifted by up to `shift` of the width and
+  height and filled the border with the nearest pixel; we shift by whole
+  pixels, the same transform without interpolation blur. With
+  `fill="constant"` the border is zeros: CIFAR's pad-4-and-crop is a shift
+  of up to 4/32 = 0.125. One image transform op for the whole batch is far
+  cheaper than a per-example map.
+  """
+  batch = tf.shape(images)[0]
+  flip_key = tf.random.experimental.stateless_fold_in(key, 0)
+  shift_key = tf.random.experimental.stateless_fold_in(key, 1)
+  if flip:
+    flipped = tf.random.stateless_uniform([batch], flip_key) < 0.5
+    images = tf.where(flipped[:, None, None, None],
+                      tf.reverse(images, axis=[2]), images)
+  height, width = images.shape[1], images.shape[2]
+  max_dy, max_dx = round(shift * height), round(shift * width)
+  if max_dx or max_dy:
+    offsets = tf.random.stateless_uniform(
+        [batch, 2], shift_key, minval=-1.0, maxval=1.0)
+    offsets = tf.round(offsets * tf.constant([max_dx, max_dy], tf.float32))
+    ones, zeros = tf.ones([batch, 1]), tf.zeros([batch, 1])
+    # Each output pixel (x, y) samples the input at (x + dx, y + dy).
+    transforms = tf.concat([ones, zeros, offsets[:, :1], zeros, ones,
+                            offsets[:, 1:], zeros, zeros], axis=1)
+    images = tf.raw_ops.ImageProjectiveTransformV3(
+        images=images, transforms=transforms,
+        output_shape=tf.constant([height, width]), fill_value=0.0,
+        interpolation="NEAREST", fill_mode=fill.upper())
+  return images
+
+
+def augment_volumes(volumes: tf.Tensor, key: tf.Tensor, *, flip: bool,
+                    transpose: bool) -> tf.Tensor:
+  """Random flips of a batch of volumes [B, D, H, W, C] along each spatial
+  axis and, with `transpose`, a random order of the three axes, each
+  example its own: the symmetries of a box of matter (CosmoFlow's
+  augmentation), which change no physical parameter.
+
+  Example by example: each volume reversed along its flipped axes at once,
+  then transposed, a copy each. Flipping the whole batch along each axis
+  and selecting (tf.where) made the same volumes at five times the cost,
+  more than a CosmoFlow step's (bench/RESULTS.md, "CosmoFlow's step")."""
+  if not (flip or transpose):
+    return volumes
+  count = tf.shape(volumes)[0]
+  flips = tf.zeros([3, count], tf.bool)
+  if flip:
+    flips = tf.random.stateless_uniform(
+        [3, count], tf.random.experimental.stateless_fold_in(key, 0)) < 0.5
+  orders = tf.zeros([count], tf.int32)  # _AXIS_ORDERS[0]: as stored
+  if transpose:
+    orders = tf.random.stateless_uniform(
+        [count], tf.random.experimental.stateless_fold_in(key, 1),
+        maxval=len(_AXIS_ORDERS), dtype=tf.int32)
+  permutations = tf.constant([order + (3,) for order in _AXIS_ORDERS])
+
+  def augmented(example):
+    volume, flipped, order = example
+    volume = tf.reverse(volume, tf.boolean_mask(tf.range(3), flipped))
+    return tf.transpose(volume, tf.gather(permutations, order))
+
+  return tf.map_fn(augmented, (volumes, tf.transpose(flips), orders),
+                   fn_output_signature=volumes.dtype)
+
+
 def decode_parallelism() -> int:
   """Decoding runs on the cores this process may use (after binding)."""
   return len(os.sched_getaffinity(0))
@@ -235,67 +320,63 @@ def eval_rows(num_examples: int, shard: Shard) -> tf.data.Dataset:
   return tf.data.Dataset.range(shard.rank, num_examples, shard.world_size)
 
 
-def read_by_rows(read, info: DatasetInfo, indexed: tf.data.Dataset, *,
-                 shard: Shard, augmentation: Augmentation) -> tf.data.Dataset:
-  """The training batches of `indexed` (`indices`), each read in one call
-  of `read` (its rows -> images, labels), then augmented."""
-  augmented = batch_augmentation(info, shard, augmentation)
-  return indexed.map(lambda key, step, rows: augmented(key, step, *read(rows)),
-                     num_parallel_calls=PARALLEL_BATCHES)
+class RowsSource(Source):
+  """A split read a batch of rows at a time, by index: its examples in
+  memory (`Examples`) or its arrays on disk (`ArrayRows`). Sharded,
+  shuffled, batched and augmented alike; only a batch's reading differs
+  (`read_rows`). `labels`, in memory, count the examples."""
+
+  def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
+                    augmentation: Augmentation, first_epoch: int,
+                    first_step: int) -> tf.data.Dataset:
+    """Each batch's rows (`indices`) read in one call, then augmented."""
+    read = self.read_rows(info)
+    augmented = batch_augmentation(info, shard, augmentation)
+    return indices(
+        len(self.labels), shard=shard, epochs=epochs, first_epoch=first_epoch,
+        first_step=first_step).map(
+            lambda key, step, rows: augmented(key, step, *read(rows)),
+            num_parallel_calls=PARALLEL_BATCHES)
+
+  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
+                   batch_size: int) -> tf.data.Dataset:
+    return eval_rows(len(self.labels), shard).batch(batch_size).map(
+        self.read_rows(info))
+
+  @abc.abstractmethod
+  def read_rows(self, info: DatasetInfo):
+    """The function from a batch's row indices to its (images, labels), as
+    stored."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Examples(Source):
+class Examples(RowsSource):
   """One split in memory: uint8 or float32 images [N, H, W, C], int64
   labels [N]; a batch's examples read in one vectorized gather."""
   images: np.ndarray
   labels: np.ndarray
 
-  def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
-                    augmentation: Augmentation, first_epoch: int,
-                    first_step: int) -> tf.data.Dataset:
-    return read_by_rows(self._gather(), info, indices(
-        len(self.labels), shard=shard, epochs=epochs, first_epoch=first_epoch,
-        first_step=first_step), shard=shard, augmentation=augmentation)
-
-  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
-                   batch_size: int) -> tf.data.Dataset:
-    return eval_rows(len(self.labels), shard).batch(batch_size).map(
-        self._gather())
-
-  def _gather(self):
-    """A function from a batch's indices to its (images, labels)."""
+  def read_rows(self, info: DatasetInfo):
+    del info  # the arrays hold all it needs
     images, labels = tf.constant(self.images), tf.constant(self.labels)
     return lambda rows: (tf.gather(images, rows), tf.gather(labels, rows))
 
 
 @dataclasses.dataclass(frozen=True)
-class ArrayRows(Source):
+class ArrayRows(RowsSource):
   """One split in an array on disk, read by rows as batches need them.
 
   `images` is anything with `.shape`, `.dtype` and `read(rows)` returning
   those rows (sorted, increasing) as an array [len(rows), H, W, C]; labels
-  (small) are in memory, int64 [N]. Sharded, shuffled, batched and
-  augmented as Examples are; only a batch's reading differs.
+  (small) are in memory, int64 [N]. A kind of its own beside Examples,
+  not one of them: engine/tools/to_tfrecords.py tells arrays in memory
+  from arrays on disk by their kind.
   """
   images: Any
   labels: np.ndarray
 
-  def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
-                    augmentation: Augmentation, first_epoch: int,
-                    first_step: int) -> tf.data.Dataset:
-    return read_by_rows(self._reader(info), info, indices(
-        len(self.labels), shard=shard, epochs=epochs, first_epoch=first_epoch,
-        first_step=first_step), shard=shard, augmentation=augmentation)
-
-  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
-                   batch_size: int) -> tf.data.Dataset:
-    return eval_rows(len(self.labels), shard).batch(batch_size).map(
-        self._reader(info))
-
-  def _reader(self, info: DatasetInfo):
-    """A function from a batch's indices to its (images, labels), read
-    from disk."""
+  def read_rows(self, info: DatasetInfo):
+    """A batch's images read from disk, its labels gathered in memory."""
     labels = tf.constant(self.labels)
     dtype = tf.as_dtype(self.images.dtype)
 
@@ -311,84 +392,3 @@ class ArrayRows(Source):
       return images, tf.gather(labels, rows)
 
     return reader
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageFiles(Source):
-  """One split as image files (JPEG, PNG, BMP, GIF), one example each.
-
-  Decoded to the image shape's channels and resized to its size as they
-  are read; labels are int64 [N], in the order of `paths`, or for
-  segmentation the paths of their masks (PNG files, decoded as read).
-  """
-  paths: tuple[str, ...]
-  labels: np.ndarray
-
-  def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
-                    augmentation: Augmentation, first_epoch: int,
-                    first_step: int) -> tf.data.Dataset:
-    """Each batch's files decoded in parallel, one example per call, and
-    batched again with their batch's (key, step)."""
-    example = self._example(info)
-    augmented = batch_augmentation(info, shard, augmentation)
-
-    def per_example(key, step, rows):
-      count = tf.shape(rows)[0]
-      return (tf.tile(key[None], [count, 1]), tf.fill([count], step), rows)
-
-    return (indices(len(self.labels), shard=shard, epochs=epochs,
-                    first_epoch=first_epoch, first_step=first_step)
-            .map(per_example).unbatch()
-            .map(lambda key, step, row: (key, step, *example(row)),
-                 num_parallel_calls=decode_parallelism())
-            .batch(epochs.batch_size, drop_remainder=True)
-            .map(lambda keys, steps, images, labels:
-                 augmented(keys[0], steps[0], images, labels),
-                 num_parallel_calls=PARALLEL_BATCHES))
-
-  def eval_batches(self, info: DatasetInfo, *, shard: Shard,
-                   batch_size: int) -> tf.data.Dataset:
-    return eval_rows(len(self.labels), shard).map(
-        self._example(info),
-        num_parallel_calls=decode_parallelism()).batch(batch_size)
-
-  def _example(self, info: DatasetInfo):
-    """A function from an example's index to its image and label decoded:
-    the label's class id, or its mask's file."""
-    paths = tf.constant(list(self.paths))
-    labels = tf.constant(self.labels)
-
-    def example(row):
-      label = tf.gather(labels, row)
-      if info.labels_are_masks():
-        label = decode_mask(label, info.image_shape[:2])
-      return decode(tf.gather(paths, row), info.image_shape), label
-
-    return example
-
-
-def decode(path: tf.Tensor, image_shape) -> tf.Tensor:
-  """An image file as float32 [H, W, C] on the 0-255 scale, resized.
-
-  Any of the four formats, with 1 to 4 channels: alpha is dropped, and
-  grayscale and color are converted to the image shape's channels.
-  """
-  height, width, channels = image_shape
-  image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
-  have = tf.shape(image)[-1]
-  image = tf.cond(have >= 3, lambda: image[..., :3], lambda: image[..., :1])
-  if channels == 3:
-    image = tf.cond(tf.shape(image)[-1] == 1,
-                    lambda: tf.tile(image, [1, 1, 3]), lambda: image)
-  else:
-    image = tf.cond(tf.shape(image)[-1] == 3,
-                    lambda: tf.image.rgb_to_grayscale(image), lambda: image)
-  image = tf.image.resize(image, [height, width])
-  return tf.ensure_shape(image, image_shape)
-
-
-def decode_mask(path: tf.Tensor, size) -> tf.Tensor:
-  """A mask PNG as uint8 class ids [H, W], resized to `size` (nearest)."""
-  mask = tf.io.decode_png(tf.io.read_file(path), channels=1)
-  mask = tf.image.resize(mask, size, method="nearest")
-  return tf.ensure_shape(tf.cast(mask[..., 0], tf.uint8), size)

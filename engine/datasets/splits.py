@@ -2,10 +2,10 @@
 
 A loader (built in, or a user's `--dataset=package.module:function`) returns
 `Splits(train, test, info)`. Each split is a `Source`, one of five kinds
-(engine/datasets/sources.py, record_files.py), and each kind knows how it
-is read, for training and for evaluation; `train_stream` and
-`eval_batches` (sources.py) ask any of them for batches the same way, and
-normalize what they give:
+(engine/datasets/sources.py, image_folder.py, record_files.py), and each
+kind knows how it is read, for training and for evaluation;
+`train_stream` and `eval_batches` (sources.py) ask any of them for batches
+the same way, and normalize what they give:
 
 * `Examples`: arrays in memory (small data sets).
 * `ArrayRows`: arrays on disk, read a batch of rows at a time (.npy, .npz,
@@ -20,17 +20,20 @@ normalize what they give:
 the image shape and dtype, the labels' shape and dtype, the classes and
 their names, and the training set's per-channel statistics that normalize
 every image.
+
+What a source is asked for training: who reads (`Shard`), which epochs
+(`Epochs`) and how their examples are augmented (`Augmentation`).
 """
 import abc
 import dataclasses
 import enum
 from typing import Optional
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 
 from engine.core.errors import UserError
-from engine.datasets.augmentation import Augmentation
 
 
 class LabelKind(str, enum.Enum):
@@ -158,6 +161,70 @@ class Epochs:
   batch_size: int
   steps: int
   seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Augmentation:
+  """How training augments its examples (the --random_* flags, as the
+  task's targets allow, and --progressive_resizing): what training
+  examples become. Images are flipped left and right and shifted by up to
+  `shift` of their size (sources.py: `augment`); volumes flipped along
+  each spatial axis and, with `transpose`, their axes put in a random
+  order (`augment_volumes`). `resizing`, ((side, last epoch), ...), makes
+  the images of the first epochs smaller (`train_stream`)."""
+  flip: bool = False
+  shift: float = 0.0
+  transpose: bool = False
+  resizing: tuple = ()
+
+  @classmethod
+  def requested(cls, data_config, task=None, *,
+                resizing: bool = True) -> "Augmentation":
+    """What a run's data flags (config.DataConfig) ask for, for `task`'s
+    targets; without `resizing`, at the images' own size (a measurement's
+    batches).
+
+    Flips, shifts and transposes move the images and not a label: right
+    for a task whose targets do not change with them or that moves them
+    too (`Task.augmentation_keeps_targets`); for any other, a position
+    or an angle would be learned wrong, so their defaults are off and a
+    flag that asks for one anyway is warned about (`_warn_moving`).
+    Without a task (a benchmark's batches), as the flags say."""
+    flip, shift = data_config.random_flip, data_config.random_shift
+    transpose = data_config.random_transpose
+    if task is not None and not task.augmentation_keeps_targets:
+      given = data_config.given_augmentation
+      flip = flip and "random_flip" in given
+      shift = shift if "random_shift" in given else 0.0
+      transpose = transpose and "random_transpose" in given
+      _warn_moving(type(task).__name__, flip=flip, shift=shift,
+                   transpose=transpose)
+    return cls(flip=flip, shift=shift, transpose=transpose,
+               resizing=data_config.progressive_resizing if resizing else ())
+
+  def check(self, image_shape) -> None:
+    """A UserError if these examples cannot be augmented so."""
+    volumes = len(image_shape) == 4
+    if self.transpose and not (volumes and len(set(image_shape[:3])) == 1):
+      raise UserError(
+          "--random_transpose puts a volume's three axes in a random order: "
+          "for cubic volumes (DxDxDxC); these examples are "
+          f"{'x'.join(map(str, image_shape))}")
+
+
+def _warn_moving(task: str, *, flip: bool, shift: float,
+                 transpose: bool) -> None:
+  """One line saying what the flags given do to targets that stay put."""
+  moving = [name for name, on in (("--random_flip", flip),
+                                  ("--random_shift", shift),
+                                  ("--random_transpose", transpose)) if on]
+  if moving:
+    logging.warning(
+        "%s move%s the training images of %s and not its targets, which "
+        "it does not say are kept (Task.augmentation_keeps_targets): a "
+        "target that moves with the image, a position or an angle, is "
+        "learned wrong", " and ".join(moving),
+        "" if len(moving) > 1 else "s", task)
 
 
 class Source(abc.ABC):

@@ -20,7 +20,7 @@ from engine.compute import precision
 from engine.core.config import TrainConfig
 from engine import datasets
 from engine.datasets import record_features
-from engine.datasets.augmentation import Augmentation
+from engine.datasets import Augmentation
 from engine.distributed import link_probe
 from engine.loop import preemption
 from engine.loop import profiling
