@@ -15,6 +15,7 @@ import os
 import signal
 
 import numpy as np
+import optuna
 import pytest
 import tensorflow as tf
 
@@ -32,6 +33,7 @@ from engine.loop import actions
 from engine.loop import preemption
 from engine.loop.loop import TrainLoop
 from engine.loop.parts import TrainingParts
+from engine.sweeps import space, study
 from tests import fixtures
 
 # fixtures.write_fashion_mnist's 601 training examples in batches of 32.
@@ -370,3 +372,35 @@ def test_each_window_reports_the_runs_own_calls(data_dir, tmp_path):
       tmp_path / "tensorboard" / "train").glob("events.*"))
   assert tensorboard.count(b"profile/step_p95_ms") == 2
 
+
+def test_a_trial_its_study_prunes_ends_after_that_epoch_saved(data_dir,
+                                                              tmp_path):
+  """Four finished trials at 0.99 after epoch 1: the median pruner stops
+  a trial at the untrained model's accuracy (about a tenth) after its
+  first epoch, which is recorded and saved, and takes no further step."""
+  study_dir = str(tmp_path / "sweep")
+  sweep = study.Sweep(
+      storage=study.default_storage(study_dir), study_name="pruning",
+      space=tuple(space.parse({"base_lr": {"uniform": [0.1, 0.2]}}, "s")),
+      base_flags=(), metric="val_accuracy:max", sampler="random",
+      pruner="median", seed=0, processes=1)
+  study.write_sweep(study_dir, sweep)
+  trials = study.open_study(sweep, create=True)
+  for _ in range(4):
+    trials.add_trial(optuna.trial.create_trial(
+        value=0.99, intermediate_values={1: 0.99}, params={},
+        distributions={}))
+  number = trials.ask().number
+  model_dir = tmp_path / "run"
+  history, step, _ = run_loop(
+      data_dir, model_dir, training=dict(epochs=3),
+      task=dict(best_metric="val_accuracy:max"), trial=dict(study_dir=study_dir, number=number))
+  assert [r["epoch"] for r in history] == [1]
+  assert history[-1]["pruned"]
+  assert sum(ran for _, ran in step.calls) == STEPS_PER_EPOCH
+  assert records(model_dir)[-1]["reason"] == (
+      "pruned after epoch 1 by the study's median pruner")
+  assert os.path.exists(model_dir / "checkpoints" /
+                        f"ckpt-{STEPS_PER_EPOCH}.index")
+  assert trials.trials[number].intermediate_values == {
+      1: history[0]["val_accuracy"]}
