@@ -262,9 +262,10 @@ def test_a_slowed_node_and_a_rank_slowed_now_and_then_are_named(jobs):
     assert (0.75 * HOST_DELAY_MS < 1e3 * (forward[slowed] - forward[0])
             < 1.5 * HOST_DELAY_MS), forward
   rank1 = report["ranks"][1]["late"]
-  # 100 ms late in every 2nd step: 6 or 7 of the 13, by 75-150 ms (a busy
-  # machine makes it late by less in others too).
-  delayed = [s for s in rank1["seconds"] if s > 0.75 * RANK_DELAY_MS / 1e3]
+  # 100 ms late in every 2nd step: 6 or 7 of the 13, by 50-150 ms (a busy
+  # machine makes it late by less in others too, and by less than the delay
+  # in some of its own: 4 of them above 75 ms once, in a make test).
+  delayed = [s for s in rank1["seconds"] if s > 0.5 * RANK_DELAY_MS / 1e3]
   assert 5 <= len(delayed) <= 8, rank1
   assert 0.75 * RANK_DELAY_MS < 1e3 * max(delayed) < 1.5 * RANK_DELAY_MS
   node, rank = report["verdict"]["stragglers"]
