@@ -275,8 +275,9 @@ def test_a_slowed_node_and_a_rank_slowed_now_and_then_are_named(jobs):
           < 1.5 * RANK_DELAY_MS), rank1
   # The node first, and no one else but rank 1. Rank 1 itself is named when
   # it was late twice as often as rank 0, which the suite's other workers,
-  # on the same cores, make late now and then too (4 steps of 13, once, in
-  # a fresh-clone CI): the rule on exact figures is test_step_report's
+  # on the same cores, make late now and then too (one straggler named, not
+  # two, once in a fresh-clone CI): the rule on exact figures is
+  # test_step_report's
   # test_a_slow_node_and_a_rank_slow_half_the_time_are_both_named.
   node, *ranks = report["verdict"]["stragglers"]
   assert node.startswith("node host1 computes longer than the others")
