@@ -30,6 +30,7 @@ import enum
 from typing import Optional
 
 from absl import logging
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -113,8 +114,10 @@ class DatasetInfo:
           self.label_shape, self.label_dtype, self.image_shape))
 
   def transformed(self, values: tf.Tensor) -> tf.Tensor:
-    """Stored values (float32), transformed as `transform` says."""
-    return tf.math.log1p(values) if self.transform == "log1p" else values
+    """Stored values (float32), transformed as `transform` says; in Keras'
+    ops, so that the exported `.keras` file's input holds it too
+    (Task.normalization)."""
+    return keras.ops.log1p(values) if self.transform == "log1p" else values
 
   def normalized(self, images: tf.Tensor) -> tf.Tensor:
     """Featurewise standardization with the training set's channel

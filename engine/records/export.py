@@ -10,13 +10,16 @@ SavedModel holds the traced graph, and `tf.saved_model.load` restores it
 without the Python classes that built it.
 
 The `.keras` file is the model as Keras saves it (`model.save`), for
-`keras.saving.load_model`: to fine-tune it, or to call it in Keras. It
-takes images normalized as in training (the SavedModel's signature does
-that itself), and a model with layers of the user's own loads where their
-classes are importable and registered (`keras.saving.
-register_keras_serializable`). A model Keras cannot save that way (a
-subclassed model or layer without `get_config`) gets the SavedModel alone,
-and a warning that says why.
+`keras.saving.load_model`: to fine-tune it, or to call it in Keras. It is
+the trained model behind the task's normalization (Task.normalization, the
+one the SavedModel's signature applies), so it too takes images as stored,
+and `predict` on them gives the model's outputs as the run's evaluation
+does, without normalization.json read by hand. The normalization is
+Keras' built-in layers and ops: the file needs no engine to load. A model
+with layers of the user's own loads where their classes are importable
+and registered (`keras.saving.register_keras_serializable`). A model
+Keras cannot save that way (a subclassed model or layer without
+`get_config`) gets the SavedModel alone, and a warning that says why.
 
 An export is written beside its place and moved there when complete, so a
 failed one (a full disk) leaves the previous export, not half of a new one.
@@ -66,19 +69,22 @@ def save(model: keras.Model, task: Task, path: str) -> None:
   finally:
     storage.remove(partial)
     logging.set_verbosity(verbosity)
-  _save_keras(model, path + KERAS_SUFFIX)
+  _save_keras(model, task, path + KERAS_SUFFIX)
 
 
-def _save_keras(model: keras.Model, path: str) -> None:
-  """`model.save(path)`, written beside and moved into place; a model Keras
-  cannot serialize is a warning, and an older file of it goes (it would
-  no longer be the model exported beside it)."""
+def _save_keras(model: keras.Model, task: Task, path: str) -> None:
+  """`model` behind `task.normalization()`, saved at `path`: written
+  beside and moved into place; a model Keras cannot serialize is a
+  warning, and an older file of it goes (it would no longer be the model
+  exported beside it)."""
   partial = path.removesuffix(KERAS_SUFFIX) + ".partial" + KERAS_SUFFIX
   try:
     with storage.writing("Keras model", path,
                          storage.size_of(model.variables)):
       try:
-        model.save(partial)
+        normalization = task.normalization()
+        keras.Model(normalization.input, model(normalization.output),
+                    name=model.name).save(partial)
       except (NotImplementedError, TypeError, ValueError) as e:
         storage.remove(path)
         logging.warning("%s: not written, Keras cannot save this model "

@@ -157,16 +157,37 @@ class Task:
 
   def serving(self, model: keras.Model):
     """The exported SavedModel's function: images as stored (uint8, or
-    float32 for float arrays) in, normalized as in training, `serve` of
+    float32 for float arrays) in, through `normalization()`, `serve` of
     the model's outputs out. A GAN's takes noise instead."""
     info = self.info
+    normalization = self.normalization()
 
     @tf.function(input_signature=[tf.TensorSpec(
         [None, *info.image_shape], info.image_dtype, name="images")])
     def serve(images):
-      return self.serve(model(info.normalized(images), training=False))
+      return self.serve(model(normalization(images), training=False))
 
     return serve
+
+  def normalization(self) -> keras.Model:
+    """The training set's normalization (DatasetInfo.normalized) in Keras'
+    own layers: images as stored in, as the model receives them out. Both
+    exports apply this one model, the SavedModel's signature and the
+    `.keras` file in front of the trained model (engine/records/
+    export.py), so the two take the same images and agree; built of
+    Keras' built-in layers and ops alone, the `.keras` file loads where
+    the engine does not."""
+    info = self.info
+    images = keras.Input(info.image_shape, dtype=info.image_dtype,
+                         name="images")
+    # The variance is the float32 std squared in float32, whose square root
+    # (what the layer divides by) is that std exactly: the input
+    # pipeline's arithmetic, to the bit.
+    std = np.asarray(info.std, np.float32)
+    normalized = keras.layers.Normalization(
+        mean=info.mean, variance=std * std, dtype="float32")(
+            info.transformed(keras.ops.cast(images, "float32")))
+    return keras.Model(images, normalized, name="normalization")
 
   def summary_images(self, sums: dict[str, np.ndarray]) -> dict:
     """TensorBoard images of the validation sums: {tag: (image [1, H, W,
