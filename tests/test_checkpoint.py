@@ -1,12 +1,15 @@
+import glob
 import json
 import os
 
+import numpy as np
 import pytest
 import keras
 import tensorflow as tf
 
 from engine.compute import precision
 from engine.core import run_files
+from engine.core import user_code
 from engine.core.errors import UserError
 from engine.loop import run_state
 from engine.loop import stopping
@@ -196,15 +199,16 @@ def another_format(model_dir, version):
 @pytest.mark.parametrize("version, written", [
     (0, r"format 0 \(written before format.json recorded it\)"),
     (1, "format 1"),  # tf_keras' (Keras 2's)
-    (3, "format 3")])
+    (4, "format 4")])
 def test_checkpoints_of_another_format_are_one_line_and_kept(
     tmp_path, version, written):
   before = another_format(tmp_path / "run", version)
   reader = {0: r"the engine's revision 27dc95f \(82c6a49 .*\)",
             1: r"the engine's revision 2650be9, the last on tf_keras "
                r"\(Keras 2\)"}.get(version, "the engine that wrote them")
-  refusal = (f"holds checkpoints of {written}, and this engine reads format "
-             f"{run_files.CHECKPOINT_FORMAT} only: finish or evaluate that "
+  refusal = (f"holds checkpoints of {written}, and this engine reads formats "
+             f"2 and {run_files.CHECKPOINT_FORMAT} only: finish or evaluate "
+             "that "
              f"run with {reader}, or ")
   # Resumed, and by engine.evaluate, which restores no optimizer.
   for optimizer in (build()[1], None):
@@ -227,7 +231,7 @@ def test_a_damaged_format_record_is_one_line(tmp_path):
   (tmp_path / "checkpoints" / "format.json").write_text('{"version": "1"')
   with pytest.raises(UserError, match=r"checkpoints/format.json: unreadable "
                      r".*; it records the format of the checkpoints beside it "
-                     r'\(this engine writes \{"version": 2\}\): restore it'):
+                     r'\(this engine writes \{"version": 3\}\): restore it'):
     manager(tmp_path, *build())
 
 
@@ -312,3 +316,153 @@ def test_the_runs_counts_go_with_the_checkpoint_and_older_ones_count_none(
     assert (restored.epoch_sums.numpy().tolist(),
             int(restored.skipped_steps.numpy()),
             int(restored.rollbacks.numpy())) == expected
+
+
+FORMS = os.path.join(os.path.dirname(__file__), "workers", "model_forms.py")
+
+
+def built_form(form, seed):
+  """A model of tests/workers/model_forms.py and its optimizer with every
+  variable (BatchNorm's statistics, the momentum) set at random by
+  `seed`."""
+  model = user_code.load(f"{FORMS}:{form}", "model")((8, 8, 1), 3)
+  optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+  optimizer.build(model.trainable_variables)
+  values = np.random.default_rng(seed)
+  for variable in model.variables + optimizer.variables:
+    variable.assign(values.uniform(1, 2, variable.shape).astype(
+        variable.dtype))
+  return model, optimizer
+
+
+@pytest.mark.parametrize("form", ["listed", "sequential", "functional",
+                                  "applications"])
+def test_every_variable_is_restored_however_the_model_holds_its_layers(
+    tmp_path, form):
+  # Layers in lists, dicts and tuples, custom layers in custom layers,
+  # nested models; restored into the same code built again after other
+  # models, so that its layers' names differ.
+  model, optimizer = built_form(form, seed=1)
+  manager(tmp_path, model, optimizer).save(checkpoint.Position(1, 0, 8, 1),
+                                           1)
+  built_form(form, seed=2)
+  other, other_optimizer = built_form(form, seed=3)
+  assert [v.path for v in other.variables] != [v.path for v in
+                                                model.variables]
+  manager(tmp_path, other, other_optimizer).restore_latest_readable()
+  for ours, theirs in zip(model.variables + optimizer.variables,
+                          other.variables + other_optimizer.variables,
+                          strict=True):
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy(),
+                                  err_msg=ours.path)
+  # engine.evaluate's restore, without the optimizer, and the best
+  # export's, which puts the run's own weights back after.
+  evaluated, _ = built_form(form, seed=4)
+  checkpoint.Checkpoints(str(tmp_path), model=evaluated, optimizer=None,
+                         keep=3, identity=IDENTITY).restore_latest_readable()
+  exported, exported_optimizer = built_form(form, seed=5)
+  own = [v.numpy() for v in exported.variables]
+  best = manager(tmp_path, exported, exported_optimizer)
+  with best.weights_of(best.latest_path):
+    seen = [v.numpy() for v in exported.variables]
+  for ours, theirs, evaluated_, own_ in zip(model.variables, seen,
+                                            evaluated.variables, own):
+    np.testing.assert_array_equal(ours.numpy(), theirs)
+    np.testing.assert_array_equal(ours.numpy(), evaluated_.numpy())
+  for variable, value in zip(exported.variables, own):
+    np.testing.assert_array_equal(variable.numpy(), value)
+
+
+def without(path, dropped):
+  """The checkpoint `path` written again without its tensor `dropped`."""
+  reader = tf.train.load_checkpoint(path)
+  names = sorted(n for n in reader.get_variable_to_shape_map()
+                 if n != dropped)
+  tensors = [reader.get_tensor(n) for n in names]
+  for written in glob.glob(path + ".*"):
+    os.remove(written)
+  tf.raw_ops.SaveV2(prefix=path, tensor_names=names,
+                    shape_and_slices=[""] * len(names), tensors=tensors)
+
+
+def test_a_checkpoint_without_one_variable_is_refused_naming_it(tmp_path):
+  model, optimizer = built_form("listed", seed=1)
+  saved = manager(tmp_path, model, optimizer)
+  saved.save(checkpoint.Position(1, 0, 8, 1), 1)
+  path = saved.save(checkpoint.Position(1, 2, 8, 1), 3)
+  moving_mean = next(i for i, v in enumerate(model.variables)
+                     if "moving_mean" in v.path)
+  without(path, f"model_variables/{moving_mean:04d}/.ATTRIBUTES/"
+          "VARIABLE_VALUE")
+  before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+  for with_optimizer in (True, False):
+    model, optimizer = built_form("listed", 2)
+    with pytest.raises(UserError, match=(
+        f"^checkpoint {path} lacks 1 of the "
+        f"{len(model.variables) + len(optimizer.variables) * with_optimizer} "
+        r"variables to restore \(listed/block(_\d+)?/batch_normalization(_\d+)?/"
+        r"moving_mean\): it "
+        "was damaged or written for other code; give another checkpoint, "
+        "or start a new run in another --model_dir$")):
+      checkpoint.Checkpoints(
+          str(tmp_path), model=model,
+          optimizer=optimizer if with_optimizer else None, keep=3,
+          identity=IDENTITY).restore_latest_readable()
+  assert before == {p: p.read_bytes() for p in before}
+
+
+def format_2(model_dir, model, optimizer):
+  """A checkpoint as format 2 wrote it: the model and the optimizer by
+  TensorFlow's object graph."""
+  position = {name: tf.Variable(1, dtype=tf.int64)
+              for name in ("epoch", "step", "global_batch", "world_size")}
+  path = tf.train.CheckpointManager(tf.train.Checkpoint(
+      model=model, optimizer=optimizer, identity=tf.Variable(IDENTITY),
+      best_score=tf.Variable(0.5, dtype=tf.float64),
+      seconds=tf.Variable(1.0, dtype=tf.float64), **position),
+      str(model_dir / "checkpoints"), max_to_keep=3).save(1)
+  (model_dir / "checkpoints" / "format.json").write_text('{"version": 2}')
+  return path
+
+
+def test_a_format_2_checkpoint_resumes_where_it_holds_every_variable(
+    tmp_path):
+  model, optimizer = built_form("functional", seed=1)
+  format_2(tmp_path, model, optimizer)
+  other, other_optimizer = built_form("functional", seed=2)
+  resumed = manager(tmp_path, other, other_optimizer)
+  assert resumed.restore_latest_readable() == checkpoint.Position(1, 1, 1, 1,
+                                                                  1.0)
+  for ours, theirs in zip(model.variables + optimizer.variables,
+                          other.variables + other_optimizer.variables):
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+  # Its next save is of this format, and says so.
+  resumed.save(checkpoint.Position(1, 2, 1, 1), 3)
+  assert run_files.checkpoint_format(resumed.directory) == \
+      run_files.CHECKPOINT_FORMAT
+
+
+def test_a_format_2_checkpoint_without_a_lists_layers_is_one_line(tmp_path):
+  # Format 2 saved no layer a model held in a list or dict (their weights
+  # lived on in the optimizer's copy, their BatchNorm statistics not).
+  path = format_2(tmp_path, *built_form("listed", seed=1))
+  before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+  # Resumed, the BatchNorm statistics of its 3 layers are lacking;
+  # evaluated, without the optimizer's copy, all 26 of its weights.
+  for with_optimizer, lacking, first in ((True, 6, "batch_normalization"),
+                                        (False, 26, "conv2d")):
+    model, optimizer = built_form("listed", 2)
+    restored = len(model.weights) + len(optimizer.variables) * with_optimizer
+    with pytest.raises(UserError, match=(
+        f"^checkpoint {path} lacks {lacking} of the {restored} variables to "
+        rf"restore \(listed/block(_\d+)?/{first}(_\d+)?/\w+, .* more\): it "
+        "was written "
+        "before "
+        "the engine saved the variables a model holds in lists and dicts, "
+        "and would go on with them as built; train the run again in "
+        "another --model_dir$")):
+      checkpoint.Checkpoints(
+          str(tmp_path), model=model,
+          optimizer=optimizer if with_optimizer else None, keep=3,
+          identity=IDENTITY).restore_latest_readable()
+  assert before == {p: p.read_bytes() for p in before}

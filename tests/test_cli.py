@@ -227,20 +227,20 @@ def trained(data_dir, train_commands, tmp_path_factory):
 
 @pytest.mark.parametrize("version, module, message", [
     (0, "engine.train", "holds checkpoints of format 0 (written before "
-     "format.json recorded it), and this engine reads format 2 only: finish "
+     "format.json recorded it), and this engine reads formats 2 and 3 only: finish "
      "or evaluate that run with the engine's revision 27dc95f (82c6a49 for "
      "a novograd or lamb run saved on TensorFlow 2.15), or start a new run "
      "in another --model_dir"),
     (1, "engine.train", "holds checkpoints of format 1, and this engine "
-     "reads format 2 only: finish or evaluate that run with the engine's "
+     "reads formats 2 and 3 only: finish or evaluate that run with the engine's "
      "revision 2650be9, the last on tf_keras (Keras 2), or start a new run "
      "in another --model_dir"),
-    (3, "engine.train", "holds checkpoints of format 3, and this engine "
-     "reads format 2 only: finish or evaluate that run with the engine that "
+    (4, "engine.train", "holds checkpoints of format 4, and this engine "
+     "reads formats 2 and 3 only: finish or evaluate that run with the engine that "
      "wrote them, or start a new run in another --model_dir"),
     (0, "engine.evaluate", "holds checkpoints of format 0"),
     (1, "engine.evaluate", "holds checkpoints of format 1, and this "
-     "engine reads format 2 only: finish or evaluate that run with the "
+     "engine reads formats 2 and 3 only: finish or evaluate that run with the "
      "engine's revision 2650be9"),
 ], ids=["unrecorded", "keras2", "later", "evaluated", "keras2_evaluated"])
 def test_a_model_dir_of_another_checkpoint_format_is_one_line_exit_2(

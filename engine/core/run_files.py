@@ -61,8 +61,14 @@ CHECKPOINT_STATE_FILE = "checkpoint"  # TensorFlow's name
 # than restored wrongly. Format 0 stands for checkpoints written before the
 # format was recorded. Raise it with any change to what a checkpoint holds.
 FORMAT_FILE = "format.json"
-# Format 2: Keras 3's model and optimizers (1 was tf_keras', Keras 2's).
-CHECKPOINT_FORMAT = 2
+# Format 3: every variable of Keras 3's model and optimizer by its place
+# in Keras' own list of them; 2 named them by TensorFlow's object graph of
+# the model, which misses the layers a model holds in lists and dicts, and
+# is read still where it holds every variable (engine.records.checkpoint);
+# 1 was tf_keras', Keras 2's.
+CHECKPOINT_FORMAT = 3
+# The earlier formats this engine reads too.
+CHECKPOINT_FORMATS_READ = (2,)
 
 TENSORBOARD_DIR = "tensorboard"
 # The Keras TensorBoard callback's runs, which users know (engine.records.report).

@@ -225,14 +225,15 @@ class RunDirectory:
                     os.path.join(directory, run_files.FINAL_EXPORT))
       if self.checkpoints.best_path:
         try:
-          export.save_checkpoint(
-              self._model, self.checkpoints.best_path, self._task,
-              os.path.join(directory, run_files.BEST_EXPORT),
-              self._weight_average)
+          with self.checkpoints.weights_of(self.checkpoints.best_path), \
+              ema.averaged(self._weight_average):
+            export.save(self._model, self._task,
+                        os.path.join(directory, run_files.BEST_EXPORT))
           exported.append(run_files.BEST_EXPORT)
-        except export.UnreadableCheckpoint as e:
-          logging.warning("the best checkpoint %s: exported the final model "
-                          "only", e)
+        except checkpoint.Unreadable as e:
+          logging.warning("the best checkpoint %s is unreadable (%s): "
+                          "exported the final model only",
+                          self.checkpoints.best_path, e)
     logging.info("exported SavedModels and Keras models to %s (%s)",
                  directory, ", ".join(exported))
 

@@ -8,6 +8,17 @@ with, and the rest of the run's state the train loop gives it
 count, the run's counts; the weights' average). The data order and augmentation are functions of (seed, epoch,
 step), so that position is all it takes to continue the same stream.
 
+Every variable of the model and the optimizer is saved by the list Keras
+keeps of them (`model.variables`, `optimizer.variables`), each under its
+place in that list (`keyed`): TensorFlow's object graph does
+not follow the lists and dicts Keras 3 tracks, so a model holding its
+layers in `self.blocks = [...]` would be saved without them (their
+BatchNorm statistics, and all their weights but the optimizer's copy).
+Keras' order is the order the model's code creates its layers in, the
+same in every process and every rebuild, where its layer names carry
+counters of what the process built before. A checkpoint that lacks any of
+them is refused, naming them, before anything is restored.
+
 Only rank 0 touches the files, so N processes never race on one directory
 (the Horovod lab's step 7); after a restore the weights, the optimizer state
 and the position are broadcast to the other ranks.
@@ -25,6 +36,7 @@ A save that fails (a full disk) is one line (errors.WriteFailed), and what
 it left half-written is removed: the checkpoints before it stay whole, and
 the latest of them is where a rerun resumes.
 """
+import contextlib
 import dataclasses
 import glob
 import math
@@ -110,25 +122,39 @@ class Checkpoints:
     self._seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
     self._identity_variable = tf.Variable(identity, dtype=tf.string,
                                           trainable=False)
-    objects = dict(model=model, epoch=self._epoch, step=self._step,
-                   global_batch=self._global_batch,
-                   world_size=self._world_size, seconds=self._seconds,
-                   best_score=self._best_score,
-                   identity=self._identity_variable)
     # Training's state besides the model's; evaluation restores none of it.
     optimizer_objects = ({} if optimizer is None
                          else precision.checkpointed(optimizer))
-    for name, saved in dict(**optimizer_objects, lr_factor=lr_factor,
-                            stop=stop).items():
+    state = dict(epoch=self._epoch, step=self._step,
+                 global_batch=self._global_batch,
+                 world_size=self._world_size, seconds=self._seconds,
+                 best_score=self._best_score,
+                 identity=self._identity_variable,
+                 **{name: saved for name, saved in optimizer_objects.items()
+                    if name != "optimizer"})
+    for name, saved in dict(lr_factor=lr_factor, stop=stop).items():
       if saved is not None:
-        objects[name] = saved
-    self._objects = objects
+        state[name] = saved
+    # Every variable of the model and the optimizer, keyed.
+    self._keyed = {_MODEL_VARIABLES: keyed(model.variables)}
+    if optimizer_objects:
+      self._keyed[_OPTIMIZER_VARIABLES] = keyed(optimizers.state(
+          optimizer_objects["optimizer"]))
+    self._objects = dict(state, **{
+        name: tf.train.Checkpoint(**variables)
+        for name, variables in self._keyed.items()})
+    # What format 2 held instead: the model and the optimizer by their
+    # object graphs.
+    self._format_2_objects = dict(
+        state, model=model, **{name: saved for name, saved in
+                               optimizer_objects.items()
+                               if name == "optimizer"})
     # What a checkpoint may be without, and starts afresh (`reset`) when it
     # is: --ema_decay may be turned on when a run resumes, and checkpoints
     # of this format written before the counts were kept have none.
     self._optional = {name: saved for name, saved in (
         (_AVERAGE, weight_average), (_COUNTS, counts)) if saved is not None}
-    self._checkpoint = tf.train.Checkpoint(**objects, **self._optional)
+    self._checkpoint = tf.train.Checkpoint(**self._objects, **self._optional)
     self.size = storage.size_of(model.variables + (
         optimizers.state(optimizer) if optimizer is not None else []))
     self.restored_path = None  # the last checkpoint restored
@@ -161,7 +187,7 @@ class Checkpoints:
     for path in reversed(candidates):
       try:
         return self._restore(path)
-      except _Unreadable as e:
+      except Unreadable as e:
         logging.warning("checkpoint %s is unreadable (%s); trying the one "
                         "before it", path, e)
     raise UserError(f"{self.directory}: none of its {len(candidates)} "
@@ -176,7 +202,7 @@ class Checkpoints:
                     f"checkpoint {path} is", "give another checkpoint")
     try:
       return self._restore(path)
-    except _Unreadable as e:
+    except Unreadable as e:
       raise UserError(f"checkpoint {path} is unreadable ({e}); give another "
                       "one") from None
 
@@ -186,14 +212,14 @@ class Checkpoints:
     except (tf.errors.OpError, ValueError) as e:
       if not _exists(path):
         raise UserError(f"{path}: no such checkpoint") from None
-      raise _Unreadable(first_line(e)) from None
+      raise Unreadable(first_line(e)) from None
     if not reader.has_tensor(_IDENTITY_KEY):
       raise UserError(f"{path} was not written by this engine (it records "
                       "no model identity); pass another --resume_from")
     try:
       stored = reader.get_tensor(_IDENTITY_KEY)
     except _DAMAGE as e:
-      raise _Unreadable(first_line(e)) from None
+      raise Unreadable(first_line(e)) from None
     stored = stored.decode() if isinstance(stored, bytes) else str(stored)
     if stored != self._identity:
       raise UserError(f"checkpoint {path} holds {stored}, but this run is "
@@ -206,20 +232,24 @@ class Checkpoints:
                       "scaling and cannot continue with "
                       "--mixed_precision=float16; resume it with "
                       "--mixed_precision=none or bfloat16")
-    checkpoint = self._checkpoint
     keys = reader.get_variable_to_shape_map()
+    lacking, restored = self._lacking(keys)
+    if lacking:
+      raise UserError(f"checkpoint {path} lacks {len(lacking)} of the "
+                      f"{restored} variables to restore "
+                      f"({_named(lacking)}){self._why_lacking(keys)}")
     missing = [name for name in self._optional
                if not any(key.startswith(f"{name}/") for key in keys)]
-    if missing:
-      checkpoint = tf.train.Checkpoint(**self._objects, **{
-          name: saved for name, saved in self._optional.items()
-          if name not in missing})
+    checkpoint = tf.train.Checkpoint(
+        **(self._objects if _is_keyed(keys) else self._format_2_objects),
+        **{name: saved for name, saved in self._optional.items()
+           if name not in missing})
     try:
       # expect_partial: evaluation restores a model without its optimizer.
       checkpoint.restore(path).expect_partial() \
           .assert_existing_objects_matched()
     except _DAMAGE as e:  # a damaged data file
-      raise _Unreadable(first_line(e)) from None
+      raise Unreadable(first_line(e)) from None
     except (AssertionError, ValueError) as e:
       raise UserError(f"checkpoint {path} does not match this model: "
                       f"{first_line(e)}") from None
@@ -232,6 +262,68 @@ class Checkpoints:
                     int(self._global_batch.numpy()),
                     int(self._world_size.numpy()),
                     float(self._seconds.numpy()))
+
+  def _lacking(self, keys) -> tuple[list, int]:
+    """The variables of the model and the optimizer that the checkpoint
+    whose tensors are `keys` does not hold, and how many it should: the
+    keyed ones it lacks, or for
+    a checkpoint written before the variables were keyed, the weights its
+    object graph could not reach (those held in Keras' lists and dicts).
+    The weights' average and the loss scale are TensorFlow's own modules,
+    whole in the object graph."""
+    if _is_keyed(keys):
+      return [variable for name, variables in self._keyed.items()
+              for key, variable in variables.items()
+              if f"{name}/{key}/{_VALUE}" not in keys], sum(
+                  map(len, self._keyed.values()))
+    graph = tf.train.Checkpoint(**self._format_2_objects)  # (held: the
+    # view holds it weakly)
+    reached = {id(each) for each in tf.train.TrackableView(graph)
+               .descendants()}
+    weights = self._format_2_objects["model"].weights + (
+        optimizers.state(self._format_2_objects["optimizer"])
+        if "optimizer" in self._format_2_objects else [])
+    return [variable for variable in weights
+            if id(variable) not in reached], len(weights)
+
+  @staticmethod
+  def _why_lacking(keys) -> str:
+    if _is_keyed(keys):
+      return (": it was damaged or written for other code; give another "
+              "checkpoint, or start a new run in another --model_dir")
+    return (": it was written before the engine saved the variables a "
+            "model holds in lists and dicts, and would go on with them as "
+            "built; train the run again in another --model_dir")
+
+  @contextlib.contextmanager
+  def weights_of(self, path: str):
+    """While the block runs, the model's variables and their average as
+    checkpoint `path` (this run's best) holds them; the run's own again
+    after. Restored into the model itself rather than a clone, which works
+    for every model, subclassed ones and custom layers Keras cannot clone
+    too. Raises Unreadable if its files were damaged since."""
+    average = {name: saved for name, saved in self._optional.items()
+               if name == _AVERAGE}
+    kept = list(self._keyed[_MODEL_VARIABLES].values()) + [
+        v for saved in average.values() for v in saved.variables]
+    values = [v.numpy() for v in kept]
+    try:
+      try:
+        keys = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+        lacking, _ = self._lacking(keys)
+        if lacking:
+          raise Unreadable(f"it lacks {_named(lacking)}")
+        model = ({_MODEL_VARIABLES: self._objects[_MODEL_VARIABLES]}
+                 if _is_keyed(keys)
+                 else {"model": self._format_2_objects["model"]})
+        tf.train.Checkpoint(**model, **average).restore(path) \
+            .expect_partial()
+      except _DAMAGE as e:
+        raise Unreadable(first_line(e)) from None
+      yield
+    finally:
+      for variable, value in zip(kept, values):
+        variable.assign(value)
 
   @property
   def best_score(self) -> float:
@@ -274,8 +366,10 @@ class Checkpoints:
 
     Before the first checkpoint in the directory, their format: a
     checkpoint is never without it (a directory that holds some already
-    passed the format check and says so)."""
-    if self._format is None:
+    passed the format check and says so). A directory of an earlier
+    format this engine reads is of this one from its first save on: an
+    engine that reads the earlier one alone must not take it for that."""
+    if self._format != run_files.CHECKPOINT_FORMAT:
       path = os.path.join(self.directory, run_files.FORMAT_FILE)
       with storage.writing("the checkpoints' format", path):
         run_files.record_checkpoint_format(self.directory)
@@ -303,6 +397,27 @@ class Checkpoints:
     self._global_batch.assign(position.global_batch)
     self._world_size.assign(position.world_size)
     self._seconds.assign(position.seconds)
+
+
+def keyed(variables: list) -> dict:
+  """`variables` (Keras' list of a model's or an optimizer's) by the keys
+  a checkpoint names them by: their places in the list, as "0012". Not
+  their names: an optimizer's slots are named after its model's paths,
+  whose layer names count what the process built before."""
+  return {f"{index:04d}": variable for index, variable in enumerate(variables)}
+
+
+def _is_keyed(keys) -> bool:
+  """Whether a checkpoint whose tensors are `keys` keys its variables."""
+  return any(key.startswith(f"{_MODEL_VARIABLES}/") for key in keys)
+
+
+def _named(variables: list, first: int = 3) -> str:
+  """The first few of `variables` by their Keras paths, and how many
+  more."""
+  names = [getattr(v, "path", v.name) for v in variables[:first]]
+  more = len(variables) - first
+  return ", ".join(names) + (f" and {more} more" if more > 0 else "")
 
 
 def _manager(checkpoint: tf.train.Checkpoint, directory: str, keep: int,
@@ -334,6 +449,9 @@ def resolve(path: str) -> str:
                   "prefix such as .../ckpt-12)")
 
 
+_VALUE = ".ATTRIBUTES/VARIABLE_VALUE"  # a variable's tensor in its key
+_MODEL_VARIABLES = "model_variables"  # the model's, keyed
+_OPTIMIZER_VARIABLES = "optimizer_variables"  # the optimizer's, keyed
 _IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
 _BEST_SCORE_KEY = "best_score/.ATTRIBUTES/VARIABLE_VALUE"
 _AVERAGE = "weight_average"  # the weights' average, with --ema_decay
@@ -343,8 +461,9 @@ _LOSS_SCALE_KEY = "loss_scale/.ATTRIBUTES/VARIABLE_VALUE"
 _DAMAGE = (tf.errors.OpError, IndexError, OSError)
 
 
-class _Unreadable(Exception):
-  """A checkpoint whose files are damaged: fall back to an older one."""
+class Unreadable(Exception):
+  """A checkpoint whose files are damaged: fall back to an older one (or
+  export the final model alone)."""
 
 
 def _exists(prefix: str) -> bool:
@@ -359,12 +478,14 @@ def _checked_format(directory: str, holder: str,
   them) and says what reads them, or `instead`: restored, their variables
   would be missing, or mean something else."""
   found = run_files.checkpoint_format(directory)
-  if found in (None, run_files.CHECKPOINT_FORMAT):
+  if found in (None, run_files.CHECKPOINT_FORMAT,
+               *run_files.CHECKPOINT_FORMATS_READ):
     return found
   unrecorded = (f" (written before {run_files.FORMAT_FILE} recorded it)"
                 if found == 0 else "")
   raise UserError(
       f"{holder} of format {found}{unrecorded}, and this engine reads "
-      f"format {run_files.CHECKPOINT_FORMAT} only: finish or evaluate that "
+      f"formats {', '.join(map(str, run_files.CHECKPOINT_FORMATS_READ))} "
+      f"and {run_files.CHECKPOINT_FORMAT} only: finish or evaluate that "
       f"run with {_READERS.get(found, 'the engine that wrote them')}, or "
       f"{instead}")

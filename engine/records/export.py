@@ -24,14 +24,12 @@ Keras cannot save that way (a subclassed model or layer without
 An export is written beside its place and moved there when complete, so a
 failed one (a full disk) leaves the previous export, not half of a new one.
 """
-import contextlib
 import os
 
 from absl import logging
 import keras
 import tensorflow as tf
 
-from engine.compute import ema
 from engine.core.errors import first_line
 from engine.records import storage
 from engine.tasks import Task
@@ -94,42 +92,3 @@ def _save_keras(model: keras.Model, task: Task, path: str) -> None:
       os.replace(partial, path)
   finally:
     storage.remove(partial)
-
-
-def save_checkpoint(model: keras.Model, checkpoint_path: str,
-                    task: Task, path: str,
-                    weight_average=None) -> None:
-  """Exports the weights of `checkpoint_path` through `model`, whose own
-  weights are put back afterwards; with `weight_average` (an
-  ema.WeightAverage), the checkpoint's average of the weights.
-
-  Restoring into the model itself rather than a clone works for every
-  model, also subclassed ones and custom layers that Keras cannot clone.
-  Raises UnreadableCheckpoint if the checkpoint is damaged.
-  """
-  average = {"weight_average": weight_average} if weight_average else {}
-  with _values_restored_after(model.variables
-                              + ema.variables(weight_average)):
-    try:
-      tf.train.Checkpoint(model=model, **average).restore(
-          checkpoint_path).expect_partial()
-    except (tf.errors.OpError, ValueError, IndexError) as e:
-      raise UnreadableCheckpoint(f"{checkpoint_path} is unreadable "
-                                 f"({first_line(e)})"
-                                 ) from None
-    with ema.averaged(weight_average):
-      save(model, task, path)
-
-
-class UnreadableCheckpoint(Exception):
-  """A checkpoint damaged since it was written: not exported."""
-
-
-@contextlib.contextmanager
-def _values_restored_after(variables: list):
-  values = [v.numpy() for v in variables]
-  try:
-    yield
-  finally:
-    for variable, value in zip(variables, values):
-      variable.assign(value)
