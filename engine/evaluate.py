@@ -32,6 +32,7 @@ from engine.records import report
 from engine.tasks.classification import Classification
 from engine.tasks.classification import per_class_accuracy
 from flags import config_from_flags
+from flags import given_flags
 
 FLAGS = flags.FLAGS
 PROGRAM = "engine.evaluate"  # what its error lines start with
@@ -89,10 +90,14 @@ def main(argv):
                       f"{run_files.FLAGS_FILE}; is it a model_dir written "
                       "by engine.train?")
     given = sys.argv[1:]
+    # The flags the user set are this command line's: the run's own were
+    # checked when it trained, and its flags.txt gives them all.
+    set_here = given_flags()
     FLAGS.unparse_flags()
     cli.parse_flags([sys.argv[0], f"--flagfile={run_flags}", *given],
                     program=PROGRAM)
-    path, result, classes = evaluate(config_from_flags(), FLAGS.checkpoint)
+    path, result, classes = evaluate(
+        config_from_flags().replace(given=set_here), FLAGS.checkpoint)
   except UserError as e:
     cli.exit_with_error(str(e), e.exit_code, program=PROGRAM)
   if distributed.is_chief():

@@ -138,7 +138,7 @@ def the_sweep(base_flags: list[str]) -> Sweep:
   space = spaces.read(FLAGS.space)
   spaces.check(space, _flag_type, _complaint, where=f"--space={FLAGS.space}")
   base_flags = _absolute_flagfiles(base_flags)
-  metric = _deciding_metric(base_flags)
+  metric = _deciding_metric(base_flags, space)
   sweep = Sweep(
       storage=FLAGS.storage or studies.default_storage(FLAGS.study_dir),
       study_name=FLAGS.study_name or os.path.basename(
@@ -189,10 +189,16 @@ def _absolute_flagfiles(base_flags: list[str]) -> list[str]:
           if arg.startswith("--flagfile=") else arg for arg in base_flags]
 
 
-def _deciding_metric(base_flags: list[str]) -> str:
+def _deciding_metric(base_flags: list[str],
+                     space: list[spaces.Parameter]) -> str:
   """The base flags checked as the engine checks them, and the figure
-  they decide by: --best_metric, or the task's."""
-  from engine import tasks  # pylint: disable=g-import-not-at-top
+  they decide by: --best_metric, or the task's.
+
+  A base flag no builder takes is refused here, as the trials would refuse
+  it; unless the space varies the model, data set or task, whose trials
+  each take the flags of their own (each checks them at its start).
+  """
+  from engine import build, tasks  # pylint: disable=g-import-not-at-top
   for arg in base_flags:
     name = arg.lstrip("-").partition("=")[0]
     if name in SET_BY_THE_SWEEP:
@@ -203,6 +209,8 @@ def _deciding_metric(base_flags: list[str]) -> str:
   except flags.Error as e:
     raise UserError(f"the engine's flags after --: {e}") from None
   config = engine_flags.config_from_flags()
+  if not {"model", "dataset", "task"} & {p.flag for p in space}:
+    build.refuse_unreached_flags(config)
   task = tasks.task_class(config.task.name)
   best_metric = config.task.best_metric
   return str(tasks.Decider.of(best_metric or task.best_metric, task,

@@ -71,7 +71,22 @@ def config_from_flags() -> config.TrainConfig:
       performance=_performance(), profiling=_profiling(), mlperf=_mlperf(),
       trial=config.TrialConfig(study_dir=FLAGS.trial_study_dir,
                                number=FLAGS.trial_number),
-      command_line=as_flagfile())
+      command_line=as_flagfile(), given=given_flags())
+
+
+def given_flags() -> frozenset:
+  """The engine's flags the command line or a flagfile set to a value other
+  than their default.
+
+  Set, not defaulted: a flag no builder of the run takes is refused only if
+  the user asked for it. And other than the default, since a flagfile the
+  engine wrote (model_dir/flags.txt, engine.sweep --best) gives every flag,
+  those no builder of its run took among them, at their defaults.
+  """
+  return frozenset(flag.name
+                   for module in MODULES
+                   for flag in FLAGS.get_flags_for_module(module.__name__)
+                   if flag.present and flag.value != flag.default)
 
 
 def _check_flags_agree() -> None:

@@ -6,8 +6,9 @@ task other than classification (engine/tasks) `num_classes` is the width
 of the model's output: the number of targets of a regression, say.
 Builders declare the parameters they use in their signatures and receive
 only those (engine/core/registry.py), so the flags shared by several models
-(dropout, weight decay) reach the models that have them and are ignored by
-the others. A user's own builder, `--model=package.module:function` or
+(dropout, weight decay) reach the models that have them; one the user set
+that the run's model does not take is refused (engine/build.py). A user's
+own builder, `--model=package.module:function` or
 `--model=path/to/file.py:function`, is called the same way, and what it
 returns is checked here, at start-up, rather than ten calls into training.
 """
@@ -31,6 +32,8 @@ _MODELS = Registry("model", {
 })
 names = _MODELS.names
 is_known = _MODELS.is_known
+takes = _MODELS.takes
+not_taken = _MODELS.not_taken
 
 
 def build(name: str, *, input_shape, num_classes: int, output_shape=None,

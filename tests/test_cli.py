@@ -355,3 +355,72 @@ def test_an_image_found_damaged_while_training_is_one_line(own, fails_with):
               "--image_size=16", "--image_mean=1,1,1", "--image_std=1,1,1",
               "--batch_size=2", "--epochs=1", f"--model_dir={own}/run"],
              "an image failed to decode while training")
+
+
+# A flag the user set that no builder of the run takes (the model's, the
+# data set's loader's, the task's): one line naming who would take it, exit
+# 2, before anything is built or written (build.refuse_unreached_flags).
+
+@pytest.mark.parametrize("args, message", [
+    ("--model=cnn --depth=28", "--depth=28 reaches nothing: --model=cnn "
+     "takes no depth (wrn takes it)"),
+    ("--image_size=64", "--image_size=64 reaches nothing: "
+     "--dataset=fashion_mnist takes no image_size (image_folder, synthetic, "
+     "tfrecord take it)"),
+    ("--noise=0.1", "--noise=0.1 reaches nothing: --task=classification "
+     "takes no noise (reconstruction takes it)"),
+], ids=["another_models", "another_loaders", "another_tasks"])
+def test_a_flag_no_builder_takes_is_one_line_naming_who_would(
+    args, message, data_dir, tmp_path, fails_with):
+  result = fails_with([f"--data_dir={data_dir}", f"--model_dir={tmp_path}/run",
+                       *args.split()], f"engine.train: error: {message}")
+  assert result.returncode == 2
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_flag_a_users_model_does_not_declare_is_one_line(
+    data_dir, tmp_path, fails_with):
+  code = tmp_path / "plain.py"
+  code.write_text("def build(input_shape, num_classes):\n"
+                  "  raise AssertionError('built')\n")
+  result = fails_with(
+      [f"--data_dir={data_dir}", f"--model_dir={tmp_path}/run",
+       f"--model={code}:build", "--dropout=0.3"],
+      f"engine.train: error: --dropout=0.3 reaches nothing: --model={code}"
+      ":build takes no dropout: build's signature does not declare it (cnn, "
+      "cosmoflow, unet, wrn take it)")
+  assert result.returncode == 2
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_users_model_with_keyword_arguments_takes_every_flag(
+    data_dir, tmp_path, train_commands):
+  """**kwargs declares every parameter: --dropout reaches it."""
+  code = tmp_path / "open.py"
+  code.write_text(
+      "import keras\n"
+      "def build(input_shape, num_classes, **params):\n"
+      "  assert params['dropout'] == 0.3, params\n"
+      "  inputs = keras.Input(input_shape)\n"
+      "  x = keras.layers.Flatten()(inputs)\n"
+      "  return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n")
+  result = train_commands.run(
+      [f"--data_dir={data_dir}", f"--model_dir={tmp_path}/run",
+       f"--model={code}:build", "--dropout=0.3", "--epochs=1",
+       "--steps_per_epoch=1", "--batch_size=8", "--progress=none"],
+      timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("module", ["engine.evaluate", "engine.find_lr"])
+def test_the_other_commands_refuse_a_flag_no_builder_takes_alike(
+    module, trained, data_dir, fails_with):
+  """engine.evaluate checks the flags given to it, not the run's own
+  (flags.txt gives every flag; the run checked those it was given)."""
+  args = ([f"--model_dir={trained}"] if module == "engine.evaluate" else
+          [f"--data_dir={data_dir}", "--range_steps=2"])
+  result = fails_with([*args, "--depth=28"],
+                      f"{module}: error: --depth=28 reaches nothing: "
+                      "--model=cnn takes no depth (wrn takes it)",
+                      module=module)
+  assert result.returncode == 2

@@ -331,6 +331,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
       base_flags=[*base, "--model_dir=/tmp/x"])
   assert "the engine's flags after --: " in refused(
       "base_lr: {uniform: [0.1, 0.2]}", base_flags=[*base, "--epochs=many"])
+  assert "--depth=28 reaches nothing: --model=cnn takes no depth" in refused(
+      "base_lr: {uniform: [0.1, 0.2]}", base_flags=[*base, "--depth=28"])
   assert "--sampler=grid needs choice or int" in refused(
       "base_lr: {uniform: [0.1, 0.2]}", "--sampler=grid")
   assert "cannot create /proc/none" in refused(

@@ -198,6 +198,11 @@ class TrainConfig:
   mlperf: MLPerfConfig
   trial: TrialConfig
   command_line: str  # the flags as a flagfile, recorded in model_dir
+  # The flags the user set, by name (the others are at their defaults): a
+  # builder's parameter among them must reach the run's builder
+  # (build.refuse_unreached_flags). Not compared: two configs of the same
+  # values are the same run, whichever flags said them.
+  given: frozenset = dataclasses.field(default=frozenset(), compare=False)
 
   def replace(self, **changes) -> "TrainConfig":
     """This config with `changes`: a section's by a dict of its fields,

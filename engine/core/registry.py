@@ -11,9 +11,12 @@ class Registry:
   """Named builders; `build` passes each only the parameters it declares.
 
   The flags of several builders share one namespace: --dropout means
-  something to every model, --depth only to wrn. A builder's signature says
-  which flags it takes, and the others are not its concern. A name of the
-  form `module:function` is a user's own builder (engine/core/user_code.py),
+  something to several models, --depth only to wrn. A builder's signature
+  says which flags it takes, and the others are not its concern; but a flag
+  the user set that this run's builder does not take is refused before
+  anything is built (`takes`, `not_taken`; engine/build.py), since dropping
+  it would leave them believing it took effect. A name of the form
+  `module:function` is a user's own builder (engine/core/user_code.py),
   passed its parameters the same way.
   """
 
@@ -41,13 +44,29 @@ class Registry:
                       f"package.module:{self._kind}")
     return self._builders[name]
 
+  def takes(self, name: str, param: str) -> bool:
+    """Whether `name`'s builder declares `param` (one with **kwargs takes
+    every one)."""
+    accepted = _accepted(self.builder(name))
+    return accepted is None or param in accepted
+
+  def not_taken(self, name: str, param: str) -> str:
+    """Why `param` does not reach `name`'s builder, and which registered
+    builders it would reach: the end of a one-line error."""
+    takers = [other for other in self.names() if self.takes(other, param)]
+    others = (f" ({', '.join(takers)} take{'s' if len(takers) == 1 else ''}"
+              " it)" if takers else f" (no --{self._flag} takes it)")
+    if user_code.is_spec(name):
+      builder = self.builder(name)
+      return (f"--{self._flag}={name} takes no {param}: "
+              f"{getattr(builder, '__name__', name)}'s signature does not "
+              f"declare it{others}")
+    return f"--{self._flag}={name} takes no {param}{others}"
+
   def build(self, name: str, *args, **params):
     builder = self.builder(name)
-    try:
-      accepted = inspect.signature(builder).parameters
-    except (TypeError, ValueError):  # a builtin or an odd callable
-      accepted = {}
-    if not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
+    accepted = _accepted(builder)
+    if accepted is not None:
       params = {k: v for k, v in params.items() if k in accepted}
     try:
       return builder(*args, **params)
@@ -58,3 +77,15 @@ class Registry:
       raise UserError(f"--{self._flag}={name}: {builder.__name__}("
                       f"{', '.join(params)}) raised {type(e).__name__}: "
                       f"{first_line(e)}") from None
+
+
+def _accepted(builder: Callable):
+  """The parameters `builder` declares, or None for one with **kwargs,
+  which takes any."""
+  try:
+    parameters = inspect.signature(builder).parameters
+  except (TypeError, ValueError):  # a builtin or an odd callable
+    return set()
+  if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+    return None
+  return set(parameters)

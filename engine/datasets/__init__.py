@@ -45,6 +45,8 @@ _DATASETS = Registry("dataset", {
 })
 names = _DATASETS.names
 is_known = _DATASETS.is_known
+takes = _DATASETS.takes
+not_taken = _DATASETS.not_taken
 
 
 # What --image_size=0 and --num_classes=0 stand for: ImageNet's, but for

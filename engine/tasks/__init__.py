@@ -32,6 +32,8 @@ _TASKS = Registry("task", {
 }, kind="Class")
 names = _TASKS.names
 is_known = _TASKS.is_known
+takes = _TASKS.takes
+not_taken = _TASKS.not_taken
 # What a task must define; a Task subclass inherits only stubs of them.
 _REQUIRED = ("loss", "sums", "batch_sums", "figures")
 # What a task with optimizers of its own (a train step of its own) defines.
