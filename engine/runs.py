@@ -6,7 +6,8 @@ r"""A table of training runs, to compare them and see how each one ended.
 
 One line per run under the DIRs (a run is a directory, at any depth, holding
 a metrics.jsonl or, before its first epoch, a flags.txt; a DIR may be a run
-itself): the flags that differ between the runs, epochs done of those
+itself): the flags that differ between the runs (or that a resume
+changed: its values over the starts, 0.1→0.05), epochs done of those
 planned, best and final validation accuracy (or the figure a task decides
 by), seconds to --target,
 median images/s, processes, what bounded its step in its profiled window
@@ -57,8 +58,6 @@ RUNNING_EPOCHS = 3
 RUNNING_GRACE_SECONDS = 120
 # An error's reason is cut to about this many characters in the table.
 REASON_CHARS = 50
-# Flags every run has a different value of, which only say where it is.
-UNCOMPARED_FLAGS = ("model_dir", "trial_number", "trial_study_dir")
 # The table's columns that hold numbers, aligned right.
 NUMERIC_COLUMNS = {"epochs", "best", "final", "s to target", "img/s",
                    "procs", "speedup", "efficiency", "ckpt format"}
@@ -85,6 +84,19 @@ class Run:
     if self.records:
       return self.records[-1]["epochs"]
     return int(self.flags["epochs"]) if "epochs" in self.flags else None
+
+  def flag_values(self, name: str) -> list[Optional[str]]:
+    """The values flag `name` took over the run's starts, in order: the
+    one in force (flags.latest.txt's, or flags.txt's) if no resume changed
+    it, else the first start's and each resume's change (its
+    flags_changed record in metrics.jsonl)."""
+    changes = [event["flags"][name] for event in self.events
+               if event["event"] == "flags_changed"
+               and isinstance(event.get("flags"), dict)
+               and name in event["flags"]]
+    if not changes:
+      return [self.flags.get(name)]
+    return [changes[0][0], *(now for _, now in changes)]
 
   def target_set(self) -> bool:
     """Whether it ran with a --target or --target_accuracy (0, the
@@ -176,12 +188,15 @@ def table(runs: dict[str, Run], *, scaling: bool = False) -> str:
   in the order given (`scaling`: by processes).
 
   Of the flags, only those whose values differ between the runs get a
-  column (headed --name): they are what the comparison is about. A flag a
-  run has no value of (a trial that failed before writing its flags) shows
-  as "-", an empty value as ''. Best and final are of the figure that
-  decided each run's best epoch: validation accuracy, or (in a column of
-  its own when some run has another) the task's (val_mae). Each run's
-  checkpoint format gets a column when some run's is not this engine's.
+  column (headed --name): they are what the comparison is about; so do
+  those a resume of a run changed (docs/checkpoints-and-faults.md), whose
+  cell gives its values over the starts, the first start's first
+  (0.1→0.05). A flag a run has no value of (a trial that failed before
+  writing its flags) shows as "-", an empty value as ''. Best and final
+  are of the figure that decided each run's best epoch: validation
+  accuracy, or (in a column of its own when some run has another) the
+  task's (val_mae). Each run's checkpoint format gets a column when some
+  run's is not this engine's.
 
   `scaling` adds a scaling study's figures against the run with the
   fewest processes: speedup (its img/s over that run's) and efficiency
@@ -237,7 +252,7 @@ class _Columns:
           speedup: Optional[tuple[float, float]]) -> list[str]:
     """The run's cells, in header()'s order."""
     metric, planned = figures["metric"], run.planned_epochs()
-    row = [label, *(_shown_flag(run.flags.get(name))
+    row = [label, *("→".join(map(_shown_flag, run.flag_values(name)))
                     for name in self.flag_names),
            f"{figures['epochs']}/{'?' if planned is None else planned}"]
     row += [metric] if self.metric else []
@@ -357,13 +372,14 @@ def _state(records: list[dict], events: list[dict], end: Optional[dict],
 
 
 def _differing_flags(runs: list[Run]) -> list[str]:
-  """The flags whose values differ between `runs`, in the order the flags
-  files list them (none for a single run)."""
+  """The flags whose values differ between `runs`, or that a resume of
+  one changed, in the order the flags files list them."""
   names = {}  # a dict for its order
   for run in runs:
     names.update(dict.fromkeys(run.flags))
-  return [name for name in names if name not in UNCOMPARED_FLAGS and
-          len({run.flags.get(name) for run in runs}) > 1]
+  return [name for name in names if name not in run_files.PLACE_FLAGS and (
+      len({run.flags.get(name) for run in runs}) > 1
+      or any(len(run.flag_values(name)) > 1 for run in runs))]
 
 
 def _shown_flag(value: Optional[str]) -> str:

@@ -14,10 +14,17 @@ import signal
 import subprocess
 import time
 
+from absl.testing import flagsaver
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from engine import build
+from engine import runs as engine_runs
+from engine.core.errors import UserError
+from engine.distributed import elastic
+from engine.loop.loop import TrainLoop
+import flags as engine_flags
 from tests import fixtures
 from tests import timeouts
 
@@ -142,6 +149,79 @@ def test_model_dir_records_the_flags_and_keeps_the_first(two_then_two):
   first = (model_dir / "flags.txt").read_text()
   assert "--epochs=2" in first and "--filters=4" in first
   assert "--epochs=4" in (model_dir / "flags.latest.txt").read_text()
+
+
+# A resume with other flags, in this process: the engine's train step, 2
+# steps an epoch, each start's flags parsed as its command line's.
+
+
+def start_here(data_dir, model_dir, **given):
+  """One start of the train loop (engine.train's, without its exports) on
+  the tiny run's flags with `given` over them, as a command line gives
+  them, so flags.txt records what the start was given; its history."""
+  fixtures.train_config()  # the engine's flags, parsed once
+  tiny = dict(data_dir=data_dir, model_dir=str(model_dir), epochs="1",
+              steps_per_epoch="2", batch_size="16", filters="4",
+              optimizer="sgd", base_lr="0.02", progress="none")
+  with flagsaver.as_parsed(**{**tiny, **given}):
+    config = engine_flags.config_from_flags()
+  loop = TrainLoop(build.training_parts(config))
+  return loop(elastic.TrainingState(loop.variables, run_state=None))
+
+
+def events(model_dir):
+  return [{k: v for k, v in r.items() if k != "time"}
+          for r in records(model_dir) if "event" in r]
+
+
+def test_a_resume_with_another_rate_names_the_change_and_honours_it(
+    data_dir, tmp_path, caplog):
+  start_here(data_dir, tmp_path)
+  with caplog.at_level("INFO", logger="absl"):
+    history = start_here(data_dir, tmp_path, epochs="2", base_lr="0.01")
+  assert f"resuming {tmp_path} at epoch 2, step 0 with flags changed: " \
+      "--base_lr 0.02 → 0.01, --epochs 1 → 2" in caplog.text
+  assert history[-1]["learning_rate"] == pytest.approx(0.01)
+  assert events(tmp_path) == [dict(
+      event="flags_changed", epoch=2, step=0,
+      flags={"base_lr": ["0.02", "0.01"], "epochs": ["1", "2"]})]
+  # flags.txt reruns the run from its start; flags.latest.txt holds the
+  # flags in force, which the runs table shows with the first start's.
+  assert "--base_lr=0.02" in (tmp_path / "flags.txt").read_text()
+  assert "--base_lr=0.01" in (tmp_path / "flags.latest.txt").read_text()
+  header, row = engine_runs.table(
+      {"run": engine_runs.read_run(str(tmp_path))}).splitlines()
+  assert header.split()[:3] == ["run", "--base_lr", "--epochs"]
+  assert row.split()[:4] == ["run", "0.02→0.01", "1→2", "2/2"]
+
+
+@pytest.mark.parametrize("flag, value, was", [("model", "resnet9", "cnn"),
+                                              ("seed", "1", "0")])
+def test_a_resume_that_changes_the_model_or_seed_is_refused_untouched(
+    data_dir, tmp_path, flag, value, was):
+  start_here(data_dir, tmp_path)
+  before = digest(tmp_path)
+  with pytest.raises(UserError) as refused:
+    start_here(data_dir, tmp_path, epochs="2", **{flag: value})
+  message = str(refused.value)
+  assert refused.value.exit_code == 2 and "\n" not in message
+  assert f"changes --{flag} {was} → {value}, which" in message
+  assert f"(--flagfile={tmp_path}/flags.txt), or start a new run in " \
+      "another --model_dir" in message
+  assert digest(tmp_path) == before
+
+
+def test_a_resume_with_the_same_flags_names_no_change(data_dir, tmp_path,
+                                                      caplog):
+  start_here(data_dir, tmp_path)
+  # The same directories spelled otherwise, and how the start is watched:
+  # none of them a change of the run.
+  with caplog.at_level("INFO", logger="absl"):
+    start_here(f"{data_dir}/", f"{tmp_path}/.", summary_every_steps="1",
+               progress="log")
+  assert f"resuming {tmp_path}/. at epoch 2, step 0\n" in caplog.text + "\n"
+  assert "changed" not in caplog.text
+  assert events(tmp_path) == []
 
 
 # Preemption and failures on 2 processes.
@@ -289,9 +369,11 @@ def test_a_damaged_latest_checkpoint_is_reported_and_the_previous_used(
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--model=wrn", "--depth=10", "--width=1"],
-     "holds model cnn_4 (.*), but this run is model wrn_10_1"),
-    (["--filters=8"], "holds model cnn_4 .* but this run is model cnn_8"),
+    # Named by the flags a resume may not change (KEPT_FLAGS); the
+    # checkpoint's identity refuses what no flag says (test_checkpoint).
+    (["--model=resnet9"], "changes --model cnn → resnet9, which its "
+     "checkpoints, data order and figures are of"),
+    (["--filters=8"], "changes --filters 4 → 8, which"),
     (["--resume=never"], "holds checkpoints of an earlier run and "
      "--resume=never"),
 ])

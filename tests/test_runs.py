@@ -281,6 +281,24 @@ def test_one_run_has_no_flag_columns(tmp_path):
                               "2", "finished"]
 
 
+def test_a_flag_a_resume_changed_is_a_column_of_its_values(tmp_path):
+  # Resumed at epoch 2 with --base_lr 0.001 → 0.0005, at epoch 3 with
+  # --epochs 3 → 6 and --base_lr 0.0005 → 0.001 again.
+  changed = [{"event": "flags_changed", "epoch": epoch, "step": 0,
+              "flags": flags, "time": NOW - 990 + 10 * epoch}
+             for epoch, flags in (
+                 (2, {"base_lr": ["0.001", "0.0005"]}),
+                 (3, {"epochs": ["3", "6"], "base_lr": ["0.0005", "0.001"]}))]
+  records = three_epochs(epochs=6)
+  records[1:1], records[3:3] = changed[:1], changed[1:]
+  path = write_run(tmp_path / "only", records,
+                   latest_flags={"epochs": "6"})
+  assert table_rows(path)["only"] == {
+      "run": "only", "--base_lr": "0.001→0.0005→0.001", "--epochs": "3→6",
+      "epochs": "3/6", "best": "0.8000", "final": "0.8000", "img/s": "1000",
+      "procs": "2", "state": "no end recorded (killed?)"}
+
+
 def write_checkpoints(directory, version, where="checkpoints"):
   """A checkpoint's index file in `where` (its bytes are never read), and
   checkpoints/format.json with `version`, unless it is 0 (as written before

@@ -7,7 +7,8 @@ start, engine.evaluate and engine.runs read it back. Each takes its names
 from here, so the layout is written down once:
 
   flags.txt              the flags of the run's first start, a flagfile
-  flags.latest.txt       those of its latest start, once it has resumed
+  flags.latest.txt       those of its latest start, once it has resumed:
+                         the flags in force
   metrics.jsonl          a record per epoch and per event (engine.records.report)
   classes.txt            the class names, one a line in label order
   normalization.json     the statistics the run normalizes with
@@ -91,12 +92,20 @@ def profile_dir(model_dir: str, rank: int) -> str:
 
 # The flags files.
 
+# The flags that say where a run is, not what it does: every run has its
+# own values of them. engine.runs compares runs by none of them, and a
+# resumed start names no change of them (engine.loop.run_directory).
+PLACE_FLAGS = ("model_dir", "trial_study_dir", "trial_number")
+
 
 def record_flags(model_dir: str, command_line: str) -> None:
   """FLAGS_FILE: the flags of the run's first start, usable as a flagfile.
 
-  A resumed start's flags go to LATEST_FLAGS_FILE; FLAGS_FILE is never
-  overwritten, so the run can always be reproduced from its start.
+  A resumed start's flags go to LATEST_FLAGS_FILE, the flags in force
+  now; FLAGS_FILE is never overwritten, so the run can always be
+  reproduced from its start. Where a resume changed flags, its
+  "flags_changed" record in METRICS_FILE says which, and from which epoch
+  and step (engine.loop.run_directory).
   """
   first = os.path.join(model_dir, FLAGS_FILE)
   path = os.path.join(model_dir, LATEST_FLAGS_FILE) if os.path.exists(
@@ -123,13 +132,18 @@ def read_flags(path: str) -> dict[str, str]:
   """
   try:
     with open(path, encoding="utf-8", errors="replace") as f:
-      lines = f.read().splitlines()
+      return flag_values(f.read())
   except FileNotFoundError:
     return {}
   except OSError as e:
     raise UserError(f"{path}: cannot read it ({e.strerror})") from None
+
+
+def flag_values(flagfile: str) -> dict[str, str]:
+  """A flagfile's text as read_flags reads its file: a start's own flags
+  (TrainConfig.command_line) set against its run's."""
   values = {}
-  for line in lines:
+  for line in flagfile.splitlines():
     line = line.strip()
     if not line.startswith("--"):  # a blank line or a comment
       continue

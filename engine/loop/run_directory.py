@@ -2,7 +2,8 @@
 
 Only rank 0 writes model_dir, so N processes never race on one directory
 (the Horovod lab's step 7). `RunDirectory` is where that is done: the
-resume checks before anything is written, the flags files, the
+resume checks before anything is written (which flags a resume may
+change: START_FLAGS and KEPT_FLAGS below), the flags files, the
 checkpoints, the epoch records, the end record and the exports. Every write
 that fails (a full disk, a removed or read-only model_dir) ends in one line,
 WriteFailed, that says where a rerun of the same command resumes.
@@ -36,6 +37,45 @@ from engine.records import export
 from engine.records import report
 from engine.records import storage
 from engine.records.mlperf import MLPerfLog
+
+# What a resumed start may change of its run's flags: those of the run's
+# latest start (run_files.latest_flags_file) set against its own, by name.
+# Every flag is compared, and each one changed is named as the run resumes
+# (its log line, and a "flags_changed" record in metrics.jsonl), but for
+# the two lists below.
+#
+# Not compared: where the run is, where this start runs its threads and
+# stages its data, how it is watched, and how it found its checkpoints.
+# They say nothing of what the run computes, and a start gives its own.
+START_FLAGS = (*run_files.PLACE_FLAGS, "resume", "resume_from", "stage_dir",
+               "intra_op_threads", "inter_op_threads", "bind_cpus",
+               "progress", "summary_every_steps", "profile_steps",
+               "profile_every", "profile_all_ranks", "horovod_timeline",
+               "profile_link_gbit", "profile_link_latency_us")
+# Refused: what the run's checkpoints, data order and figures are of. Its
+# checkpoints hold this model's variables and this optimizer's slots; its
+# data order and augmentation are this data's and this seed's; it
+# normalizes with its first start's statistics (normalization.json); its
+# best checkpoint is this figure's best. A start that changes one is
+# refused before anything is written, naming each; a new run takes another
+# --model_dir. The checkpoint's identity (checkpoint.identity), checked as
+# it is restored, then catches what no flag says: a user's model or data
+# function whose code changed. What a checkpoint itself cannot continue
+# with (a float16 run from one without a loss scale) it refuses as it is
+# read. The rest the engine honours from the step it resumes at: the
+# learning rate and its schedule, the batch size and the processes (the
+# position converted: run_state.starting_point), the epochs, --ema_decay,
+# the precision, regularization, augmentation and the faults' handling.
+KEPT_FLAGS = (
+    "model", "depth", "width", "filters", "stem", "pool_first",
+    "conv_layers", "kernel_size", "optimizer",
+    "dataset", "data_dir", "image_size", "channels", "num_classes",
+    "label_offset", "validation_split", "train_examples", "test_examples",
+    "array_keys", "tfrecord_features", "log_transform", "image_mean",
+    "image_std",
+    "task", "best_metric", "standardize_targets", "seed")
+# Flags whose values are paths: the same file however spelled.
+_PATH_FLAGS = ("data_dir", "mlperf_log")
 
 
 class RunDirectory:
@@ -80,22 +120,26 @@ class RunDirectory:
     self.opened = False  # model_dir passed the checks and is written to
 
   def open(self) -> Optional[checkpoint.Position]:
-    """Checks model_dir against the resume flags; restores; records flags.
+    """Checks model_dir against the resume flags and the run's own
+    (KEPT_FLAGS); restores; records the flags, and what a resume changed.
 
     Nothing is written before the checks pass, so a refused run leaves the
     directory (and any checkpoints in it) exactly as it was.
     """
     self._open_checkpoints()
-    position = None
+    position, changed = None, {}
     if self.checkpoints.existing():
       if self._config.checkpoints.resume == "never":
         raise UserError(
             f"--model_dir={self.model_dir} holds checkpoints of an earlier "
             "run and --resume=never; pass --resume=auto to continue it, or "
             "another --model_dir")
+      changed = self._flags_changed()
       position = self.checkpoints.restore_latest_readable()
-      logging.info("resuming %s at epoch %d, step %d", self.model_dir,
-                   position.epoch + 1, position.step)
+      logging.info("resuming %s at epoch %d, step %d%s", self.model_dir,
+                   position.epoch + 1, position.step,
+                   f" with flags changed: {_said(changed)}" if changed
+                   else "")
     elif self._config.checkpoints.resume == "never" and os.path.exists(
         os.path.join(self.model_dir, run_files.METRICS_FILE)):
       raise UserError(f"--model_dir={self.model_dir} holds an earlier run "
@@ -126,7 +170,40 @@ class RunDirectory:
                     self._communication.compression,
                     self._communication.figures)
     self.opened = True
+    if changed:  # what flags.latest.txt now holds, and since when
+      self.record_event(dict(
+          event="flags_changed", epoch=position.epoch + 1,
+          step=position.step,
+          flags={name: list(values) for name, values in changed.items()},
+          time=round(time.time(), 3)))
     return position
+
+  def _flags_changed(self) -> dict[str, tuple[Optional[str],
+                                              Optional[str]]]:
+    """This start's flags that differ from the run's latest start's, but
+    START_FLAGS: {name: (then, now)}, None for a value a flags file lacks
+    (an augmentation flag left to the task, a flag the engine lacked
+    then). A UserError naming those of KEPT_FLAGS, which a resume may not
+    change."""
+    recorded_in = run_files.latest_flags_file(self.model_dir)
+    if recorded_in is None:  # checkpoints without the run's flags
+      return {}
+    then = run_files.read_flags(recorded_in)
+    now = run_files.flag_values(self._config.command_line)
+    changed = {name: (then.get(name), now.get(name))
+               for name in dict.fromkeys([*now, *then])
+               if name not in START_FLAGS
+               and _differ(name, then.get(name), now.get(name))}
+    refused = {name: values for name, values in changed.items()
+               if name in KEPT_FLAGS and None not in values}
+    if refused:
+      raise UserError(
+          f"--model_dir={self.model_dir} holds a run, and this start "
+          f"changes {_said(refused)}, which its checkpoints, data order "
+          "and figures are of; resume it with its flags "
+          f"(--flagfile={recorded_in}), or start a new run in another "
+          "--model_dir")
+    return changed
 
   def take_over(self) -> None:
     """For a process that becomes rank 0 mid-run (elastic): the run's
@@ -248,6 +325,22 @@ class RunDirectory:
                else "it starts from the beginning")
       raise WriteFailed(f"{e}, then run the same command again: {where}"
                         ) from None
+
+
+def _differ(name: str, then: Optional[str], now: Optional[str]) -> bool:
+  """Whether a flag's value changed: a path's spelling is not a change."""
+  if name in _PATH_FLAGS and then and now:
+    return os.path.realpath(then) != os.path.realpath(now)
+  return then != now
+
+
+def _said(changed: dict) -> str:
+  """Flags changed, as the log says them: --base_lr 0.1 → 0.05, ..."""
+  def shown(value):
+    return "unset" if value is None else value or "''"
+
+  return ", ".join(f"--{name} {shown(then)} → {shown(now)}"
+                   for name, (then, now) in changed.items())
 
 
 def _described(key: str) -> str:
