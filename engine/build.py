@@ -28,6 +28,7 @@ from engine.compute import schedules
 from engine.compute import eval_step as eval_steps
 from engine.compute import step as steps
 from engine.compute import task_step
+from engine.compute import weight_decay
 from engine.core import cpu
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
@@ -135,7 +136,7 @@ def data_task_and_model(config: TrainConfig, mode: str) -> tuple[
 
 
 # The builders' parameters the engine reads too: --seed seeds the whole
-# run, --weight_decay reaches the optimizer under AdamW (_model_params).
+# run, --weight_decay reaches the optimizer under AdamW (weight_decay.py).
 _READ_BY_THE_ENGINE = ("seed", "weight_decay")
 
 
@@ -198,7 +199,7 @@ class ModelBuilder:
                         input_shape=self._splits.info.image_shape,
                         num_classes=output_shape[-1],
                         output_shape=output_shape,
-                        **_model_params(self._config))
+                        **weight_decay.model_params(self._config))
 
 
 def _first_images(splits: datasets.Splits):
@@ -311,25 +312,18 @@ def learning_rate_schedule(config: TrainConfig) -> schedules.WarmupThenDecay:
       decay_table=optimization.lr_decay_table)
 
 
-def _model_params(config: TrainConfig) -> dict:
-  """--model's parameters; --weight_decay is the models' L2 term, except
-  under an optimizer that decays the weights itself (AdamW), where it is
-  the optimizer's alone (optimizers.py)."""
-  params = dict(config.model.params)
-  if config.optimization.optimizer in optimizers.DECOUPLED_DECAY:
-    params["weight_decay"] = 0.0
-  return params
-
-
 def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
                        task: tasks.Task, model: keras.Model, learning_rate,
                        weight_average=None) -> tuple[Any, steps.TrainStep]:
   """The optimizer the flags ask for, at `learning_rate` (a schedule of the
-  step), and the train step that applies it to `model` for `task` (and
+  step), with --weight_decay given to `model`'s kernels where its builder
+  has not (weight_decay.py), and the train step that applies it to `model`
+  for `task` (and
   updates `weight_average`, an ema.WeightAverage), in precision `mode`
   (precision.Choice's), its gradients sent with `compression`
   (communication.Choice's)."""
   optimization, performance = config.optimization, config.performance
+  weight_decay.apply(model, config)
   def optimizer():
     return optimizers.build(optimization.optimizer,
                             learning_rate=learning_rate,
@@ -381,10 +375,11 @@ def eval_shift_pixels(config: TrainConfig, image_shape: tuple) -> int:
 
 
 def describe_numerics(config: TrainConfig, choice: precision.Choice,
-                      sent: communication.Choice,
-                      world: distributed.World) -> None:
-  """Says which optimizer, precision and allreduce the run uses; warns of
-  GPU options that slow a CPU run."""
+                      sent: communication.Choice, world: distributed.World,
+                      model: keras.Model) -> None:
+  """Says which optimizer, precision and allreduce the run uses, and how
+  `model`'s weights are decayed; warns of GPU options that slow a CPU
+  run."""
   performance = config.performance
   logging.info("%s; precision %s%s%s; allreduce %s, compression %s%s",
                config.optimization.optimizer, choice.mode
@@ -392,6 +387,9 @@ def describe_numerics(config: TrainConfig, choice: precision.Choice,
                f" (auto: {choice.why})" if choice.why else "",
                ", XLA" if performance.xla else "", performance.allreduce_op,
                sent.compression, f" (auto: {sent.why})" if sent.why else "")
+  decay = weight_decay.described(model, config)
+  if decay:
+    logging.info("%s", decay)
   if world.device == "CPU":
     _warn_about_slow_options_on_cpu(config, choice)
 
@@ -476,5 +474,5 @@ def training_parts(config: TrainConfig) -> TrainingParts:
       mlperf=mlperf.MLPerfLog.requested(config, began=began, world=world,
                                         info=info, staged=staged,
                                         decider=decides))
-  describe_numerics(config, choice, sent, world)
+  describe_numerics(config, choice, sent, world, model)
   return parts

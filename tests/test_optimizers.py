@@ -5,9 +5,8 @@ import pytest
 import keras
 import tensorflow as tf
 
-from engine import build as engine_build
 from engine import distributed
-from engine.compute import optimizers, schedules
+from engine.compute import optimizers, schedules, weight_decay
 from engine.core.errors import UserError
 import models
 from tests import fixtures
@@ -61,7 +60,7 @@ def test_adamw_decays_the_weights_itself_decoupled_from_the_gradient():
                                    model=dict(params=dict(
                                        fixtures.train_config().model.params,
                                        weight_decay=5e-4)))
-    assert engine_build._model_params(config)["weight_decay"] == model_decay
+    assert weight_decay.model_params(config)["weight_decay"] == model_decay
 
 
 def test_unknown_optimizer():

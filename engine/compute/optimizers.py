@@ -12,15 +12,16 @@ recorded at the last tf_keras revision), so recipes tuned with addons keep
 their learning rates.
 
 Weight decay is not an optimizer option here, except AdamW's: it is the L2
-term the models' kernel regularizers add to the loss (--weight_decay), so
-its gradient 2 * weight_decay * w joins every gradient before the optimizer
-sees it:
+term the kernels' regularizers add to the loss (--weight_decay; the
+built-in models' own, the engine's for any other model: weight_decay.py),
+so its gradient 2 * weight_decay * w joins every gradient before the
+optimizer sees it:
 - sgd: classic weight decay, scaled by the learning rate (and momentum);
 - adam: L2 regularization, divided by Adam's second-moment estimate like the
   rest of the gradient;
 - adamw: AdamW's decoupled decay (Loshchilov and Hutter 2019) instead: the
   decay, weight_decay * lr * w, is taken from the weights apart from Adam's
-  step, and the models then add no L2 term (build.py);
+  step, and no L2 term is added anywhere (weight_decay.py);
 - novograd: normalized per layer together with the gradient;
 - lamb: part of the update whose per-layer trust ratio LAMB computes.
 NovoGrad and LAMB here have no decay of their own (addons' `weight_decay`,

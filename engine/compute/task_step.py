@@ -8,6 +8,7 @@ import tensorflow as tf
 from engine.compute import optimizers
 from engine.compute import step
 from engine.compute import step_outcome
+from engine.compute import weight_decay
 from engine.core.errors import UserError
 
 
@@ -39,10 +40,13 @@ class TaskTrainStep(step.TrainStep):
 
   def average_gradients(self, tape: tf.GradientTape, loss: tf.Tensor,
                         variables: list) -> list:
-    """The gradients of `loss`, averaged across ranks as the built-in step
-    averages them: each as the backward pass has it (GPU), or all in one
-    grouped allreduce (CPU)."""
-    gradients, _ = self._reduce.reduced(tape.gradient(loss, variables))
+    """The gradients of `loss` and of the variables' regularizers (weight
+    decay, which the built-in step adds to its loss as the model's
+    `losses`: a task's loss is its own), averaged across ranks as the
+    built-in step averages them: each as the backward pass has it (GPU),
+    or all in one grouped allreduce (CPU)."""
+    gradients, _ = self._reduce.reduced(weight_decay.with_regularization(
+        tape.gradient(loss, variables), variables))
     return gradients
 
   def apply_gradients(self, optimizer, gradients: list,
