@@ -65,11 +65,10 @@ def train(data_dir, model_dir, *extra, epochs=4, processes=1, ok=True):
 def final_weights(model_dir):
   reader = tf.train.load_checkpoint(
       tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
-  # The model's variables and the optimizer's state: Keras 3's optimizer
-  # holds the model's trainable variables too, and a checkpoint names each
-  # variable by its shortest path, which is the optimizer's for those.
+  # Every variable of the model and of the optimizer (engine/records/
+  # checkpoint.py keys them).
   names = [n for n in reader.get_variable_to_shape_map()
-           if n.startswith(("model/", "optimizer/"))]
+           if n.startswith(("model_variables/", "optimizer_variables/"))]
   assert names
   return {n: reader.get_tensor(n) for n in names}
 

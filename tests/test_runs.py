@@ -313,21 +313,23 @@ def write_checkpoints(directory, version, where="checkpoints"):
 
 
 def test_runs_of_another_checkpoint_format_are_listed_with_it(tmp_path):
-  write_checkpoints(write_run(tmp_path / "ours", three_epochs()), 2)
+  write_checkpoints(write_run(tmp_path / "ours", three_epochs()), 3)
   write_run(tmp_path / "fresh", three_epochs())  # no checkpoint yet
-  assert runs.read_run(str(tmp_path / "ours")).checkpoint_format == 2
+  assert runs.read_run(str(tmp_path / "ours")).checkpoint_format == 3
   assert runs.read_run(str(tmp_path / "fresh")).checkpoint_format is None
   assert "format" not in table(tmp_path)  # this engine's, or none
   write_checkpoints(write_run(tmp_path / "old", three_epochs()), 0)
   write_checkpoints(write_run(tmp_path / "keras2", three_epochs()), 1)
-  write_checkpoints(write_run(tmp_path / "later", three_epochs()), 3,
+  # Format 2, which this engine still reads where it holds every variable.
+  write_checkpoints(write_run(tmp_path / "graph", three_epochs()), 2)
+  write_checkpoints(write_run(tmp_path / "later", three_epochs()), 4,
                     where=os.path.join("checkpoints", "best"))
   rows = table_rows(tmp_path)
   assert {label: (row["ckpt format"], row["state"])
           for label, row in rows.items()} == {
-              "fresh": ("-", "finished"), "later": ("3", "finished"),
+              "fresh": ("-", "finished"), "later": ("4", "finished"),
               "keras2": ("1", "finished"), "old": ("0", "finished"),
-              "ours": ("2", "finished")}
+              "graph": ("2", "finished"), "ours": ("3", "finished")}
   assert list(rows["ours"])[-2:] == ["ckpt format", "state"]
 
 

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from engine import build as engine_build
+from engine.records import checkpoint
 from engine.compute import precision
 from models import whitening
 import models
@@ -109,12 +110,14 @@ def test_a_whitened_stem_is_fitted_to_the_first_training_images_and_frozen(
   fitted = whitening.PatchWhitening(2)
   fitted.adapt((images - np.float32(statistics["mean"]))
                / np.float32(statistics["std"]))
-  # The first layer's, restored into the same model (Keras 3's checkpoint
-  # keys name no layer).
+  # The first layer's, restored into the same model (the checkpoint keys
+  # its variables by their places in Keras' list of them).
   restored = models.build("resnet9", input_shape=(28, 28, 1), num_classes=10,
                           filters=4, stem="whitened")
-  tf.train.Checkpoint(model=restored).restore(tf.train.latest_checkpoint(
-      str(tmp_path / "checkpoints"))).expect_partial()
+  tf.train.Checkpoint(model_variables=tf.train.Checkpoint(
+      **checkpoint.keyed(restored.variables))).restore(
+          tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+      ).expect_partial()
   stem = restored.get_layer("whitening")
   kernel, bias = stem.kernel.numpy(), stem.bias.numpy()
   assert kernel.shape == (2, 2, 1, 8) and bias.shape == (8,)

@@ -672,12 +672,12 @@ def test_cached_records_train_as_streamed_ones_on_two_processes_and_resume(
   for run in ("cached", "resumed"):
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(
         str(tmp_path / run / "checkpoints")))
-    # (Keras 3's optimizer holds the model's trainable variables too, and
-    # a checkpoint names each variable by its shortest path: the model's
-    # and the optimizer's state, all of it.)
+    # (Every variable of the model and the optimizer: the checkpoint keys
+    # them.)
     weights[run] = {n: reader.get_tensor(n)
                     for n in reader.get_variable_to_shape_map()
-                    if n.startswith(("model/", "optimizer/"))}
+                    if n.startswith(("model_variables/",
+                                     "optimizer_variables/"))}
   assert weights["cached"] and weights["cached"].keys() == \
       weights["resumed"].keys()
   for name, value in weights["cached"].items():

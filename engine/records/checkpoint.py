@@ -138,8 +138,8 @@ class Checkpoints:
     # Every variable of the model and the optimizer, keyed.
     self._keyed = {_MODEL_VARIABLES: keyed(model.variables)}
     if optimizer_objects:
-      self._keyed[_OPTIMIZER_VARIABLES] = keyed(optimizers.state(
-          optimizer_objects["optimizer"]))
+      self._keyed[_OPTIMIZER_VARIABLES] = _optimizer_variables(
+          optimizer_objects["optimizer"])
     self._objects = dict(state, **{
         name: tf.train.Checkpoint(**variables)
         for name, variables in self._keyed.items()})
@@ -405,6 +405,17 @@ def keyed(variables: list) -> dict:
   their names: an optimizer's slots are named after its model's paths,
   whose layer names count what the process built before."""
   return {f"{index:04d}": variable for index, variable in enumerate(variables)}
+
+
+def _optimizer_variables(optimizer) -> dict:
+  """The optimizer's variables `keyed`; a task's several optimizers (a
+  GAN's generator's and discriminator's) each under its name, as
+  generator_0003."""
+  if not isinstance(optimizer, optimizers.Several):
+    return keyed(optimizers.state(optimizer))
+  return {f"{name}_{key}": variable
+          for name, each in optimizer.by_name.items()
+          for key, variable in keyed(optimizers.state(each)).items()}
 
 
 def _is_keyed(keys) -> bool:

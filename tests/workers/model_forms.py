@@ -46,7 +46,7 @@ class Listed(keras.Model):
     super().__init__(**kwargs)
     self.stages = [Block(4), Stage(8)]
     self.heads = {"pool": layers.GlobalAveragePooling2D(),
-                  "out": layers.Dense(num_classes)}
+                  "out": layers.Dense(num_classes, dtype="float32")}
 
   def call(self, x, training=False):
     for stage in self.stages:
@@ -64,7 +64,7 @@ def sequential(input_shape, num_classes):
   return keras.Sequential([
       keras.Input(input_shape), layers.Conv2D(4, 3),
       layers.BatchNormalization(momentum=0.5), layers.ReLU(),
-      layers.GlobalAveragePooling2D(), layers.Dense(num_classes)],
+      layers.GlobalAveragePooling2D(), layers.Dense(num_classes, dtype="float32")],
       name="sequential_form")
 
 
@@ -75,7 +75,7 @@ def functional(input_shape, num_classes):
                         layers.BatchNormalization(momentum=0.5)])(inputs)
   x = Block(4)(x)
   x = layers.GlobalAveragePooling2D()(x)
-  return keras.Model(inputs, layers.Dense(num_classes)(x),
+  return keras.Model(inputs, layers.Dense(num_classes, dtype="float32")(x),
                      name="functional_form")
 
 
@@ -90,5 +90,5 @@ def applications(input_shape, num_classes):
   for layer in backbone.layers:
     if isinstance(layer, layers.BatchNormalization):
       layer.momentum = 0.5
-  return keras.Model(inputs, layers.Dense(num_classes)(backbone(x)),
+  return keras.Model(inputs, layers.Dense(num_classes, dtype="float32")(backbone(x)),
                      name="applications_form")
