@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from engine import build as engine_build
-from engine.records import checkpoint
+from engine.records import checkpoint_variables
 from engine.compute import precision
 from models import whitening
 import models
@@ -115,7 +115,7 @@ def test_a_whitened_stem_is_fitted_to_the_first_training_images_and_frozen(
   restored = models.build("resnet9", input_shape=(28, 28, 1), num_classes=10,
                           filters=4, stem="whitened")
   tf.train.Checkpoint(model_variables=tf.train.Checkpoint(
-      **checkpoint.keyed(restored.variables))).restore(
+      **checkpoint_variables.keyed(restored.variables))).restore(
           tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
       ).expect_partial()
   stem = restored.get_layer("whitening")

@@ -5,19 +5,13 @@ the learning-rate schedule, and its slots), the position in the data: the
 epoch and the step within it, with the global batch those steps were taken
 with, and the rest of the run's state the train loop gives it
 (engine/loop/run_state.py: the learning rate's factor, the early stopping
-count, the run's counts; the weights' average). The data order and augmentation are functions of (seed, epoch,
-step), so that position is all it takes to continue the same stream.
+count, the run's counts; the weights' average). The data order and
+augmentation are functions of (seed, epoch, step), so that position is all
+it takes to continue the same stream.
 
-Every variable of the model and the optimizer is saved by the list Keras
-keeps of them (`model.variables`, `optimizer.variables`), each under its
-place in that list (`keyed`): TensorFlow's object graph does
-not follow the lists and dicts Keras 3 tracks, so a model holding its
-layers in `self.blocks = [...]` would be saved without them (their
-BatchNorm statistics, and all their weights but the optimizer's copy).
-Keras' order is the order the model's code creates its layers in, the
-same in every process and every rebuild, where its layer names carry
-counters of what the process built before. A checkpoint that lacks any of
-them is refused, naming them, before anything is restored.
+Every variable of the model and the optimizer is saved, however the model
+holds its layers (checkpoint_variables.py); a checkpoint that lacks any is
+refused, naming them, before anything is restored.
 
 Only rank 0 touches the files, so N processes never race on one directory
 (the Horovod lab's step 7); after a restore the weights, the optimizer state
@@ -53,6 +47,7 @@ from engine.core import run_files
 from engine.core.errors import first_line
 from engine.core.errors import UserError
 from engine.core.errors import WriteFailed
+from engine.records import checkpoint_variables
 from engine.records import storage
 
 RESUME_MODES = ("auto", "never")
@@ -122,39 +117,25 @@ class Checkpoints:
     self._seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
     self._identity_variable = tf.Variable(identity, dtype=tf.string,
                                           trainable=False)
-    # Training's state besides the model's; evaluation restores none of it.
+    # Training's state besides the model's; evaluation restores none of it
+    # (the optimizer's variables, the loss scale beside them).
     optimizer_objects = ({} if optimizer is None
                          else precision.checkpointed(optimizer))
-    state = dict(epoch=self._epoch, step=self._step,
-                 global_batch=self._global_batch,
-                 world_size=self._world_size, seconds=self._seconds,
-                 best_score=self._best_score,
-                 identity=self._identity_variable,
-                 **{name: saved for name, saved in optimizer_objects.items()
-                    if name != "optimizer"})
-    for name, saved in dict(lr_factor=lr_factor, stop=stop).items():
-      if saved is not None:
-        state[name] = saved
-    # Every variable of the model and the optimizer, keyed.
-    self._keyed = {_MODEL_VARIABLES: keyed(model.variables)}
-    if optimizer_objects:
-      self._keyed[_OPTIMIZER_VARIABLES] = _optimizer_variables(
-          optimizer_objects["optimizer"])
-    self._objects = dict(state, **{
-        name: tf.train.Checkpoint(**variables)
-        for name, variables in self._keyed.items()})
-    # What format 2 held instead: the model and the optimizer by their
-    # object graphs.
-    self._format_2_objects = dict(
-        state, model=model, **{name: saved for name, saved in
-                               optimizer_objects.items()
-                               if name == "optimizer"})
+    self._variables = checkpoint_variables.Variables(
+        model, optimizer_objects.pop("optimizer", None))
+    self._state = dict(
+        epoch=self._epoch, step=self._step, global_batch=self._global_batch,
+        world_size=self._world_size, seconds=self._seconds,
+        best_score=self._best_score, identity=self._identity_variable,
+        **optimizer_objects, **{name: saved for name, saved in dict(
+            lr_factor=lr_factor, stop=stop).items() if saved is not None})
     # What a checkpoint may be without, and starts afresh (`reset`) when it
     # is: --ema_decay may be turned on when a run resumes, and checkpoints
     # of this format written before the counts were kept have none.
     self._optional = {name: saved for name, saved in (
         (_AVERAGE, weight_average), (_COUNTS, counts)) if saved is not None}
-    self._checkpoint = tf.train.Checkpoint(**self._objects, **self._optional)
+    self._checkpoint = tf.train.Checkpoint(
+        **self._state, **self._variables.objects, **self._optional)
     self.size = storage.size_of(model.variables + (
         optimizers.state(optimizer) if optimizer is not None else []))
     self.restored_path = None  # the last checkpoint restored
@@ -233,15 +214,13 @@ class Checkpoints:
                       "--mixed_precision=float16; resume it with "
                       "--mixed_precision=none or bfloat16")
     keys = reader.get_variable_to_shape_map()
-    lacking, restored = self._lacking(keys)
-    if lacking:
-      raise UserError(f"checkpoint {path} lacks {len(lacking)} of the "
-                      f"{restored} variables to restore "
-                      f"({_named(lacking)}){self._why_lacking(keys)}")
+    refusal = self._variables.refusal(keys)
+    if refusal:
+      raise UserError(f"checkpoint {path} {refusal}")
     missing = [name for name in self._optional
                if not any(key.startswith(f"{name}/") for key in keys)]
     checkpoint = tf.train.Checkpoint(
-        **(self._objects if _is_keyed(keys) else self._format_2_objects),
+        **self._state, **self._variables.objects_for(keys),
         **{name: saved for name, saved in self._optional.items()
            if name not in missing})
     try:
@@ -263,38 +242,6 @@ class Checkpoints:
                     int(self._world_size.numpy()),
                     float(self._seconds.numpy()))
 
-  def _lacking(self, keys) -> tuple[list, int]:
-    """The variables of the model and the optimizer that the checkpoint
-    whose tensors are `keys` does not hold, and how many it should: the
-    keyed ones it lacks, or for
-    a checkpoint written before the variables were keyed, the weights its
-    object graph could not reach (those held in Keras' lists and dicts).
-    The weights' average and the loss scale are TensorFlow's own modules,
-    whole in the object graph."""
-    if _is_keyed(keys):
-      return [variable for name, variables in self._keyed.items()
-              for key, variable in variables.items()
-              if f"{name}/{key}/{_VALUE}" not in keys], sum(
-                  map(len, self._keyed.values()))
-    graph = tf.train.Checkpoint(**self._format_2_objects)  # (held: the
-    # view holds it weakly)
-    reached = {id(each) for each in tf.train.TrackableView(graph)
-               .descendants()}
-    weights = self._format_2_objects["model"].weights + (
-        optimizers.state(self._format_2_objects["optimizer"])
-        if "optimizer" in self._format_2_objects else [])
-    return [variable for variable in weights
-            if id(variable) not in reached], len(weights)
-
-  @staticmethod
-  def _why_lacking(keys) -> str:
-    if _is_keyed(keys):
-      return (": it was damaged or written for other code; give another "
-              "checkpoint, or start a new run in another --model_dir")
-    return (": it was written before the engine saved the variables a "
-            "model holds in lists and dicts, and would go on with them as "
-            "built; train the run again in another --model_dir")
-
   @contextlib.contextmanager
   def weights_of(self, path: str):
     """While the block runs, the model's variables and their average as
@@ -304,20 +251,18 @@ class Checkpoints:
     too. Raises Unreadable if its files were damaged since."""
     average = {name: saved for name, saved in self._optional.items()
                if name == _AVERAGE}
-    kept = list(self._keyed[_MODEL_VARIABLES].values()) + [
+    kept = self._variables.model_variables + [
         v for saved in average.values() for v in saved.variables]
     values = [v.numpy() for v in kept]
     try:
       try:
         keys = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-        lacking, _ = self._lacking(keys)
-        if lacking:
-          raise Unreadable(f"it lacks {_named(lacking)}")
-        model = ({_MODEL_VARIABLES: self._objects[_MODEL_VARIABLES]}
-                 if _is_keyed(keys)
-                 else {"model": self._format_2_objects["model"]})
-        tf.train.Checkpoint(**model, **average).restore(path) \
-            .expect_partial()
+        refusal = self._variables.refusal(keys)
+        if refusal:
+          raise Unreadable(refusal)
+        tf.train.Checkpoint(
+            **self._variables.objects_for(keys, optimizer=False),
+            **average).restore(path).expect_partial()
       except _DAMAGE as e:
         raise Unreadable(first_line(e)) from None
       yield
@@ -399,38 +344,6 @@ class Checkpoints:
     self._seconds.assign(position.seconds)
 
 
-def keyed(variables: list) -> dict:
-  """`variables` (Keras' list of a model's or an optimizer's) by the keys
-  a checkpoint names them by: their places in the list, as "0012". Not
-  their names: an optimizer's slots are named after its model's paths,
-  whose layer names count what the process built before."""
-  return {f"{index:04d}": variable for index, variable in enumerate(variables)}
-
-
-def _optimizer_variables(optimizer) -> dict:
-  """The optimizer's variables `keyed`; a task's several optimizers (a
-  GAN's generator's and discriminator's) each under its name, as
-  generator_0003."""
-  if not isinstance(optimizer, optimizers.Several):
-    return keyed(optimizers.state(optimizer))
-  return {f"{name}_{key}": variable
-          for name, each in optimizer.by_name.items()
-          for key, variable in keyed(optimizers.state(each)).items()}
-
-
-def _is_keyed(keys) -> bool:
-  """Whether a checkpoint whose tensors are `keys` keys its variables."""
-  return any(key.startswith(f"{_MODEL_VARIABLES}/") for key in keys)
-
-
-def _named(variables: list, first: int = 3) -> str:
-  """The first few of `variables` by their Keras paths, and how many
-  more."""
-  names = [getattr(v, "path", v.name) for v in variables[:first]]
-  more = len(variables) - first
-  return ", ".join(names) + (f" and {more} more" if more > 0 else "")
-
-
 def _manager(checkpoint: tf.train.Checkpoint, directory: str, keep: int,
              name: str) -> tf.train.CheckpointManager:
   """A CheckpointManager; it reads the directory's state file, whose damage
@@ -460,9 +373,6 @@ def resolve(path: str) -> str:
                   "prefix such as .../ckpt-12)")
 
 
-_VALUE = ".ATTRIBUTES/VARIABLE_VALUE"  # a variable's tensor in its key
-_MODEL_VARIABLES = "model_variables"  # the model's, keyed
-_OPTIMIZER_VARIABLES = "optimizer_variables"  # the optimizer's, keyed
 _IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
 _BEST_SCORE_KEY = "best_score/.ATTRIBUTES/VARIABLE_VALUE"
 _AVERAGE = "weight_average"  # the weights' average, with --ema_decay
