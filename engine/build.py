@@ -37,6 +37,7 @@ from engine.datasets import staging
 from engine.loop.parts import TrainingParts
 from engine.records import mlperf
 from engine.records import report
+from flags import reached
 from models import batch_norm
 from models import winograd3d
 from models import whitening
@@ -120,7 +121,7 @@ def data_task_and_model(config: TrainConfig, mode: str) -> tuple[
   precision `mode`, checked against each other and the flags, and the
   figure that decides the run: a --best_metric the task cannot give
   fails here, before anything is measured."""
-  refuse_unreached_flags(config)
+  reached.refuse_unreached_flags(config)
   splits = datasets.load(
       config.data.name, data_dir=config.data.dir,
       model_dir=config.training.model_dir,
@@ -133,36 +134,6 @@ def data_task_and_model(config: TrainConfig, mode: str) -> tuple[
   tasks.check(task, config.task.name, model, splits.info.image_shape)
   _check_resizing(config, splits.info, task, model)
   return splits, task, builder, model, decider(config, task)
-
-
-# The builders' parameters the engine reads too: --seed seeds the whole
-# run, --weight_decay reaches the optimizer under AdamW (weight_decay.py).
-_READ_BY_THE_ENGINE = ("seed", "weight_decay")
-
-
-def refuse_unreached_flags(config: TrainConfig) -> None:
-  """A UserError for a flag the user set that no builder of the run takes
-  (the model's, the data set's loader's, the task's), naming the builders
-  that would: a flag dropped quietly leaves them believing it took effect.
-
-  Each builder's flags are its section's params (flags/__init__.py), so a
-  flag its builder does not take reaches no other either. Checked before
-  anything is built, by every command that builds the run's parts.
-  """
-  for registry, section in ((models, config.model),
-                            (datasets, config.data), (tasks, config.task)):
-    for param, value in section.params.items():
-      if (param in config.given and param not in _READ_BY_THE_ENGINE
-          and not registry.takes(section.name, param)):
-        raise UserError(f"--{param}={_as_given(value)} reaches nothing: "
-                        f"{registry.not_taken(section.name, param)}")
-
-
-def _as_given(value) -> str:
-  """A flag's value as the command line spells it."""
-  if isinstance(value, (list, tuple)):
-    return ",".join(map(str, value))
-  return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class ModelBuilder:

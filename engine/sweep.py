@@ -198,7 +198,8 @@ def _deciding_metric(base_flags: list[str],
   it; unless the space varies the model, data set or task, whose trials
   each take the flags of their own (each checks them at its start).
   """
-  from engine import build, tasks  # pylint: disable=g-import-not-at-top
+  from engine import tasks  # pylint: disable=g-import-not-at-top
+  from flags import reached  # pylint: disable=g-import-not-at-top
   for arg in base_flags:
     name = arg.lstrip("-").partition("=")[0]
     if name in SET_BY_THE_SWEEP:
@@ -210,7 +211,7 @@ def _deciding_metric(base_flags: list[str],
     raise UserError(f"the engine's flags after --: {e}") from None
   config = engine_flags.config_from_flags()
   if not {"model", "dataset", "task"} & {p.flag for p in space}:
-    build.refuse_unreached_flags(config)
+    reached.refuse_unreached_flags(config)
   task = tasks.task_class(config.task.name)
   best_metric = config.task.best_metric
   return str(tasks.Decider.of(best_metric or task.best_metric, task,

@@ -359,7 +359,7 @@ def test_an_image_found_damaged_while_training_is_one_line(own, fails_with):
 
 # A flag the user set that no builder of the run takes (the model's, the
 # data set's loader's, the task's): one line naming who would take it, exit
-# 2, before anything is built or written (build.refuse_unreached_flags).
+# 2, before anything is built or written (flags/reached.py).
 
 @pytest.mark.parametrize("args, message", [
     ("--model=cnn --depth=28", "--depth=28 reaches nothing: --model=cnn "

@@ -13,6 +13,7 @@ from engine import datasets
 from engine.core.errors import UserError
 from tests import fixtures
 import flags as engine_flags
+from flags import reached
 
 FLAGS = flags.FLAGS
 RECIPES = sorted(glob.glob(os.path.join(fixtures.REPO, "flags", "*.cfg")))
@@ -62,25 +63,25 @@ def test_the_recorded_flags_are_a_flagfile_of_the_engines_flags(parsed):
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=os.path.basename)
 def test_every_flag_a_recipe_sets_reaches_a_builder(recipe, parsed):
-  build.refuse_unreached_flags(parsed(f"--flagfile={recipe}"))
+  reached.refuse_unreached_flags(parsed(f"--flagfile={recipe}"))
 
 
 def test_a_flag_at_its_default_is_not_refused_one_set_is(parsed):
   """--depth reaches wrn alone: at its default, or restated (as flags.txt
   restates every flag), it asks cnn for nothing; set, it is refused."""
-  build.refuse_unreached_flags(parsed("--model=cnn"))
-  build.refuse_unreached_flags(parsed("--model=cnn", "--depth=16"))
+  reached.refuse_unreached_flags(parsed("--model=cnn"))
+  reached.refuse_unreached_flags(parsed("--model=cnn", "--depth=16"))
   recorded = parsed("--model=cnn", "--filters=8").command_line
-  build.refuse_unreached_flags(parsed(*recorded.splitlines()))
+  reached.refuse_unreached_flags(parsed(*recorded.splitlines()))
   with pytest.raises(UserError, match="^--depth=28 reaches nothing: "
                      "--model=cnn takes no depth"):
-    build.refuse_unreached_flags(parsed("--model=cnn", "--depth=28"))
+    reached.refuse_unreached_flags(parsed("--model=cnn", "--depth=28"))
 
 
 def test_flags_the_engine_reads_itself_always_reach_something(parsed):
   """--seed seeds the run and --weight_decay reaches the optimizer, whatever
   the task's and model's signatures."""
-  build.refuse_unreached_flags(parsed("--task=segmentation", "--seed=3",
+  reached.refuse_unreached_flags(parsed("--task=segmentation", "--seed=3",
                                       "--model=resnet9",
                                       "--weight_decay=0.001"))
 
