@@ -44,10 +44,10 @@ from typing import Optional
 from absl import app
 from absl import flags
 
+from engine.records import runs_plot
 from engine.records import scaling
 from engine.core import run_files
 from engine.core.errors import UserError
-from engine.core.errors import WriteFailed
 
 FLAGS = flags.FLAGS
 
@@ -298,47 +298,6 @@ def _speedups(summaries: dict[str, dict]) -> dict[str, tuple[float, float]]:
   return speedups
 
 
-def plot(runs: dict[str, Run], path: str) -> None:
-  """Draws each run's validation accuracy (or the figure its task decides
-  by) against its training time (cumulative_seconds) into the PNG file
-  `path`: how fast each run gets how far, which the table's figures only
-  sum up."""
-  # Here, not at the top: matplotlib takes longer to import than the rest
-  # of the table takes to make.
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-
-  figure = Figure(figsize=(9, 5.5), dpi=100)
-  FigureCanvasAgg(figure)
-  axes = figure.add_subplot()
-  drawn = False
-  metrics = {run_files.decided_by(run.records)[0] for run in runs.values()}
-  for label, run in runs.items():
-    metric = run_files.decided_by(run.records)[0]
-    points = [(r["cumulative_seconds"], r[metric]) for r in run.records
-              if run_files.is_finite(r.get(metric))]
-    if points:
-      seconds, values = zip(*points)
-      axes.plot(seconds, values, marker="o", label=(
-          label if len(metrics) == 1 else f"{label} ({metric})"))
-      drawn = True
-  shown = (metrics.pop().replace("val_", "validation ", 1).replace("_", " ")
-           if len(metrics) == 1 else "validation figure")
-  axes.set_title(f"{shown[0].upper()}{shown[1:]} against training time")
-  axes.set_xlabel("seconds of training, evaluation and saving "
-                  "(cumulative_seconds)")
-  axes.set_ylabel(shown)
-  axes.grid(True, alpha=0.4)
-  if drawn:
-    axes.legend()
-  figure.tight_layout()
-  try:
-    figure.savefig(path, format="png")
-  except OSError as e:
-    raise WriteFailed(f"--plot={path}: cannot write it ({e.strerror}); "
-                      "pass a path in a writable directory") from None
-
-
 # Reading a run's files.
 
 
@@ -438,7 +397,7 @@ def main(argv):
       for label, run in runs.items():
         print(scaling.described(label, scaling.measured(run.records), link))
     if FLAGS.plot:
-      plot(runs, FLAGS.plot)
+      runs_plot.plot(runs, FLAGS.plot)
       print(f"wrote {FLAGS.plot}")
   except UserError as e:
     print(f"engine.runs: error: {e}", file=sys.stderr)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from engine import runs
+from engine.records import runs_plot
 from engine.core import run_files
 from engine.core.errors import UserError
 from tests import fixtures
@@ -359,7 +360,7 @@ def test_plot_is_a_png(tmp_path):
       "b": runs.read_run(write_run(tmp_path / "b", three_epochs(
           val_accuracy=0.4)), now=NOW)}
   path = tmp_path / "runs.png"
-  runs.plot(runs_by_label, str(path))
+  runs_plot.plot(runs_by_label, str(path))
   with open(path, "rb") as f:
     assert f.read(8) == PNG_SIGNATURE
   assert os.path.getsize(path) > 5000
