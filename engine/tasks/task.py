@@ -138,9 +138,11 @@ class Task:
     """With `optimizers`: one step on this rank's batch, inside the
     compiled step. Computes each update under its own tape, averages the
     gradients across ranks with `step.average_gradients(tape, loss,
-    variables)` and applies them with `step.apply_gradients(optimizer,
-    gradients, variables)`. Returns the step's loss (a scalar, checked for
-    being finite on every rank) and the batch's share of `sums()`."""
+    variables)`, which adds the gradients of the variables' regularizers
+    (weight decay: leave the models' `losses` out of `loss`), and applies
+    them with `step.apply_gradients(optimizer, gradients, variables)`.
+    Returns the step's loss (a scalar, checked for being finite on every
+    rank) and the batch's share of `sums()`."""
     raise NotImplementedError
 
   # Evaluation and serving.
