@@ -88,12 +88,13 @@ class Run:
   def flag_values(self, name: str) -> list[Optional[str]]:
     """The values flag `name` took over the run's starts, in order: the
     one in force (flags.latest.txt's, or flags.txt's) if no resume changed
-    it, else the first start's and each resume's change (its
-    flags_changed record in metrics.jsonl)."""
-    changes = [event["flags"][name] for event in self.events
-               if event["event"] == "flags_changed"
-               and isinstance(event.get("flags"), dict)
-               and name in event["flags"]]
+    it, else the first start's and each resume's change (in its first
+    epoch's record in metrics.jsonl)."""
+    changes = [changed["flags"][name] for changed in (
+        record.get(run_files.FLAGS_CHANGED) for record in self.records)
+               if isinstance(changed, dict)
+               and isinstance(changed.get("flags"), dict)
+               and name in changed["flags"]]
     if not changes:
       return [self.flags.get(name)]
     return [changes[0][0], *(now for _, now in changes)]

@@ -37,6 +37,10 @@ from engine.core.errors import UserError
 FLAGS_FILE = "flags.txt"
 LATEST_FLAGS_FILE = "flags.latest.txt"
 METRICS_FILE = "metrics.jsonl"
+# In the first epoch record of a start that resumed with other flags: the
+# flags it changed, {"step": the step of the epoch it resumed at,
+# "flags": {name: [then, now]}}.
+FLAGS_CHANGED = "flags_changed"
 # The same file a data set may hold beside its images (engine.datasets
 # reads it there, and engine.tools.to_tfrecords writes it).
 CLASSES_FILE = "classes.txt"
@@ -103,9 +107,9 @@ def record_flags(model_dir: str, command_line: str) -> None:
 
   A resumed start's flags go to LATEST_FLAGS_FILE, the flags in force
   now; FLAGS_FILE is never overwritten, so the run can always be
-  reproduced from its start. Where a resume changed flags, its
-  "flags_changed" record in METRICS_FILE says which, and from which epoch
-  and step (engine.loop.run_directory).
+  reproduced from its start. Where a resume changed flags, its first
+  epoch's record in METRICS_FILE says which, and from which step of that
+  epoch (FLAGS_CHANGED; engine.loop.run_directory).
   """
   first = os.path.join(model_dir, FLAGS_FILE)
   path = os.path.join(model_dir, LATEST_FLAGS_FILE) if os.path.exists(

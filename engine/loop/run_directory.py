@@ -41,7 +41,8 @@ from engine.records.mlperf import MLPerfLog
 # What a resumed start may change of its run's flags: those of the run's
 # latest start (run_files.latest_flags_file) set against its own, by name.
 # Every flag is compared, and each one changed is named as the run resumes
-# (its log line, and a "flags_changed" record in metrics.jsonl), but for
+# (its log line, and "flags_changed" in its first epoch's record in
+# metrics.jsonl), but for
 # the two lists below.
 #
 # Not compared: where the run is, where this start runs its threads and
@@ -118,6 +119,7 @@ class RunDirectory:
     self.reporter = report.Reporter(model_dir, chief=True,
                                     epochs=config.training.epochs)
     self.opened = False  # model_dir passed the checks and is written to
+    self._flags_changed_record = None  # for this start's first epoch's
 
   def open(self) -> Optional[checkpoint.Position]:
     """Checks model_dir against the resume flags and the run's own
@@ -170,12 +172,12 @@ class RunDirectory:
                     self._communication.compression,
                     self._communication.figures)
     self.opened = True
-    if changed:  # what flags.latest.txt now holds, and since when
-      self.record_event(dict(
-          event="flags_changed", epoch=position.epoch + 1,
-          step=position.step,
-          flags={name: list(values) for name, values in changed.items()},
-          time=round(time.time(), 3)))
+    # What flags.latest.txt now holds, and from which step of the epoch:
+    # in this start's first epoch record, as its own line would be an
+    # epoch to every reader of the epochs.
+    self._flags_changed_record = changed and {run_files.FLAGS_CHANGED: dict(
+        step=position.step,
+        flags={name: list(values) for name, values in changed.items()})}
     return position
 
   def _flags_changed(self) -> dict[str, tuple[Optional[str],
@@ -229,6 +231,9 @@ class RunDirectory:
     """The epoch's record, its TensorBoard `images` (the task's), and its
     checkpoints (the best among those evaluated)."""
     value = record[self._decider.key]
+    if self._flags_changed_record:
+      record = {**record, **self._flags_changed_record}
+      self._flags_changed_record = None
     with self._writes():
       self.reporter.epoch(record, images)
       self.mlperf.epoch(record)
