@@ -54,7 +54,7 @@ pytestmark = [pytest.mark.serial,
 
 
 def run_job(hosts, tmp, name, *, per_host, epochs, model_dir, flags=(),
-            env=None):
+            model=("--model=cnn", "--filters=4"), env=None):
   out = tmp / name
   out.mkdir()
   command = [
@@ -64,7 +64,7 @@ def run_job(hosts, tmp, name, *, per_host, epochs, model_dir, flags=(),
       hosts.ssh_key, "--network-interface", hosts.interface,
       fixtures.PYTHON, WORKER, "--dataset=tfrecord",
       f"--data_dir={tmp / 'data'}", "--image_size=16", "--num_classes=10",
-      "--model=cnn", "--filters=4", "--batch_size=4", f"--epochs={epochs}",
+      *model, "--batch_size=4", f"--epochs={epochs}",
       f"--model_dir={model_dir}", "--progress=none", *flags]
   env = fixtures.engine_env(RECORD_OUT=str(out), **(env or {}))
   result = hosts.run(command, env=env)
@@ -116,9 +116,9 @@ def slowed_job(hosts, tmp):
   return run_job(
       hosts, tmp, "2x2_slowed", per_host=2, epochs=1,
       model_dir=tmp / "run_2x2_slowed",
-      flags=["--model=" + os.path.join(
-          fixtures.REPO, "tests", "workers", "slowed_model.py:conv_net"),
-             "--batch_size=1", "--profile_steps=3,16",
+      model=["--model=" + os.path.join(
+          fixtures.REPO, "tests", "workers", "slowed_model.py:conv_net")],
+      flags=["--batch_size=1", "--profile_steps=3,16",
              f"--profile_link_gbit={LEVELS_GBIT}"],
       env=dict(SLOWED_HOST="host1", SLOWED_HOST_MS=str(HOST_DELAY_MS),
                SLOWED_RANK="1", SLOWED_MS=str(RANK_DELAY_MS),
