@@ -1,5 +1,5 @@
 """Flags: the model and its size. Each model is given the flags it declares;
-one set that the run's model does not declare is refused (engine/build.py)."""
+one set that the run's model does not declare is refused (flags/reached.py)."""
 from absl import flags
 
 import models

@@ -7,7 +7,7 @@ of the model's output: the number of targets of a regression, say.
 Builders declare the parameters they use in their signatures and receive
 only those (engine/core/registry.py), so the flags shared by several models
 (dropout, weight decay) reach the models that have them; one the user set
-that the run's model does not take is refused (engine/build.py). A user's
+that the run's model does not take is refused (flags/reached.py). A user's
 own builder, `--model=package.module:function` or
 `--model=path/to/file.py:function`, is called the same way, and what it
 returns is checked here, at start-up, rather than ten calls into training.

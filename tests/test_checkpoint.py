@@ -466,3 +466,20 @@ def test_a_format_2_checkpoint_without_a_lists_layers_is_one_line(tmp_path):
           optimizer=optimizer if with_optimizer else None, keep=3,
           identity=IDENTITY).restore_latest_readable()
   assert before == {p: p.read_bytes() for p in before}
+
+
+def test_a_checkpoint_of_another_optimizers_state_says_so(tmp_path):
+  # SGD at momentum 0 keeps no slots: resumed with momentum, the
+  # checkpoint lacks them, and the line names the optimizer, not damage.
+  model, _ = built_form("sequential", seed=1)
+  plain = keras.optimizers.SGD(0.1)
+  plain.build(model.trainable_variables)
+  path = manager(tmp_path, model, plain).save(
+      checkpoint.Position(1, 0, 8, 1), 1)
+  other, with_momentum = built_form("sequential", seed=2)
+  with pytest.raises(UserError, match=(
+      f"^checkpoint {path} lacks 6 of the 16 variables to restore "
+      r"\(sgd(_\d+)?/sequential_form(_\d+)?_conv2d(_\d+)?_kernel_momentum, "
+      r".*\): it holds another optimizer's state than this run's \(another "
+      r"--optimizer, or --momentum raised from 0\)")):
+    manager(tmp_path, other, with_momentum).restore_latest_readable()

@@ -200,7 +200,7 @@ class TrainConfig:
   command_line: str  # the flags as a flagfile, recorded in model_dir
   # The flags the user set, by name (the others are at their defaults): a
   # builder's parameter among them must reach the run's builder
-  # (build.refuse_unreached_flags). Not compared: two configs of the same
+  # (flags/reached.py). Not compared: two configs of the same
   # values are the same run, whichever flags said them.
   given: frozenset = dataclasses.field(default=frozenset(), compare=False)
 

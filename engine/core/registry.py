@@ -14,7 +14,7 @@ class Registry:
   something to several models, --depth only to wrn. A builder's signature
   says which flags it takes, and the others are not its concern; but a flag
   the user set that this run's builder does not take is refused before
-  anything is built (`takes`, `not_taken`; engine/build.py), since dropping
+  anything is built (`takes`, `not_taken`; flags/reached.py), since dropping
   it would leave them believing it took effect. A name of the form
   `module:function` is a user's own builder (engine/core/user_code.py),
   passed its parameters the same way.

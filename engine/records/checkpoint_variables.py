@@ -74,12 +74,18 @@ class Variables:
     names = [getattr(v, "path", v.name) for v in lacking[:3]]
     more = len(lacking) - len(names)
     named = ", ".join(names) + (f" and {more} more" if more > 0 else "")
-    why = (": it was damaged or written for other code; give another "
-           "checkpoint, or start a new run in another --model_dir"
-           if is_keyed(keys) else
-           ": it was written before the engine saved the variables a model "
-           "holds in lists and dicts, and would go on with them as built; "
-           "train the run again in another --model_dir")
+    if not is_keyed(keys):
+      why = (": it was written before the engine saved the variables a "
+             "model holds in lists and dicts, and would go on with them as "
+             "built; train the run again in another --model_dir")
+    elif not {id(v) for v in lacking} & {id(v) for v in self.model_variables}:
+      why = (": it holds another optimizer's state than this run's (another "
+             "--optimizer, or --momentum raised from 0); resume it with the "
+             "flags it was saved with, or start a new run in another "
+             "--model_dir")
+    else:
+      why = (": it was damaged or written for other code; give another "
+             "checkpoint, or start a new run in another --model_dir")
     return (f"lacks {len(lacking)} of the {restored} variables to restore "
             f"({named}){why}")
 
