@@ -385,6 +385,15 @@ def without(path, dropped):
                     shape_and_slices=[""] * len(names), tensors=tensors)
 
 
+def resume_or_evaluate(model_dir, model, optimizer, with_optimizer):
+  """Restores model_dir's latest checkpoint as a resume does (with the
+  optimizer), or engine.evaluate (without)."""
+  return checkpoint.Checkpoints(
+      str(model_dir), model=model,
+      optimizer=optimizer if with_optimizer else None, keep=3,
+      identity=IDENTITY).restore_latest_readable()
+
+
 def test_a_checkpoint_without_one_variable_is_refused_naming_it(tmp_path):
   model, optimizer = built_form("listed", seed=1)
   saved = manager(tmp_path, model, optimizer)
@@ -404,10 +413,7 @@ def test_a_checkpoint_without_one_variable_is_refused_naming_it(tmp_path):
         r"moving_mean\): it "
         "was damaged or written for other code; give another checkpoint, "
         "or start a new run in another --model_dir$")):
-      checkpoint.Checkpoints(
-          str(tmp_path), model=model,
-          optimizer=optimizer if with_optimizer else None, keep=3,
-          identity=IDENTITY).restore_latest_readable()
+      resume_or_evaluate(tmp_path, model, optimizer, with_optimizer)
   assert before == {p: p.read_bytes() for p in before}
 
 
@@ -456,15 +462,11 @@ def test_a_format_2_checkpoint_without_a_lists_layers_is_one_line(tmp_path):
     with pytest.raises(UserError, match=(
         f"^checkpoint {path} lacks {lacking} of the {restored} variables to "
         rf"restore \(listed/block(_\d+)?/{first}(_\d+)?/\w+, .* more\): it "
-        "was written "
-        "before "
-        "the engine saved the variables a model holds in lists and dicts, "
+        "was written before the engine saved the variables a model holds "
+        "in lists and dicts, "
         "and would go on with them as built; train the run again in "
         "another --model_dir$")):
-      checkpoint.Checkpoints(
-          str(tmp_path), model=model,
-          optimizer=optimizer if with_optimizer else None, keep=3,
-          identity=IDENTITY).restore_latest_readable()
+      resume_or_evaluate(tmp_path, model, optimizer, with_optimizer)
   assert before == {p: p.read_bytes() for p in before}
 
 
