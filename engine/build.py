@@ -289,10 +289,9 @@ def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
   """The optimizer the flags ask for, at `learning_rate` (a schedule of the
   step), with --weight_decay given to `model`'s kernels where its builder
   has not (weight_decay.py), and the train step that applies it to `model`
-  for `task` (and
-  updates `weight_average`, an ema.WeightAverage), in precision `mode`
-  (precision.Choice's), its gradients sent with `compression`
-  (communication.Choice's)."""
+  for `task` (and updates `weight_average`, an ema.WeightAverage), in
+  precision `mode` (precision.Choice's), its gradients sent with
+  `compression` (communication.Choice's)."""
   optimization, performance = config.optimization, config.performance
   weight_decay.apply(model, config)
   def optimizer():
