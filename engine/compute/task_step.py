@@ -45,9 +45,13 @@ class TaskTrainStep(step.TrainStep):
     `losses`: a task's loss is its own), averaged across ranks as the
     built-in step averages them: each as the backward pass has it (GPU),
     or all in one grouped allreduce (CPU)."""
-    gradients, _ = self._reduce.reduced(weight_decay.with_regularization(
+    return self.averaged(weight_decay.with_regularization(
         tape.gradient(loss, variables), variables))
-    return gradients
+
+  def averaged(self, gradients: list) -> list:
+    """Gradients a step computed itself (a model's own train_step:
+    engine/tasks/own_step.py), averaged across ranks as they are."""
+    return self._reduce.reduced(gradients)[0]
 
   def apply_gradients(self, optimizer, gradients: list,
                       variables: list) -> None:
@@ -69,7 +73,8 @@ class TaskTrainStep(step.TrainStep):
       self._gradients_finite.assign(True)
       loss, sums = self.task.train_step(self.model, self.optimizer.by_name,
                                         images, labels, self)
-      self.totals.add(sums, tf.shape(images)[0])
+      # (A fit script's features may be a dict of them.)
+      self.totals.add(sums, tf.shape(tf.nest.flatten(images)[0])[0])
       if self._weight_average:
         self._weight_average.update()
     with clock.phase("communication"):
