@@ -103,7 +103,7 @@ def train_stream(source: Source, info: DatasetInfo, *, shard: Shard,
   very batches an uninterrupted run would have had there.
   """
   augmentation.check(info.image_shape)
-  batches = _normalized(info, source.train_batches(
+  batches = _normalized(source, info, source.train_batches(
       info, shard=shard, epochs=epochs, augmentation=augmentation,
       first_epoch=first_epoch, first_step=first_step))
   if augmentation.resizing:
@@ -147,18 +147,21 @@ def eval_batches(source: Source, info: DatasetInfo, *, shard: Shard,
   hold more examples than others. Figures are reduced as sums and counts, so
   the result is exactly the whole split's.
   """
-  batches = _normalized(info, source.eval_batches(info, shard=shard,
-                                                   batch_size=batch_size))
+  batches = _normalized(source, info, source.eval_batches(
+      info, shard=shard, batch_size=batch_size))
   return _without_autotune(batches.prefetch(PREFETCH_BATCHES))
 
 
-def _normalized(info: DatasetInfo, batches: tf.data.Dataset
-                ) -> tf.data.Dataset:
+def _normalized(source: Source, info: DatasetInfo,
+                batches: tf.data.Dataset) -> tf.data.Dataset:
   """Batches as stored, normalized as the model receives them
-  (DatasetInfo.normalized): the one place any batch is. Training's after
-  their augmentation, which moves stored values (a shift fills its border
-  with a stored value, or zero) and before progressive resizing, which
-  averages normalized ones."""
+  (DatasetInfo.normalized): the one place any batch is, unless its kind
+  leaves them as they are (`Source.normalizes`). Training's after their
+  augmentation, which moves stored values (a shift fills its border with a
+  stored value, or zero) and before progressive resizing, which averages
+  normalized ones."""
+  if not source.normalizes:
+    return batches
   return batches.map(lambda images, labels: (info.normalized(images), labels),
                      num_parallel_calls=PARALLEL_BATCHES)
 

@@ -244,6 +244,10 @@ class Source(abc.ABC):
   # Whether engine/datasets/staging.py can copy the files this rank reads to
   # node-local storage: only a kind that splits whole files across ranks.
   stageable = False
+  # Whether train_stream and eval_batches normalize its batches with the
+  # DatasetInfo's statistics: every kind but a fit script's tf.data
+  # pipeline, which the model is given as it yields it (pipelines.py).
+  normalizes = True
 
   @abc.abstractmethod
   def train_batches(self, info: DatasetInfo, *, shard: Shard, epochs: Epochs,
