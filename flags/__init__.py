@@ -57,6 +57,7 @@ def config_from_flags() -> config.TrainConfig:
       optimization=_optimization(), training=_training(),
       checkpoints=config.CheckpointConfig(
           resume=FLAGS.resume, resume_from=FLAGS.resume_from,
+          init_from=FLAGS.init_from,
           keep_checkpoints=FLAGS.keep_checkpoints,
           checkpoint_every_steps=FLAGS.checkpoint_every_steps),
       faults=config.FaultConfig(
@@ -92,6 +93,10 @@ def given_flags() -> frozenset:
 def _check_flags_agree() -> None:
   """A UserError for flags of different modules that contradict each
   other (a module's own are its validators')."""
+  if FLAGS.init_from and FLAGS.resume_from:
+    raise UserError("--init_from and --resume_from: give one (--init_from "
+                    "takes another run's weights alone, --resume_from its "
+                    "optimizer and position too)")
   if FLAGS.target and FLAGS.target_accuracy:
     raise UserError("--target and --target_accuracy: give one (--target is "
                     "for any figure, --target_accuracy for val_accuracy)")

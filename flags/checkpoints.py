@@ -14,6 +14,12 @@ flags.DEFINE_string("resume_from", "",
                     "a checkpoint prefix. Ignored once model_dir has "
                     "checkpoints of its own, so rerunning the same command "
                     "continues this run.")
+flags.DEFINE_string("init_from", "",
+                    "Start a new run from these weights, not the optimizer "
+                    "or the position: a .keras file, a .weights.h5 file, or "
+                    "another run's model_dir, checkpoints/ directory or "
+                    "checkpoint prefix. Ignored by a run that resumes from "
+                    "its model_dir's checkpoints.")
 flags.DEFINE_integer("keep_checkpoints", 3,
                      "Latest checkpoints kept in model_dir/checkpoints (the "
                      "best by validation accuracy is kept apart, in best/).",

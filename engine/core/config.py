@@ -111,6 +111,7 @@ class TrainingConfig:
 class CheckpointConfig:
   resume: str
   resume_from: str
+  init_from: str  # weights a new run starts from (warm_start.py)
   keep_checkpoints: int
   checkpoint_every_steps: int
 

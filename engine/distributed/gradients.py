@@ -96,8 +96,15 @@ class StepReduction:
     # Else, without accumulation, each gradient's allreduce starts as the
     # backward pass has it: the transfers overlap the backward pass.
     self.overlaps = accumulation_steps == 1 and not self.together
+    # Frozen layers' variables (trainable=False: a frozen backbone, its
+    # BatchNorm in inference mode) do not change in a step, and averaging
+    # equal values is not exact on 3 or more ranks (one ulp in 10-50% of
+    # float32 values): they are left as they are, not averaged.
+    # (Keras' own walk of the layers, lists and dicts of them included.)
+    frozen = {id(v) for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+              if not layer.trainable for v in layer.variables}
     self._statistics = [v for v in model.non_trainable_variables
-                        if v.dtype == tf.float32]
+                        if v.dtype == tf.float32 and id(v) not in frozen]
 
   def shared(self, stop_requested, loss) -> tf.Tensor:
     """What a step averages over ranks besides its gradients: its flags
@@ -176,3 +183,4 @@ def step_flags(stop_requested, loss) -> tf.Tensor:
   0.0 or 1.0; their average over ranks is the share of ranks."""
   return tf.stack([stop_requested,
                    1.0 - tf.cast(tf.math.is_finite(loss), tf.float32)])
+
