@@ -43,3 +43,13 @@ if "keras" in sys.modules and sys.modules["keras"].backend.backend() != \
       f"Keras was imported on the {sys.modules['keras'].backend.backend()} "
       "backend before the engine; the engine trains on TensorFlow's: "
       "import engine before keras, or export KERAS_BACKEND=tensorflow")
+
+
+def __getattr__(name: str):
+  """`engine.fit`, a fit script's entry (engine/fit_script.py), imported
+  when first asked for: `import engine` itself must not load TensorFlow
+  (above)."""
+  if name == "fit":
+    from engine.fit_script import fit  # pylint: disable=import-outside-toplevel
+    return fit
+  raise AttributeError(f"module 'engine' has no attribute {name!r}")

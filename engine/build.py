@@ -8,7 +8,6 @@ before its layers) is written once.
 """
 import collections
 import functools
-import os
 import time
 from typing import Any, NamedTuple, Optional
 
@@ -34,9 +33,11 @@ from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.datasets import Shard
 from engine.datasets import staging
+from engine.given import AsBuilt, Given
 from engine.loop.parts import TrainingParts
 from engine.records import mlperf
 from engine.records import report
+from engine.records import start_up
 from flags import reached
 from models import batch_norm
 from models import winograd3d
@@ -64,13 +65,15 @@ class Prepared(NamedTuple):
   decider: tasks.Decider
 
 
-def prepare(config: TrainConfig, measure_auto: bool = True) -> Prepared:
+def prepare(config: TrainConfig, measure_auto: bool = True,
+            given: Optional[Given] = None) -> Prepared:
   """Distributed setup, the data set, the task, the precision, the
   gradient compression and the model. Auto's choices are the run's first
   start's (model_dir), kept for this kind of run, or measured now
   (engine/compute/auto.py); unless `measure_auto` is false:
   engine.evaluate takes the hardware's preferred mode and no compression
-  for a run that recorded none."""
+  for a run that recorded none. `given`: a fit script's model, data and
+  callbacks (engine/given.py), in place of the flags'."""
   world = start_processes(config)
   # The mode asked for; under auto, the hardware's preferred one until
   # auto.decide decides.
@@ -80,7 +83,7 @@ def prepare(config: TrainConfig, measure_auto: bool = True) -> Prepared:
   # on one host): all ranks stop with its line rather than wait for it. Not
   # under --elastic, whose workers meet first inside the train loop.
   splits, task, builder, model, decides = distributed.agree(
-      functools.partial(data_task_and_model, config, choice.mode),
+      functools.partial(data_task_and_model, config, choice.mode, given),
       name="prepare", collective=not config.faults.elastic)
   chosen, sent = auto.decide(config, world, choice, splits, task,
                              builder.measured_step, model,
@@ -106,7 +109,7 @@ def start_processes(config: TrainConfig) -> distributed.World:
   report.configure_logging(distributed.is_chief())
   kernels, kernels_advice = cpu.tensorflow_kernels()
   logging.info("%d processes on Horovod's %s controller; %s", world.size,
-               distributed.controller(), _describe(world, kernels))
+               distributed.controller(), start_up.processes(world, kernels))
   if (world.size > 1 and distributed.controller() == "MPI"
       and distributed.is_chief()):  # (the others log warnings too)
     logging.warning("%s", distributed.MPI_FROZEN_PROCESS)
@@ -115,12 +118,18 @@ def start_processes(config: TrainConfig) -> distributed.World:
   return world
 
 
-def data_task_and_model(config: TrainConfig, mode: str) -> tuple[
+def data_task_and_model(config: TrainConfig, mode: str,
+                        given: Optional[Given] = None) -> tuple[
     datasets.Splits, tasks.Task, "ModelBuilder", keras.Model, tasks.Decider]:
   """The data set, the task, the builder of its models and the model in
   precision `mode`, checked against each other and the flags, and the
   figure that decides the run: a --best_metric the task cannot give
-  fails here, before anything is measured."""
+  fails here, before anything is measured. A fit script's (`given`) are
+  its own."""
+  if given:
+    splits, task = given.splits_and_task(config)
+    builder = AsBuilt(given.model)
+    return splits, task, builder, given.model, decider(config, task)
   reached.refuse_unreached_flags(config)
   splits = datasets.load(
       config.data.name, data_dir=config.data.dir,
@@ -285,16 +294,20 @@ def learning_rate_schedule(config: TrainConfig) -> schedules.WarmupThenDecay:
 
 def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
                        task: tasks.Task, model: keras.Model, learning_rate,
-                       weight_average=None) -> tuple[Any, steps.TrainStep]:
+                       weight_average=None, given_optimizers=None
+                       ) -> tuple[Any, steps.TrainStep]:
   """The optimizer the flags ask for, at `learning_rate` (a schedule of the
   step), with --weight_decay given to `model`'s kernels where its builder
   has not (weight_decay.py), and the train step that applies it to `model`
   for `task` (and updates `weight_average`, an ema.WeightAverage), in
   precision `mode` (precision.Choice's), its gradients sent with
-  `compression` (communication.Choice's)."""
+  `compression` (communication.Choice's); a fit script's optimizers
+  (`given_optimizers`, by name: engine/given.py) in place of the flags'."""
   optimization, performance = config.optimization, config.performance
   weight_decay.apply(model, config)
-  def optimizer():
+  def optimizer(name=""):
+    if given_optimizers:
+      return given_optimizers[name]
     return optimizers.build(optimization.optimizer,
                             learning_rate=learning_rate,
                             momentum=optimization.momentum,
@@ -305,7 +318,7 @@ def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
     if mode == "float16":
       raise UserError("--mixed_precision=float16: a task with its own train "
                       "step has no loss scaling; use bfloat16 or none")
-    optimizer = optimizers.Several({name: optimizer()
+    optimizer = optimizers.Several({name: optimizer(name)
                                     for name in task.optimizers})
     step = task_step.TaskTrainStep
   else:
@@ -344,48 +357,6 @@ def eval_shift_pixels(config: TrainConfig, image_shape: tuple) -> int:
   return pixels
 
 
-def describe_numerics(config: TrainConfig, choice: precision.Choice,
-                      sent: communication.Choice, world: distributed.World,
-                      model: keras.Model) -> None:
-  """Says which optimizer, precision and allreduce the run uses, and how
-  `model`'s weights are decayed; warns of GPU options that slow a CPU
-  run."""
-  performance = config.performance
-  logging.info("%s; precision %s%s%s; allreduce %s, compression %s%s",
-               config.optimization.optimizer, choice.mode
-               if choice.mode != "none" else "float32",
-               f" (auto: {choice.why})" if choice.why else "",
-               ", XLA" if performance.xla else "", performance.allreduce_op,
-               sent.compression, f" (auto: {sent.why})" if sent.why else "")
-  decay = weight_decay.described(model, config)
-  if decay:
-    logging.info("%s", decay)
-  if world.device == "CPU":
-    _warn_about_slow_options_on_cpu(config, choice)
-
-
-def _warn_about_slow_options_on_cpu(config: TrainConfig,
-                                    choice: precision.Choice) -> None:
-  """GPU options that cost a CPU run dearly (measured by
-  bench/cpu_defaults.py: bench/RESULTS.md)."""
-  if choice.mode == "float16":
-    logging.warning("--mixed_precision=float16 on CPU: CPUs have no float16 "
-                    "arithmetic, and emulating it makes steps many times "
-                    "slower than float32; use bfloat16 (faster on CPUs with "
-                    "AVX512-BF16) or none")
-  if config.performance.xla:
-    logging.warning("--xla on CPU: steps are slower than with TensorFlow's "
-                    "oneDNN kernels")
-
-
-def _describe(world: distributed.World, kernels: str) -> str:
-  if world.device == "GPU":
-    return "one GPU per process"
-  return (f"CPU, {world.intra_op_threads} intra-op and "
-          f"{world.inter_op_threads} inter-op threads per process, {kernels}"
-          f" kernels, Horovod cycle {os.environ['HOROVOD_CYCLE_TIME']} ms")
-
-
 def cpu_kernels_record(config: TrainConfig, model: keras.Model
                        ) -> Optional[dict]:
   """Which of our CPU kernels the model's blocks take on each rank (what
@@ -405,12 +376,15 @@ def cpu_kernels_record(config: TrainConfig, model: keras.Model
               choice=config.performance.cpu_kernels, time=round(time.time(), 3))
 
 
-def training_parts(config: TrainConfig) -> TrainingParts:
-  """The parts of a training run, built on every rank alike."""
+def training_parts(config: TrainConfig,
+                   given: Optional[Given] = None) -> TrainingParts:
+  """The parts of a training run, built on every rank alike; a fit
+  script's model, data and optimizer (`given`) in place of the flags'."""
   began = time.time()  # MLPerf's init_start (--mlperf_log)
   # Distributed setup (Horovod, this process's device and cores), the data
   # set every rank reads its own shard of, and the model.
-  world, choice, sent, splits, task, model, decides = prepare(config)
+  world, choice, sent, splits, task, model, decides = prepare(config,
+                                                              given=given)
   # With --stage_dir, each rank reads its files from node-local copies.
   splits, staged = stage(config, world, splits)
   info = splits.info
@@ -427,12 +401,16 @@ def training_parts(config: TrainConfig) -> TrainingParts:
   # base_lr * world.size, set for each number of processes the loop runs
   # on), warmed up per step, then decayed; a function of the step evaluated
   # inside the train step.
-  learning_rate = learning_rate_schedule(config)
+  # A fit script's optimizers keep their own rates (the first's recorded).
+  given_optimizers = given.optimizers(task) if given else {}
+  first_given = next(iter(given_optimizers.values()), None)
+  learning_rate = (schedules.AsCompiled(first_given) if first_given
+                   else learning_rate_schedule(config))
   # The weights' moving average, which evaluation and exports use.
   weight_average = ema.maybe_average(model, config.optimization.ema_decay)
-  optimizer, train_step = optimizer_and_step(config, choice.mode,
-                                             sent.compression, task, model,
-                                             learning_rate, weight_average)
+  optimizer, train_step = optimizer_and_step(
+      config, choice.mode, sent.compression, task, model, learning_rate,
+      weight_average, given_optimizers=given_optimizers)
   parts = TrainingParts(
       config=config, world=world, precision=choice, communication=sent,
       splits=splits, staged=staged, cpu_kernels=kernels, task=task,
@@ -443,6 +421,10 @@ def training_parts(config: TrainConfig) -> TrainingParts:
       # Rank 0 writes it (from RunDirectory.open); a no-op without the flag.
       mlperf=mlperf.MLPerfLog.requested(config, began=began, world=world,
                                         info=info, staged=staged,
-                                        decider=decides))
-  describe_numerics(config, choice, sent, world, model)
+                                        decider=decides),
+      callbacks=given.callbacks if given else ())
+  start_up.numerics(config, choice, sent, world, model, optimizer=(
+      ", ".join(f"{type(o).__name__} (the script's)"
+                for o in given_optimizers.values())
+      or config.optimization.optimizer))
   return parts

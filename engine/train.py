@@ -27,6 +27,7 @@ from engine.compute import step as steps
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.distributed import elastic
+from engine.given import Given
 from engine.loop import actions
 from engine.loop.loop import TrainLoop
 
@@ -42,9 +43,11 @@ class TrainResult:
 
 
 def train(config: TrainConfig,
-          user_actions: Sequence[actions.Action] = ()) -> TrainResult:
+          user_actions: Sequence[actions.Action] = (),
+          given: Optional[Given] = None) -> TrainResult:
   """Trains as `config` says; `user_actions` run beside the engine's
-  cadences (engine/loop/actions.py)."""
+  cadences (engine/loop/actions.py); `given`: a fit script's model, data
+  and callbacks (engine.fit), in place of the flags'."""
   for action in user_actions:
     if not isinstance(action, actions.Action):
       raise UserError(f"run(actions=...): {action!r} is not an action; make "
@@ -52,7 +55,7 @@ def train(config: TrainConfig,
   elastic.check_launch(config.faults.elastic)
   # Distributed setup, input pipeline, model, optimizer and steps
   # (build.training_parts says in which order, and why).
-  parts = build.training_parts(config)
+  parts = build.training_parts(config, given)
   # The train loop, from the checkpoint in model_dir if there is one. Under
   # --elastic, Horovod runs it again after each change of workers, from the
   # state last committed.

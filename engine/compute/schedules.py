@@ -188,3 +188,38 @@ class WarmupThenDecay(keras.optimizers.schedules.LearningRateSchedule):
                 warmup_epochs=self.warmup_epochs, decay=self.decay,
                 epochs=self.epochs, decay_epochs=self.decay_epochs,
                 decay_factor=self.decay_factor, decay_table=self.decay_table)
+
+
+class AsCompiled:
+  """A compiled optimizer's learning rate, as a fit script set it
+  (engine.fit): a float, held in the optimizer's variable, which Keras'
+  ReduceLROnPlateau and LearningRateScheduler assign on every rank alike,
+  or the script's own schedule of the optimizer's step. In WarmupThenDecay's
+  place in the loop, which asks it the rate of a step for the records.
+
+  Not scaled with the processes: the script's rate is the script's, as in
+  Horovod's examples, which scale it themselves (docs/from-fit.md says
+  how). `factor` is the checkpoint's rollback factor, 1 here:
+  --on_nonfinite=rollback, which lowers it, is refused (engine/given.py).
+  """
+
+  def __init__(self, optimizer: keras.optimizers.Optimizer):
+    self._optimizer = optimizer
+    self.factor = tf.Variable(1.0, trainable=False, name="lr_factor")
+
+  def set_world(self, *, world_size: int, steps_per_epoch: int) -> None:
+    del steps_per_epoch  # the script's schedule counts its own steps
+    logging.info("learning rate as compiled: %s on %d processes, not scaled "
+                 "(docs/from-fit.md)", self._described(), world_size)
+
+  def __call__(self, step):
+    rate = self._optimizer._learning_rate  # pylint: disable=protected-access
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+      return rate(step)
+    return tf.convert_to_tensor(rate)
+
+  def _described(self) -> str:
+    rate = self._optimizer._learning_rate  # pylint: disable=protected-access
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+      return f"{type(rate).__name__} of the step"
+    return f"{float(tf.convert_to_tensor(rate)):g}"

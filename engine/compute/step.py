@@ -341,9 +341,13 @@ class TrainStep:
     at a time), and the mean of their losses."""
     k = self._accumulation_steps
     # Any image size: under --progressive_resizing it is known only when
-    # the batch is read.
-    images = tf.reshape(images, tf.concat([[k, -1], tf.shape(images)[1:]], 0))
-    labels = tf.reshape(labels, [k, -1, *labels.shape[1:]])
+    # the batch is read. A fit script's batch may nest: features in a
+    # dict, labels with their sample weights (engine/datasets/pipelines.py).
+    def micro_batches(batch):
+      return tf.reshape(batch, tf.concat([[k, -1], tf.shape(batch)[1:]], 0))
+
+    images = tf.nest.map_structure(micro_batches, images)
+    labels = tf.nest.map_structure(micro_batches, labels)
     sums = [tf.zeros_like(v) for v in variables]
     loss_sum = tf.constant(0.0)
     for i in tf.range(k):
@@ -351,7 +355,8 @@ class TrainStep:
       # iterations' forward passes at once, and hold their activations.
       tf.autograph.experimental.set_loop_options(parallel_iterations=1)
       with tf.GradientTape() as tape:
-        loss = self._loss(images[i], labels[i])
+        loss = self._loss(*tf.nest.map_structure(lambda batch: batch[i],
+                                                 (images, labels)))
       loss_sum += tf.cast(loss, tf.float32)
       sums = [s + g for s, g in zip(sums, tape.gradient(loss, variables))]
     return [s / k for s in sums], loss_sum / k

@@ -7,6 +7,11 @@ from engine.core.errors import first_line
 from engine.core.errors import UserError
 
 
+# What flags.txt names a fit script's own model, data and task by
+# (engine/given.py): known to the flags, built by the script alone.
+GIVEN = "fit"
+
+
 class Registry:
   """Named builders; `build` passes each only the parameters it declares.
 
@@ -32,10 +37,15 @@ class Registry:
     return sorted(self._builders)
 
   def is_known(self, name: str) -> bool:
-    """A registered name, or a user's `module:function`."""
-    return name in self._builders or user_code.is_spec(name)
+    """A registered name, a user's `module:function`, or a fit script's."""
+    return (name in self._builders or user_code.is_spec(name)
+            or name == GIVEN)
 
   def builder(self, name: str) -> Callable:
+    if name == GIVEN:
+      raise UserError(f"--{self._flag}={GIVEN}: a run of a fit script "
+                      "(engine.fit), whose model and data are the script's: "
+                      "start the script again (docs/from-fit.md)")
     if user_code.is_spec(name):
       return user_code.load(name, self._flag)
     if name not in self._builders:

@@ -31,6 +31,7 @@ from engine.compute import metrics
 from engine.core.config import TrainConfig
 from engine.loop import trial as trial_lib
 from engine.loop.run_state import RunState
+from engine.loop import keras_callbacks
 from engine.loop.session import Session
 from engine.records import report
 
@@ -77,8 +78,12 @@ class EpochEnd:
     if val and "stopped_early" not in record and self._pruned(session,
                                                                record):
       record["pruned"] = True
+    # The fit script's callbacks see the record's figures before the save,
+    # so the checkpoint holds a rate ReduceLROnPlateau just lowered.
+    stopped = session.callbacks.epoch_end(
+        record["epoch"] - 1, keras_callbacks.epoch_logs(record))
     self._save_and_commit(session, record, val, pictures)
-    return self._decided(session, record)
+    return self._decided(session, record) or stopped
 
   def _evaluate(self, session: Session) -> tuple[metrics.Result, dict]:
     """The whole test split, each rank its shard, reduced exactly; and on

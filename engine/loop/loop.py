@@ -21,6 +21,7 @@ from engine.compute import optimizers
 from engine.compute.step_outcome import NonFinite
 from engine.distributed import elastic
 from engine.loop import actions
+from engine.loop import keras_callbacks
 from engine.loop import preemption
 from engine.loop import run_state
 from engine.loop import session as session_lib
@@ -28,12 +29,14 @@ from engine.loop import stopping
 from engine.loop import trial
 from engine.loop.divergence import Divergence
 from engine.loop.epoch_end import EpochEnd
+from engine.loop.keras_callbacks import KerasCallbacks
 from engine.loop.parts import TrainingParts
 from engine.loop.run_directory import RunDirectory
 from engine.loop.run_state import LoopState
 from engine.loop.run_state import RunState
 from engine.loop.session import Session
 from engine.records import report
+from engine.records import warm_start
 
 
 class TrainLoop:
@@ -90,6 +93,8 @@ class TrainLoop:
     state = session.state
     try:
       while state.epoch < self._config.training.epochs:
+        if session.callbacks.epoch_begin(state.epoch):
+          break  # a Keras callback stopped the run
         try:
           train, train_seconds = self._train_epoch(session)
         except NonFinite as nonfinite:
@@ -99,6 +104,8 @@ class TrainLoop:
         if self._epoch_end(session, train, train_seconds,
                            self._train_step.skipped_steps):
           break
+      session.callbacks.train_end(keras_callbacks.epoch_logs(
+          state.history[-1]) if state.history else {})  # (a collective)
       session.profiler.finish()
     finally:
       session.close()
@@ -139,12 +146,17 @@ class TrainLoop:
         directory=self.directory if chief else None, state=state,
         train_totals=self._train_step.totals,
         gradient_bytes=self._train_step.gradient_bytes,
-        splits=self._parts.splits, task=self._train_step.task)
+        splits=self._parts.splits, task=self._train_step.task,
+        callbacks=KerasCallbacks(
+            self._parts.callbacks, model=self._model, is_chief=chief,
+            epochs=training.epochs, steps_per_epoch=steps_per_epoch,
+            optimizer=self._optimizer, learning_rate=self._learning_rate))
     if fresh and config.faults.on_nonfinite == "rollback":
       # Something to roll back to before the first epoch's checkpoint.
       self._save(session)
     self._actions = self._cadences(session) + self._user_actions + [
         session.profiler]
+    session.callbacks.train_begin(state.epoch)
     return session
 
   def _continue_from(self, committed: Optional[RunState],
@@ -187,6 +199,14 @@ class TrainLoop:
     for record in (parts.staged, parts.cpu_kernels):
       if directory and record:  # the staging's, the CPU kernels'
         directory.record_event(record)
+    # --init_from: a new run's weights from another's file, on rank 0, then
+    # everyone's with the broadcast; a resumed run has its own.
+    warm = distributed.on_chief(functools.partial(
+        warm_start.start_from, self._model,
+        self._config.checkpoints.init_from, resuming=position is not None)
+                                if directory else None, name="init_from")
+    if warm and directory:
+      logging.info("%s", warm)
     distributed.broadcast_from_chief(self.variables())
     if position is None:
       return RunState.beginning(global_batch, world.size), True
@@ -292,11 +312,19 @@ class TrainLoop:
           self._actions, at.global_step, at_most=min(
               self._config.performance.steps_per_call,
               state.steps_per_epoch - at.step))
+      if session.callbacks.per_batch:
+        session.callbacks.batch_begin(at.step)
       with session.profiler.step(at.global_step + 1):
         stop_agreed = self._call(session, count)
       before, at = at.global_step, self._at(session, stop_agreed)
       for action in actions.due(self._actions, before, at.global_step):
         action.run(at)
+      if session.callbacks.per_batch:
+        # This rank's figures of the epoch so far, as Keras' batch logs; a
+        # stop agreed here ends the run at the epoch's end.
+        session.callbacks.batch_end(at.step - 1, self._train_step.totals
+                                    .result_of(self._train_step.totals
+                                               .local_sums()).figures)
     # An allreduce: all ranks are done.
     train = self._train_step.totals.result_of(
         state.epoch_sums(self._train_step.totals.sums()))

@@ -39,3 +39,5 @@ class TrainingParts:
   eval_step: eval_steps.EvalStep
   decider: tasks.Decider
   mlperf: mlperf.MLPerfLog  # --mlperf_log's, which rank 0 writes
+  # A fit script's Keras callbacks (engine.fit), run on every start.
+  callbacks: tuple = ()

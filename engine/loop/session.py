@@ -24,6 +24,7 @@ from engine.datasets import Augmentation
 from engine.distributed import link_probe
 from engine.loop import preemption
 from engine.loop import profiling
+from engine.loop.keras_callbacks import KerasCallbacks
 from engine.loop import progress as progress_lib
 from engine.loop.run_directory import RunDirectory
 from engine.loop.run_state import LoopState
@@ -92,14 +93,17 @@ class Session:
                world: distributed.World,
                directory: Optional[RunDirectory], state: LoopState,
                train_totals: metrics.Totals, gradient_bytes: int,
-               splits: datasets.Splits, task):
+               splits: datasets.Splits, task,
+               callbacks: KerasCallbacks):
     """`precision_choice`: the start-up's, whose mode the run's hparams
     name; `compression`, the gradients' as start-up decided it.
     `train_totals`: the train step's running sums, which summaries within
     an epoch read; `gradient_bytes`, an update's (the step report's
     bandwidth). `splits`: the data, whose training split this rank reads
-    its share of, augmented as the flags and `task` ask."""
+    its share of, augmented as the flags and `task` ask. `callbacks`: a
+    fit script's Keras callbacks, for this start."""
     self.world = world
+    self.callbacks = callbacks
     self.directory = directory  # rank 0's model_dir; None on the others
     self.state = state
     chief = distributed.is_chief()

@@ -26,7 +26,9 @@ inputs), `sample_images` (pictures in TensorBoard), `build_model` and
 `serving` (a GAN's two models and its generator's export), and, for steps
 one loss cannot say, `optimizers`, `optimized_variables` and `train_step`:
 the task's own step, with the engine's helpers to average gradients across
-ranks and apply them (engine/compute/task_step.py).
+ranks and apply them (engine/compute/task_step.py), and `eval_sums`, an
+evaluation batch's sums computed whole (a model's own test_step:
+engine/tasks/own_step.py).
 
 A task is built with the data set's DatasetInfo, and with whichever of the
 task flags (--label_smoothing, --loss, ...) its __init__ declares.
@@ -92,6 +94,14 @@ class Task:
 
   def label_dtype(self) -> tf.DType:
     return tf.as_dtype(self.info.label_dtype if self.info else "int64")
+
+  def batch_signature(self, image_shape: tuple) -> tuple:
+    """The specs of a batch (images, labels), of any batch size, which the
+    evaluation step is traced for once: normalized float32 images of
+    `image_shape` and the task's labels. A fit script's task (engine/tasks/
+    compiled.py) takes its pipeline's own."""
+    return (tf.TensorSpec([None, *image_shape], tf.float32),
+            tf.TensorSpec([None, *self.label_shape()], self.label_dtype()))
 
   def inputs_and_targets(self, images: tf.Tensor, labels: tf.Tensor
                          ) -> tuple[tf.Tensor, tf.Tensor]:

@@ -1,0 +1,56 @@
+"""What a run says as it starts, beside what it builds (engine/build.py):
+its processes and kernels, its optimizer, precision and allreduce, and
+the GPU options that would slow it on a CPU."""
+import os
+
+from absl import logging
+import keras
+
+from engine import distributed
+from engine.compute import communication
+from engine.compute import precision
+from engine.compute import weight_decay
+from engine.core.config import TrainConfig
+
+
+def numerics(config: TrainConfig, choice: precision.Choice,
+             sent: communication.Choice, world: distributed.World,
+             model: keras.Model, optimizer: str) -> None:
+  """Says which optimizer (`optimizer`: --optimizer's, or a fit script's
+  compiled one), precision and allreduce the run uses, and how `model`'s
+  weights are decayed; warns of GPU options that slow a CPU run."""
+  performance = config.performance
+  logging.info("%s; precision %s%s%s; allreduce %s, compression %s%s",
+               optimizer, choice.mode
+               if choice.mode != "none" else "float32",
+               f" (auto: {choice.why})" if choice.why else "",
+               ", XLA" if performance.xla else "", performance.allreduce_op,
+               sent.compression, f" (auto: {sent.why})" if sent.why else "")
+  decay = weight_decay.described(model, config)
+  if decay:
+    logging.info("%s", decay)
+  if world.device == "CPU":
+    _warn_about_slow_options_on_cpu(config, choice)
+
+
+def _warn_about_slow_options_on_cpu(config: TrainConfig,
+                                    choice: precision.Choice) -> None:
+  """GPU options that cost a CPU run dearly (measured by
+  bench/cpu_defaults.py: bench/RESULTS.md)."""
+  if choice.mode == "float16":
+    logging.warning("--mixed_precision=float16 on CPU: CPUs have no float16 "
+                    "arithmetic, and emulating it makes steps many times "
+                    "slower than float32; use bfloat16 (faster on CPUs with "
+                    "AVX512-BF16) or none")
+  if config.performance.xla:
+    logging.warning("--xla on CPU: steps are slower than with TensorFlow's "
+                    "oneDNN kernels")
+
+
+def processes(world: distributed.World, kernels: str) -> str:
+  """Where each process runs, and on what."""
+  if world.device == "GPU":
+    return "one GPU per process"
+  return (f"CPU, {world.intra_op_threads} intra-op and "
+          f"{world.inter_op_threads} inter-op threads per process, {kernels}"
+          f" kernels, Horovod cycle {os.environ['HOROVOD_CYCLE_TIME']} ms")
