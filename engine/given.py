@@ -82,7 +82,9 @@ class Given:
     """A flag set for a part the script gives is refused in one line naming
     what it gives instead."""
     for flag, instead in _GIVEN_BY_THE_SCRIPT.items():
-      if flag in config.given:
+      if flag in config.given and not (
+          flag == "mixed_precision"
+          and config.performance.mixed_precision == "none"):  # (fit's own)
         raise UserError(f"--{flag} reaches nothing under engine.fit, which "
                         f"trains {instead}; drop the flag")
     for section in (config.model, config.data, config.task):

@@ -134,6 +134,8 @@ class Pipeline(Source):
     spec = self.dataset.element_spec
 
     def of_a_batch(example: tf.TensorSpec) -> tf.TensorSpec:
+      if example.shape.rank is None:  # (a parsed tensor's, say)
+        return tf.TensorSpec(None, example.dtype)
       shape = example.shape.as_list()
       return tf.TensorSpec([None, *(shape[1:] if self.batched else shape)],
                            example.dtype)
