@@ -109,10 +109,6 @@ class Given:
     them: the model's own train_step, else its compiled loss and
     metrics."""
     self.refuse_flags(config)
-    if self.validation is None:
-      raise UserError("engine.fit(validation_data=None): the engine "
-                      "evaluates every epoch on a validation split; give "
-                      "validation_data, a tf.data.Dataset")
     splits = pipelines.splits_of(self.train, self.validation,
                                  batch_size=config.training.batch_size,
                                  model=self.model)
@@ -124,6 +120,11 @@ class Given:
     if own_step.overrides_train_step(self.model):
       task = own_step.OwnStep.of(self.model, splits.info, x_spec=x_spec,
                                  y_spec=y_spec, parts=parts)
+      if self.validation is not None and not task.evaluates:
+        raise UserError(f"engine.fit(validation_data=...): model "
+                        f"{self.model.name!r} cannot evaluate (its "
+                        "test_step cannot run without call()); override "
+                        "test_step, or give no validation_data")
     elif compiled.is_compiled(self.model):
       task = compiled.Compiled.of(self.model, splits.info, x_spec=x_spec,
                                   y_spec=y_spec)

@@ -40,10 +40,17 @@ def first_line(error: BaseException) -> str:
   """The first line of `error`'s message, for a one-line report of it.
 
   TensorFlow's OpErrors keep their bare message in `.message` (str() adds
-  the op's context); a message-less error is named by its repr.
+  the op's context); a message-less error is named by its repr. An error
+  raised in a tf.function's Python (a user's train_step) heads its message
+  with "in user code:" and the traceback, and ends with what went wrong:
+  that last line is the one.
   """
   message = (getattr(error, "message", None) or str(error)).strip()
-  return message.splitlines()[0] if message else repr(error)
+  if not message:
+    return repr(error)
+  lines = message.splitlines()
+  return lines[-1].strip() if lines[0].strip() == "in user code:" else (
+      lines[0])
 
 
 def op_detail(error) -> str:

@@ -65,9 +65,10 @@ class EpochEnd:
     rank's seconds and the train step's skipped steps since the commit;
     returns whether the run stops."""
     state = session.state
+    # (A fit script may give no validation data: engine.fit.)
     val, pictures = (self._evaluate(session)
                      if self._config.training.evaluates(state.epoch)
-                     else (None, {}))
+                     and self._splits.test is not None else (None, {}))
     self.last_val = val or self.last_val
     record = state.end_epoch(
         train, val, train_seconds=train_seconds,

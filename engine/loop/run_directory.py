@@ -302,9 +302,14 @@ class RunDirectory:
     directory = os.path.join(self.model_dir, run_files.EXPORT_DIR)
     exported = [run_files.FINAL_EXPORT]
     with self._writes():
-      with ema.averaged(self._weight_average):
-        export.save(self._model, self._task,
-                    os.path.join(directory, run_files.FINAL_EXPORT))
+      try:
+        with ema.averaged(self._weight_average):
+          export.save(self._model, self._task,
+                      os.path.join(directory, run_files.FINAL_EXPORT))
+      except NotImplementedError:  # a fit script's GAN of Keras' guide
+        logging.warning("no exports: model %s has no call() to serve; its "
+                        "checkpoints hold its weights", self._model.name)
+        return
       if self.checkpoints.best_path:
         try:
           with self.checkpoints.weights_of(self.checkpoints.best_path), \

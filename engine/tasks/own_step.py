@@ -148,6 +148,12 @@ class OwnStep(Task):
   def build_model(self, build) -> keras.Model:
     return self._model
 
+  @property
+  def evaluates(self) -> bool:
+    """Whether the model's test_step runs (a GAN of the guide's, with no
+    call(), has none to run)."""
+    return self._test_keys is not None
+
   def batch_signature(self, image_shape: tuple) -> tuple:
     del image_shape  # the pipeline's own
     return self._specs
