@@ -34,6 +34,7 @@ from engine.core.errors import UserError
 from engine.datasets import Shard
 from engine.datasets import staging
 from engine.given import AsBuilt, Given
+from engine.loop import keras_callbacks
 from engine.loop.parts import TrainingParts
 from engine.records import mlperf
 from engine.records import report
@@ -422,7 +423,8 @@ def training_parts(config: TrainConfig,
       mlperf=mlperf.MLPerfLog.requested(config, began=began, world=world,
                                         info=info, staged=staged,
                                         decider=decides),
-      callbacks=given.callbacks if given else ())
+      callbacks=(given.callbacks if given else ()) + keras_callbacks.of_flag(
+          config.training.callbacks))
   start_up.numerics(config, choice, sent, world, model, optimizer=(
       ", ".join(f"{type(o).__name__} (the script's)"
                 for o in given_optimizers.values())

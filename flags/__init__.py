@@ -199,7 +199,7 @@ def _training() -> config.TrainingConfig:
                                                             FLAGS.model),
       progress=FLAGS.progress,
       summary_every_steps=FLAGS.summary_every_steps,
-      eval_every_epochs=FLAGS.eval_every_epochs)
+      eval_every_epochs=FLAGS.eval_every_epochs, callbacks=FLAGS.callbacks)
 
 
 def _performance() -> config.PerformanceConfig:

@@ -36,6 +36,13 @@ flags.DEFINE_integer("summary_every_steps", 50,
 flags.DEFINE_integer("seed", 0,
                      "Seed of the initial weights, the data order and the "
                      "augmentation.", lower_bound=0)
+flags.DEFINE_string(
+    "callbacks", "",
+    "Keras callbacks for the run: package.module:function or "
+    "path/to/file.py:function returning a list of keras.callbacks.Callback "
+    "(EarlyStopping, ReduceLROnPlateau, CSVLogger, your own), run on every "
+    "rank with the epoch's exact figures; those writing files on rank 0 "
+    "(docs/from-fit.md).")
 flags.DEFINE_enum("progress", "auto", progress.MODES,
                   "Progress within an epoch, on rank 0: a bar, log lines "
                   "(one per tenth of an epoch), or none. auto: a bar on a "

@@ -2,6 +2,7 @@
 pipelines and its Keras callbacks, through the engine's build and loop
 (engine/given.py), on one process. Two processes: test_fit_ranks.py."""
 import csv
+import json
 import os
 import signal
 
@@ -268,3 +269,35 @@ def test_init_from_another_model_is_one_line_and_loses_nothing(tmp_path):
                                         validation=tensors(seed=1)))
   assert "\n" not in str(raised.value)
   assert (tmp_path / "other.weights.h5").exists()
+
+
+CALLBACKS = '''
+import json
+import keras
+
+class Seen(keras.callbacks.Callback):
+  def on_epoch_end(self, epoch, logs=None):
+    with open(__file__ + ".seen", "a") as f:
+      f.write(json.dumps([epoch, logs["val_accuracy"]]) + "\\n")
+
+def callbacks():
+  return [keras.callbacks.LearningRateScheduler(lambda e, lr: 0.01 * (e + 1)),
+          Seen()]
+'''
+
+
+def test_callbacks_flag_gives_an_engine_train_run_keras_callbacks(tmp_path):
+  (tmp_path / "mine.py").write_text(CALLBACKS)
+  config = fixtures.train_config(
+      data=dict(name="fashion_mnist",
+                dir=fixtures.write_fashion_mnist(str(tmp_path / "data"))),
+      model=dict(name="cnn"),
+      training=dict(model_dir=str(tmp_path / "run"), batch_size=32, epochs=2,
+                    steps_per_epoch=3, progress="none",
+                    callbacks=f"{tmp_path / 'mine.py'}:callbacks"))
+  result = train_lib.train(config)
+  assert [r["learning_rate"] for r in result.history] == pytest.approx(
+      [0.01, 0.02])
+  seen = (tmp_path / "mine.py.seen").read_text().splitlines()
+  assert [json.loads(line) for line in seen] == [
+      [r["epoch"] - 1, r["val_accuracy"]] for r in result.history]

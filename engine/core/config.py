@@ -99,6 +99,7 @@ class TrainingConfig:
   progress: str
   summary_every_steps: int
   eval_every_epochs: int
+  callbacks: str  # a user's function returning Keras callbacks; "": none
 
   def evaluates(self, epoch: int) -> bool:
     """Whether epoch `epoch` (0-based) is evaluated: every

@@ -41,6 +41,7 @@ import keras
 
 from engine import distributed
 from engine.compute import schedules
+from engine.core import user_code
 from engine.core.errors import UserError
 from engine.core.errors import first_line
 
@@ -219,3 +220,15 @@ def _overrides(callback: keras.callbacks.Callback, hooks) -> bool:
   return any(getattr(type(callback), hook)
              is not getattr(keras.callbacks.Callback, hook)
              for hook in hooks)
+
+
+def of_flag(spec: str) -> tuple:
+  """--callbacks' callbacks: what the user's function returns, as a
+  tuple (checked with the others by KerasCallbacks); () without the flag."""
+  if not spec:
+    return ()
+  made = user_code.load(spec, "callbacks")()
+  if not isinstance(made, (list, tuple)):
+    raise UserError(f"--callbacks={spec} returned a {type(made).__name__}; "
+                    "return a list of keras.callbacks.Callback")
+  return tuple(made)
