@@ -69,8 +69,9 @@ def classifier(frozen_first=False):
 
 
 def fit(model_dir, model, train, validation, *, callbacks=(), user_actions=(),
-        **training):
+        init_from="", **training):
   config = fixtures.train_config(
+      checkpoints=dict(init_from=init_from),
       model=dict(name="fit"), data=dict(name="fit"),
       training=dict(dict(model_dir=str(model_dir), batch_size=BATCH,
                          epochs=2, progress="none", steps_per_epoch=0),
@@ -208,15 +209,9 @@ def test_init_from_warm_starts_and_a_frozen_layer_stays_as_loaded(tmp_path):
   source = classifier()
   source.layers[0].kernel.assign(source.layers[0].kernel + 1.0)
   source.save_weights(str(tmp_path / "source.weights.h5"))
-  config = fixtures.train_config(
-      model=dict(name="fit"), data=dict(name="fit"),
-      checkpoints=dict(init_from=str(tmp_path / "source.weights.h5")),
-      training=dict(model_dir=str(tmp_path / "warm"), batch_size=BATCH,
-                    epochs=1, progress="none", steps_per_epoch=0),
-      performance=dict(mixed_precision="none", gradient_compression="none"))
   model = classifier(frozen_first=True)
-  train_lib.train(config, given=Given(model=model, train=tensors(),
-                                      validation=tensors(seed=1)))
+  fit(tmp_path / "warm", model, tensors(), tensors(seed=1), epochs=1,
+      init_from=str(tmp_path / "source.weights.h5"))
   np.testing.assert_array_equal(model.layers[0].kernel.numpy(),
                                 source.layers[0].kernel.numpy())
   assert not np.array_equal(model.layers[1].kernel.numpy(),
@@ -258,15 +253,9 @@ def test_bad_input_is_one_line(tmp_path, given, message):
 def test_init_from_another_model_is_one_line_and_loses_nothing(tmp_path):
   other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
   other.save_weights(str(tmp_path / "other.weights.h5"))
-  config = fixtures.train_config(
-      model=dict(name="fit"), data=dict(name="fit"),
-      checkpoints=dict(init_from=str(tmp_path / "other.weights.h5")),
-      training=dict(model_dir=str(tmp_path / "run"), batch_size=BATCH,
-                    epochs=1, progress="none", steps_per_epoch=0),
-      performance=dict(mixed_precision="none", gradient_compression="none"))
   with pytest.raises(UserError, match="holds another model") as raised:
-    train_lib.train(config, given=Given(model=classifier(), train=tensors(),
-                                        validation=tensors(seed=1)))
+    fit(tmp_path / "run", classifier(), tensors(), tensors(seed=1), epochs=1,
+        init_from=str(tmp_path / "other.weights.h5"))
   assert "\n" not in str(raised.value)
   assert (tmp_path / "other.weights.h5").exists()
 

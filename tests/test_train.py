@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from engine import build as engine_build
+from engine.records import start_up
 from engine.records import checkpoint_variables
 from engine.compute import precision
 from models import whitening
@@ -40,7 +41,7 @@ def test_early_stopping_stops_at_the_right_epoch_and_says_when(data_dir,
 
 def test_a_cpu_run_is_warned_of_float16_and_xla_and_of_nothing_else(caplog):
   # pylint: disable-next=protected-access
-  warn = engine_build._warn_about_slow_options_on_cpu
+  warn = start_up._warn_about_slow_options_on_cpu
   warn(fixtures.train_config(), precision.Choice(mode="none"))
   warn(fixtures.train_config(), precision.Choice(mode="bfloat16"))
   assert not caplog.records
