@@ -11,6 +11,7 @@ from engine.compute import metrics
 from engine.compute import precision
 from engine.datasets import Augmentation
 from engine.loop import stopping
+from engine.loop.keras_callbacks import KerasCallbacks
 from engine.loop.run_state import Counts
 from engine.loop.run_state import LoopState
 from engine.loop.run_state import RunState
@@ -68,7 +69,10 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
                     precision_choice=precision.Choice(mode="none"),
                     compression="none", world=world, directory=None, state=state,
                     splits=splits, task=task, gradient_bytes=40,
-                    train_totals=metrics.Totals("train", task))
+                    train_totals=metrics.Totals("train", task),
+                    callbacks=KerasCallbacks([], model=keras.Sequential(),
+                                             is_chief=True, epochs=3,
+                                             steps_per_epoch=10))
   try:
     def batch_at(epoch, step):  # the first, read from there on
       images, _ = next(iter(datasets.train_stream(

@@ -140,7 +140,9 @@ class KerasCallbacks:
         model=model, epochs=epochs, steps=steps_per_epoch, verbose=0)
     if optimizer is None:
       optimizer = getattr(model, "optimizer", None)
-    elif getattr(model, "optimizer", None) is None:
+    elif callbacks and getattr(model, "optimizer", None) is None:
+      # Only for callbacks that read it: a model holding an optimizer
+      # exports it into its .keras file too.
       model.optimizer = optimizer
     if isinstance(learning_rate, schedules.WarmupThenDecay):
       optimizer.learning_rate = RunRate(learning_rate, optimizer)
