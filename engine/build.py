@@ -31,8 +31,10 @@ from engine.compute import weight_decay
 from engine.core import cpu
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
+from engine.datasets import pipelines
 from engine.datasets import Shard
 from engine.datasets import staging
+from engine import given as given_lib
 from engine.given import AsBuilt, Given
 from engine.loop import keras_callbacks
 from engine.loop.parts import TrainingParts
@@ -127,17 +129,20 @@ def data_task_and_model(config: TrainConfig, mode: str,
   figure that decides the run: a --best_metric the task cannot give
   fails here, before anything is measured. A fit script's (`given`) are
   its own."""
+  if not given:
+    reached.refuse_unreached_flags(config)
+    splits = datasets.load(
+        config.data.name, data_dir=config.data.dir,
+        model_dir=config.training.model_dir,
+        normalization=config.data.normalization,
+        labels=getattr(tasks.task_class(config.task.name), "labels", "any"),
+        **config.data.params)
+    if isinstance(splits, pipelines.Datasets):  # a fit run, by its flags
+      given = Given.of_flags(config, splits)
   if given:
     splits, task = given.splits_and_task(config)
     builder = AsBuilt(given.model)
     return splits, task, builder, given.model, decider(config, task)
-  reached.refuse_unreached_flags(config)
-  splits = datasets.load(
-      config.data.name, data_dir=config.data.dir,
-      model_dir=config.training.model_dir,
-      normalization=config.data.normalization,
-      labels=getattr(tasks.task_class(config.task.name), "labels", "any"),
-      **config.data.params)
   task = tasks.build(config.task.name, splits.info, **config.task.params)
   builder = ModelBuilder(config=config, splits=splits, task=task)
   model = builder.model(mode)
@@ -403,7 +408,7 @@ def training_parts(config: TrainConfig,
   # on), warmed up per step, then decayed; a function of the step evaluated
   # inside the train step.
   # A fit script's optimizers keep their own rates (the first's recorded).
-  given_optimizers = given.optimizers(task) if given else {}
+  given_optimizers = given_lib.optimizers_of(task, model)
   first_given = next(iter(given_optimizers.values()), None)
   learning_rate = (schedules.AsCompiled(first_given) if first_given
                    else learning_rate_schedule(config))

@@ -21,11 +21,13 @@ import tensorflow as tf
 from engine import datasets
 from engine import tasks
 from engine.core import registry
+from engine.core import user_code
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.datasets import pipelines
 from engine.tasks import compiled
 from engine.tasks import own_step
+import models
 
 # What flags.txt names the script's model, data and task by.
 NAME = registry.GIVEN
@@ -57,6 +59,35 @@ class Given:
   train: tf.data.Dataset
   validation: Optional[tf.data.Dataset] = None
   callbacks: tuple = ()
+  # Given by engine.train's flags, not a script: --model's function built
+  # the model, --dataset's returned the datasets (of_flags).
+  by_flags: bool = False
+
+  @classmethod
+  def of_flags(cls, config: TrainConfig,
+               given: pipelines.Datasets) -> "Given":
+    """--dataset's tf.data datasets and the model --model's function
+    builds for them, which trains as compiled or by its own train_step;
+    a built-in model, compiled by nobody, is refused."""
+    name = config.model.name
+    if not user_code.is_spec(name):
+      raise UserError(
+          f"--dataset={config.data.name} returns tf.data datasets, which "
+          f"train a model as its compile() or train_step says, and "
+          f"--model={name} is compiled by nobody: give --model=FILE.py:"
+          "function returning a compiled model, or return "
+          "engine.datasets.Splits (docs/your-data.md)")
+    train = pipelines.Pipeline.of(given.train,
+                                  batch_size=config.training.batch_size,
+                                  name="the training dataset")
+    # Keras' names afresh, as any start of the run has them (a checkpoint
+    # names its model), and the builder's seed.
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(config.training.seed)
+    model = models.build_as_written(
+        name, input_shape=train.example_shape(), **config.model.params)
+    return cls(model=model, train=given.train, validation=given.validation,
+               by_flags=True)
 
   def __post_init__(self):
     if not isinstance(self.model, keras.Model):
@@ -70,37 +101,42 @@ class Given:
             f"...): a {type(value).__name__}; give a tf.data.Dataset of (x, "
             "y) or (x, y, sample_weight) (docs/from-fit.md)")
 
-  def optimizers(self, task: tasks.Task) -> dict:
-    """The script's optimizers, which the run trains with: compile()'s
-    (named ""), or those the model's own train_step applies, by the
-    attribute holding each (own_step.py)."""
-    if task.optimizers:
-      return {name: getattr(self.model, name) for name in task.optimizers}
-    return {"": self.model.optimizer}
-
   def refuse_flags(self, config: TrainConfig) -> None:
-    """A flag set for a part the script gives is refused in one line naming
-    what it gives instead."""
+    """A flag set for a part the script (or --model's and --dataset's
+    functions) gives is refused in one line naming what it gives
+    instead."""
+    where = ("for --dataset's tf.data datasets" if self.by_flags
+             else "under engine.fit")
+    # What engine.train's flags name the parts by, or hand their functions.
+    named = ("model", "dataset", "data_dir") if self.by_flags else ()
     for flag, instead in _GIVEN_BY_THE_SCRIPT.items():
-      if flag in config.given and not (
+      if flag in config.given and flag not in named and not (
           flag == "mixed_precision"
           and config.performance.mixed_precision == "none"):  # (fit's own)
-        raise UserError(f"--{flag} reaches nothing under engine.fit, which "
+        raise UserError(f"--{flag} reaches nothing {where}, which "
                         f"trains {instead}; drop the flag")
-    for section in (config.model, config.data, config.task):
+    if self.by_flags and config.performance.mixed_precision != "none":
+      raise UserError(f"--mixed_precision="
+                      f"{config.performance.mixed_precision}: a model for "
+                      "tf.data datasets "
+                      "is trained as --model's function builds it; pass "
+                      "--mixed_precision=none (and set keras.mixed_precision's"
+                      " policy there)")
+    for section in (() if self.by_flags else
+                    (config.model, config.data, config.task)):
       for param in section.params:
         if param in config.given and param != "seed":
           raise UserError(f"--{param} reaches nothing under engine.fit: the "
                           "model and the data are the script's; drop it")
     if config.faults.on_nonfinite == "rollback":
-      raise UserError("--on_nonfinite=rollback lowers the engine's learning "
-                      "rate, and engine.fit trains at the script's own; use "
-                      "--on_nonfinite=stop (or TerminateOnNaN)")
+      raise UserError(f"--on_nonfinite=rollback lowers the engine's learning "
+                      f"rate, and a run {where} trains at the model's own; "
+                      "use --on_nonfinite=stop (or TerminateOnNaN)")
     for flag in _OPTIMIZER_FLAGS:
       if flag in config.given:
         raise UserError(
-            f"--{flag} reaches nothing under engine.fit, which trains with "
-            "the script's optimizer (compile()'s, or those its train_step "
+            f"--{flag} reaches nothing {where}, which trains with the "
+            "model's optimizer (compile()'s, or those its train_step "
             "applies); change it there, or drop the flag")
 
   def splits_and_task(self, config: TrainConfig
@@ -109,9 +145,9 @@ class Given:
     them: the model's own train_step, else its compiled loss and
     metrics."""
     self.refuse_flags(config)
-    splits = pipelines.splits_of(self.train, self.validation,
-                                 batch_size=config.training.batch_size,
-                                 model=self.model)
+    splits = pipelines.splits_of(
+        self.train, self.validation, batch_size=config.training.batch_size,
+        model=self.model, steps_per_epoch=config.training.steps_per_epoch)
     if splits.train.batch_size != config.training.batch_size:
       raise UserError(f"--batch_size={config.training.batch_size} for a "
                       f"dataset batched by {splits.train.batch_size}: its "
@@ -126,6 +162,10 @@ class Given:
                         "test_step cannot run without call()); override "
                         "test_step, or give no validation_data")
     elif compiled.is_compiled(self.model):
+      if parts == 1:
+        raise UserError(f"the training dataset yields x alone, and model "
+                        f"{self.model.name} is compiled with a loss, which "
+                        "needs labels: yield (x, y), or override train_step")
       task = compiled.Compiled.of(self.model, splits.info, x_spec=x_spec,
                                   y_spec=y_spec)
     else:
@@ -134,6 +174,18 @@ class Given:
                       "metrics) first, as for model.fit")
     logging.info("%s", splits.train.described())
     return splits, task
+
+
+def optimizers_of(task: tasks.Task, model: keras.Model) -> dict:
+  """The optimizers a compiled model or its own train_step trains with:
+  compile()'s (named ""), or those its train_step applies, by the
+  attribute holding each (own_step.py); none for the engine's tasks,
+  whose optimizer the flags build."""
+  if isinstance(task, own_step.OwnStep):
+    return {name: getattr(model, name) for name in task.optimizers}
+  if isinstance(task, compiled.Compiled):
+    return {"": model.optimizer}
+  return {}
 
 
 def batch_size_of(train: tf.data.Dataset, model: keras.Model,

@@ -12,6 +12,8 @@ own builder, `--model=package.module:function` or
 `--model=path/to/file.py:function`, is called the same way, and what it
 returns is checked here, at start-up, rather than ten calls into training.
 """
+import inspect
+
 import keras
 import tensorflow as tf
 
@@ -45,6 +47,25 @@ def build(name: str, *, input_shape, num_classes: int, output_shape=None,
   _float32_outputs(model)
   _check(model, name, tuple(input_shape), num_classes,
          tuple(output_shape or (num_classes,)))
+  return model
+
+
+def build_as_written(name: str, *, input_shape, **params) -> keras.Model:
+  """A user's compiled model (or one with its own train_step), for data
+  given as tf.data datasets: built as its function writes it, precision
+  and outputs included; its compile() checks the outputs against the
+  labels (engine/tasks/compiled.py)."""
+  wanted = inspect.signature(_MODELS.builder(name)).parameters.get(
+      "num_classes")
+  if wanted is not None and wanted.default is wanted.empty:
+    raise UserError(f"--model={name} takes num_classes, which tf.data "
+                    "datasets do not tell: give it a default in the "
+                    "function's signature")
+  model = _MODELS.build(name, input_shape=tuple(input_shape), **params)
+  refuse_keras2(model, f"--model={name}")
+  if not isinstance(model, keras.Model):
+    raise UserError(f"--model={name} returned a {type(model).__name__}, not "
+                    "a keras.Model (import keras)")
   return model
 
 

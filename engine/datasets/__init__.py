@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from engine.datasets import (arrays, cifar10, fashion_mnist, image_folder,
-                             statistics, synthetic, tfrecord)
+                             pipelines, statistics, synthetic, tfrecord)
 # The loaders' contract, and arrays a script holds, for users' own code.
 from engine.datasets.arrays import from_arrays  # noqa: F401
 from engine.datasets.record_files import (  # noqa: F401
@@ -58,8 +58,10 @@ _DEFAULT_SIZES_OF = {"synthetic": dict(
 
 
 def load(name: str, *args, model_dir: str = "",
-         normalization: Optional[tuple] = None, **params) -> Splits:
-  """The splits of data set `name` (or a user's `module:function`).
+         normalization: Optional[tuple] = None, **params
+         ) -> Splits | pipelines.Datasets:
+  """The splits of data set `name` (or a user's `module:function`); of a
+  user's function returning tf.data datasets, those (pipelines.Datasets).
 
   A run's normalization statistics are those recorded in its model_dir at
   its first start, so a resume and engine.evaluate normalize exactly as
@@ -78,10 +80,14 @@ def load(name: str, *args, model_dir: str = "",
       params[key] = default
   splits = _DATASETS.build(name, *args, normalization=normalization,
                            **params)
+  given = pipelines.Datasets.returned(splits, name)
+  if given:  # the user's tf.data pipelines, given to the model as they are
+    return given
   if not isinstance(splits, Splits):
     raise UserError(f"--dataset={name} returned a {type(splits).__name__}; "
                     "a data set function returns engine.datasets.Splits "
-                    "(docs/your-data.md)")
+                    "(docs/your-data.md), or (train, validation) tf.data "
+                    "datasets (docs/from-fit.md)")
   if normalization:  # also for loaders that compute their own
     splits = dataclasses.replace(splits, info=dataclasses.replace(
         splits.info, mean=tuple(normalization[0]),

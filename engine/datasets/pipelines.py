@@ -127,11 +127,18 @@ class Pipeline(Source):
       return stream
     return stream.skip(first_epoch * epochs.steps + first_step)
 
+  def example_shape(self) -> tuple:
+    """One example's x shape, without the batch (of a dict of features,
+    the first feature's)."""
+    return _example_shape(_first(_parts(self.dataset.element_spec)[0]),
+                          self.batched)
+
   def batch_specs(self) -> tuple:
     """A batch's x and y specs as the pipeline yields them, the batch
-    dimension None, and how many parts its elements have: 2, (x, y), or
-    3, with sample weights."""
-    spec = self.dataset.element_spec
+    dimension None, and how many parts its elements have: 1, x alone (y
+    then stands for nothing, float32 [batch]), 2, (x, y), or 3, with
+    sample weights."""
+    parts = _parts(self.dataset.element_spec)
 
     def of_a_batch(example: tf.TensorSpec) -> tf.TensorSpec:
       if example.shape.rank is None:  # (a parsed tensor's, say)
@@ -140,8 +147,10 @@ class Pipeline(Source):
       return tf.TensorSpec([None, *(shape[1:] if self.batched else shape)],
                            example.dtype)
 
-    return (tf.nest.map_structure(of_a_batch, spec[0]),
-            tf.nest.map_structure(of_a_batch, spec[1]), len(spec))
+    y_spec = parts[1] if len(parts) > 1 else tf.TensorSpec(
+        [None] if self.batched else [], tf.float32)
+    return (tf.nest.map_structure(of_a_batch, parts[0]),
+            tf.nest.map_structure(of_a_batch, y_spec), len(parts))
 
   def described(self) -> str:
     """How the pipeline is read, for the log."""
@@ -187,10 +196,40 @@ class Pipeline(Source):
     return sharded
 
 
+@dataclasses.dataclass(frozen=True)
+class Datasets:
+  """What a user's --dataset function may return in place of Splits: its
+  training and validation tf.data datasets, trained as engine.fit trains
+  them (engine/given.py)."""
+  train: tf.data.Dataset
+  validation: Optional[tf.data.Dataset] = None
+
+  @classmethod
+  def returned(cls, value, name: str) -> Optional["Datasets"]:
+    """`value` as Datasets if it is a dataset, or a pair (train,
+    validation or None) of them; else None (Splits, or something wrong)."""
+    if isinstance(value, tf.data.Dataset):
+      return cls(value)
+    if not (isinstance(value, (tuple, list)) and value
+            and isinstance(value[0], tf.data.Dataset)):
+      return None
+    if len(value) == 2 and isinstance(value[1], (tf.data.Dataset,
+                                                 type(None))):
+      return cls(*value)
+    raise UserError(f"--dataset={name} returned {len(value)} values, "
+                    f"{', '.join(type(v).__name__ for v in value)}; return "
+                    "(train, validation) tf.data datasets (validation may be "
+                    "None), or engine.datasets.Splits")
+
+
 def splits_of(train: tf.data.Dataset, validation: Optional[tf.data.Dataset],
-              *, batch_size: int, model=None) -> Splits:
+              *, batch_size: int, model=None, steps_per_epoch: int = 0
+              ) -> Splits:
   """Splits of a user's training and validation datasets; without
-  validation, `test` is None and `num_test` 0.
+  validation, `test` is None and `num_test` 0. A training dataset that
+  repeats forever (Horovod's examples: `.repeat()` and fit's
+  steps_per_epoch) takes `steps_per_epoch` steps an epoch, and counts as
+  that many of its batches (each process's epoch).
 
   DatasetInfo is the datasets': x's shape and dtype without the batch
   (of a dict of features, the first feature's), the labels' likewise, the
@@ -199,28 +238,36 @@ def splits_of(train: tf.data.Dataset, validation: Optional[tf.data.Dataset],
   it), and a mean of 0 and std of 1: nothing is normalized."""
   pipeline = Pipeline.of(train, batch_size=batch_size, model=model,
                          name="the training dataset")
+  if int(train.cardinality()) == tf.data.INFINITE_CARDINALITY:
+    if not steps_per_epoch:
+      raise UserError("the training dataset repeats forever: give "
+                      "steps_per_epoch (each process's steps an epoch), or "
+                      "drop its .repeat(): the engine repeats it and counts "
+                      "its epochs")
+    num_train = steps_per_epoch * pipeline.batch_size
+  else:
+    num_train = _count(pipeline, "the training dataset")
   test, num_test = None, 0
   if validation is not None:
     test = Pipeline.of(validation, batch_size=batch_size, model=model,
                        name="the validation dataset")
     num_test = _count(test, "the validation dataset")
   return Splits(train=pipeline, test=test, info=_info(
-      pipeline, num_train=_count(pipeline, "the training dataset"),
-      num_test=num_test, model=model))
+      pipeline, num_train=num_train, num_test=num_test, model=model))
 
 
 def _info(pipeline: Pipeline, *, num_train: int, num_test: int,
           model) -> DatasetInfo:
-  x_spec, y_spec = pipeline.dataset.element_spec[:2]
+  x_spec, y_spec, _ = pipeline.batch_specs()
   x, y = _first(x_spec), _first(y_spec)
-  image_shape = _example_shape(x, pipeline.batched)
+  image_shape = pipeline.example_shape()
   channels = image_shape[-1] if image_shape and image_shape[-1] else 1
   return DatasetInfo(
       name="pipeline", image_shape=image_shape,
       num_classes=_model_classes(model), num_train=num_train,
       num_test=num_test, mean=(0.0,) * channels, std=(1.0,) * channels,
       image_dtype=x.dtype.name,
-      label_shape=_example_shape(y, pipeline.batched),
+      label_shape=_example_shape(y, batched=True),  # (a batch's spec)
       label_dtype=y.dtype.name)
 
 
@@ -244,25 +291,31 @@ def _model_classes(model) -> int:
 
 def _as_step_takes(*element):
   """A batch as `(x, (y, sample_weight))`, sample_weight float32 [batch]
-  (ones where the pipeline has none), as Keras' fit unpacks it."""
+  (ones where the pipeline has none), as Keras' fit unpacks it; of x
+  alone, y zeros."""
   x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(element)
+  batch = tf.shape(tf.nest.flatten(x)[0])[:1]
+  if y is None:
+    y = tf.zeros(batch)
   if sample_weight is None:
-    sample_weight = tf.ones(tf.shape(tf.nest.flatten(y)[0])[:1])
+    sample_weight = tf.ones(batch)
   return x, (y, tf.cast(sample_weight, tf.float32))
 
 
+def _parts(spec) -> tuple:
+  """An element's parts as Keras' fit unpacks them: (x, y[, sample_weight])
+  of a tuple, else (x,): a tensor, or a dict of features."""
+  return spec if isinstance(spec, tuple) else (spec,)
+
+
 def _check_structure(spec, name: str) -> None:
-  """A UserError unless the elements are (x, y) or (x, y, sample_weight)."""
-  if isinstance(spec, tuple) and len(spec) in (2, 3):
+  """A UserError unless the elements are x alone (a tensor or a dict of
+  features, for a model's own train_step), (x, y) or (x, y,
+  sample_weight)."""
+  if not isinstance(spec, tuple) or len(spec) in (1, 2, 3):
     return
-  if isinstance(spec, dict):
-    found = f"a dict ({', '.join(map(str, spec))})"
-  elif isinstance(spec, tuple):
-    found = f"a {len(spec)}-tuple"
-  else:
-    found = f"a lone {type(spec).__name__}"
-  raise UserError(f"{name} yields {found}: yield (x, y) or (x, y, "
-                  "sample_weight), x a tensor or a dict of features")
+  raise UserError(f"{name} yields a {len(spec)}-tuple: yield (x, y) or (x, "
+                  "y, sample_weight), x a tensor or a dict of features")
 
 
 def _own_batch(dataset: tf.data.Dataset, name: str) -> int:
@@ -284,7 +337,7 @@ def _count(pipeline: Pipeline, name: str) -> int:
   cardinality = int(dataset.cardinality())
   if cardinality == tf.data.INFINITE_CARDINALITY:
     raise UserError(f"{name} repeats forever: drop its .repeat(), the "
-                    "engine repeats it and counts its epochs")
+                    "engine reads it whole, each example once")
   static_batch = tf.nest.flatten(dataset.element_spec)[0].shape[0]
   if cardinality >= 0 and not pipeline.batched:
     count = cardinality
@@ -348,7 +401,7 @@ def _why_not_replayable(ops: _Ops) -> str:
 
 def _is_batched(spec, ops: _Ops, model) -> bool:
   """Whether the elements are batches (the rule: `Pipeline`)."""
-  x_spec = spec[0]
+  x_spec = _parts(spec)[0]
   features = x_spec if isinstance(x_spec, dict) else {None: x_spec}
   inputs = getattr(model, "inputs", None)
   if inputs:
