@@ -226,7 +226,8 @@ class Raises(keras.callbacks.Callback):
 @pytest.mark.parametrize("given, message", [
     (lambda: dict(train=tensors().filter(lambda x, y: False)),
      "yields nothing"),
-    (lambda: dict(train=tensors().map(lambda x, y: x)), "yields a lone"),
+    (lambda: dict(train=tensors().map(lambda x, y: x)), "yields x alone, "
+     "and model sequential is compiled with a loss, which needs labels"),
     (lambda: dict(model=keras.Sequential([keras.Input((6,)),
                                           keras.layers.Dense(3)]),
                   compile_loss="binary_crossentropy"), "loss"),
@@ -290,3 +291,16 @@ def test_callbacks_flag_gives_an_engine_train_run_keras_callbacks(tmp_path):
   seen = (tmp_path / "mine.py.seen").read_text().splitlines()
   assert [json.loads(line) for line in seen] == [
       [r["epoch"] - 1, r["val_accuracy"]] for r in result.history]
+
+
+def test_a_dataset_repeating_forever_takes_steps_per_epoch(tmp_path):
+  # Horovod's tensorflow2_keras_mnist.py: .repeat().shuffle(), and fit's
+  # steps_per_epoch.
+  repeated = tf.data.Dataset.from_tensor_slices(examples()).repeat().shuffle(
+      32, seed=3).batch(BATCH)
+  result = fit(tmp_path, classifier(), repeated, tensors(seed=1),
+               steps_per_epoch=5)
+  assert [(r["epoch"], r["train_examples"]) for r in result.history] == [
+      (1, 5 * BATCH), (2, 5 * BATCH)]
+  with pytest.raises(UserError, match="repeats forever: give steps_per_epoch"):
+    fit(tmp_path / "unbounded", classifier(), repeated, tensors(seed=1))
