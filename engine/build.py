@@ -66,6 +66,9 @@ class Prepared(NamedTuple):
   task: tasks.Task
   model: keras.Model
   decider: tasks.Decider
+  # The run's config: as given, or settled by a --dataset function's tf.data
+  # datasets (engine/given.py, Given.settled).
+  config: TrainConfig
 
 
 def prepare(config: TrainConfig, measure_auto: bool = True,
@@ -78,16 +81,22 @@ def prepare(config: TrainConfig, measure_auto: bool = True,
   for a run that recorded none. `given`: a fit script's model, data and
   callbacks (engine/given.py), in place of the flags'."""
   world = start_processes(config)
+  # A user's data, task or model may fail on one rank alone (a file missing
+  # on one host): all ranks stop with its line rather than wait for it. Not
+  # under --elastic, whose workers meet first inside the train loop.
+  agreed = functools.partial(distributed.agree,
+                             collective=not config.faults.elastic)
+  splits = None
+  if not given:
+    splits, given = agreed(functools.partial(data_set, config), name="load")
+    config = given.settled(config) if given else config
   # The mode asked for; under auto, the hardware's preferred one until
   # auto.decide decides.
   choice = precision.Choice(*precision.resolve(
       config.performance.mixed_precision))
-  # A user's data, task or model may fail on one rank alone (a file missing
-  # on one host): all ranks stop with its line rather than wait for it. Not
-  # under --elastic, whose workers meet first inside the train loop.
-  splits, task, builder, model, decides = distributed.agree(
-      functools.partial(data_task_and_model, config, choice.mode, given),
-      name="prepare", collective=not config.faults.elastic)
+  splits, task, builder, model, decides = agreed(
+      functools.partial(data_task_and_model, config, choice.mode, given,
+                        splits), name="prepare")
   chosen, sent = auto.decide(config, world, choice, splits, task,
                              builder.measured_step, model,
                              measure=measure_auto)
@@ -97,7 +106,7 @@ def prepare(config: TrainConfig, measure_auto: bool = True,
     # again as if it were the first, Keras' names afresh.
     keras.backend.clear_session()
     model = builder.model(chosen.mode)
-  return Prepared(world, chosen, sent, splits, task, model, decides)
+  return Prepared(world, chosen, sent, splits, task, model, decides, config)
 
 
 def start_processes(config: TrainConfig) -> distributed.World:
@@ -121,24 +130,34 @@ def start_processes(config: TrainConfig) -> distributed.World:
   return world
 
 
+def data_set(config: TrainConfig) -> tuple[Optional[datasets.Splits],
+                                           Optional[Given]]:
+  """--dataset's splits; or, where its function returns tf.data datasets,
+  those and --model's model for them, as a fit script would give them
+  (Given.of_flags)."""
+  reached.refuse_unreached_flags(config)
+  splits = datasets.load(
+      config.data.name, data_dir=config.data.dir,
+      model_dir=config.training.model_dir,
+      normalization=config.data.normalization,
+      labels=getattr(tasks.task_class(config.task.name), "labels", "any"),
+      **config.data.params)
+  if isinstance(splits, pipelines.Datasets):  # a fit run, by its flags
+    return None, Given.of_flags(config, splits)
+  return splits, None
+
+
 def data_task_and_model(config: TrainConfig, mode: str,
-                        given: Optional[Given] = None) -> tuple[
+                        given: Optional[Given] = None,
+                        splits: Optional[datasets.Splits] = None) -> tuple[
     datasets.Splits, tasks.Task, "ModelBuilder", keras.Model, tasks.Decider]:
-  """The data set, the task, the builder of its models and the model in
-  precision `mode`, checked against each other and the flags, and the
-  figure that decides the run: a --best_metric the task cannot give
-  fails here, before anything is measured. A fit script's (`given`) are
-  its own."""
-  if not given:
-    reached.refuse_unreached_flags(config)
-    splits = datasets.load(
-        config.data.name, data_dir=config.data.dir,
-        model_dir=config.training.model_dir,
-        normalization=config.data.normalization,
-        labels=getattr(tasks.task_class(config.task.name), "labels", "any"),
-        **config.data.params)
-    if isinstance(splits, pipelines.Datasets):  # a fit run, by its flags
-      given = Given.of_flags(config, splits)
+  """The data set (`splits`, from data_set), the task, the builder of its
+  models and the model in precision `mode`, checked against each other and
+  the flags, and the figure that decides the run: a --best_metric the task
+  cannot give fails here, before anything is measured. A fit script's
+  (`given`) are its own."""
+  if not (given or splits):
+    splits, given = data_set(config)
   if given:
     splits, task = given.splits_and_task(config)
     builder = AsBuilt(given.model)
@@ -389,8 +408,8 @@ def training_parts(config: TrainConfig,
   began = time.time()  # MLPerf's init_start (--mlperf_log)
   # Distributed setup (Horovod, this process's device and cores), the data
   # set every rank reads its own shard of, and the model.
-  world, choice, sent, splits, task, model, decides = prepare(config,
-                                                              given=given)
+  world, choice, sent, splits, task, model, decides, config = prepare(
+      config, given=given)
   # With --stage_dir, each rank reads its files from node-local copies.
   splits, staged = stage(config, world, splits)
   info = splits.info

@@ -44,8 +44,8 @@ flags.DEFINE_string("checkpoint", "latest",
 def evaluate(config: TrainConfig, which: str):
   """Returns (checkpoint path, metrics.Result, and for classification the
   per-class accuracy and class names, else None) on every rank."""
-  world, _, _, splits, task, model, _ = build.prepare(config,
-                                                      measure_auto=False)
+  world, _, _, splits, task, model, _, config = build.prepare(
+      config, measure_auto=False)
   # The run evaluated with its weights' average: so does this.
   weight_average = ema.maybe_average(model, config.optimization.ema_decay)
   model_dir = config.training.model_dir

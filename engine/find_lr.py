@@ -97,7 +97,7 @@ def range_test(config: TrainConfig, *, min_lr: float,
   if not 0 < min_lr < max_lr:
     raise UserError(f"--min_lr={min_lr:g} and --max_lr={max_lr:g}: the "
                     "range needs 0 < --min_lr < --max_lr")
-  world, choice, sent, splits, task, model, _ = build.prepare(config)
+  world, choice, sent, splits, task, model, _, config = build.prepare(config)
   rate = ExponentialRange(min_lr, max_lr, range_steps)
   _, train_step = build.optimizer_and_step(config, choice.mode,
                                            sent.compression, task, model,

@@ -101,6 +101,18 @@ class Given:
             f"...): a {type(value).__name__}; give a tf.data.Dataset of (x, "
             "y) or (x, y, sample_weight) (docs/from-fit.md)")
 
+  def settled(self, config: TrainConfig) -> TrainConfig:
+    """`config` with the defaults a fit script's run has where the flags
+    left them (engine.fit sets them so): each process's batch a batched
+    dataset's own, and the model's own precision."""
+    training, performance = {}, {}
+    if "batch_size" not in config.given:
+      training["batch_size"] = batch_size_of(
+          self.train, self.model, None) or config.training.batch_size
+    if "mixed_precision" not in config.given:
+      performance["mixed_precision"] = "none"
+    return config.replace(training=training, performance=performance)
+
   def refuse_flags(self, config: TrainConfig) -> None:
     """A flag set for a part the script (or --model's and --dataset's
     functions) gives is refused in one line naming what it gives
@@ -115,13 +127,6 @@ class Given:
           and config.performance.mixed_precision == "none"):  # (fit's own)
         raise UserError(f"--{flag} reaches nothing {where}, which "
                         f"trains {instead}; drop the flag")
-    if self.by_flags and config.performance.mixed_precision != "none":
-      raise UserError(f"--mixed_precision="
-                      f"{config.performance.mixed_precision}: a model for "
-                      "tf.data datasets "
-                      "is trained as --model's function builds it; pass "
-                      "--mixed_precision=none (and set keras.mixed_precision's"
-                      " policy there)")
     for section in (() if self.by_flags else
                     (config.model, config.data, config.task)):
       for param in section.params:

@@ -66,15 +66,18 @@ def code(tmp_path):
 
 
 def config(code, *, data="datasets", model="classifier", given=(), **changes):
-  changes.setdefault("performance", dict(mixed_precision="none",
+  """The flags' defaults where not `given`: a batch of 128 and auto
+  precision, which the datasets' run settles to their batch and the
+  model's own precision."""
+  changes.setdefault("performance", dict(mixed_precision="auto",
                                          gradient_compression="none",
                                          steps_per_call=1))
   return fixtures.train_config(
       data=dict(name=f"{code / 'data.py'}:{data}"),
       model=dict(name=model if model == "cnn"  # (built in)
                  else f"{code / 'model.py'}:{model}"),
-      training=dict(model_dir=str(code / "run"), batch_size=test_fit.BATCH,
-                    epochs=2, progress="none", steps_per_epoch=0),
+      training=dict(model_dir=str(code / "run"), batch_size=128, epochs=2,
+                    progress="none", steps_per_epoch=0),
       given=frozenset(given), **changes)
 
 
@@ -88,6 +91,9 @@ def test_the_flags_run_is_the_fit_scripts_and_evaluates_as_it_trained(code):
                         batches(1))
   assert test_fit.figures(by_flags.history) == pytest.approx(
       test_fit.figures(by_fit.history), rel=1e-6)
+  # Each process's batch is the dataset's, the precision the model's own.
+  assert by_flags.history[-1]["global_batch"] == test_fit.BATCH
+  assert by_flags.model.dtype_policy.name == "float32"
   assert set(by_flags.history[-1]) >= {"train_accuracy", "val_accuracy",
                                        "val_loss"}
   # engine.evaluate rebuilds it from the flags, restores the checkpoint.
@@ -107,9 +113,12 @@ def test_the_flags_run_is_the_fit_scripts_and_evaluates_as_it_trained(code):
     (dict(data="three"), "returned 3 values"),
     (dict(given=("task",)), "--task reaches nothing for --dataset's tf.data"),
     (dict(given=("base_lr",)), "--base_lr reaches nothing"),
-    (dict(performance=dict(mixed_precision="auto",
+    (dict(given=("mixed_precision",),
+          performance=dict(mixed_precision="bfloat16",
                            gradient_compression="none")),
-     "--mixed_precision=auto: a model for tf.data datasets"),
+     "--mixed_precision reaches nothing for --dataset's tf.data datasets"),
+    (dict(given=("batch_size",)), "--batch_size=128 for a dataset batched "
+     "by 8"),
     (dict(model="of_classes"), "takes num_classes, which tf.data datasets do "
      "not tell: give it a default"),
 ])

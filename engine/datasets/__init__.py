@@ -8,7 +8,8 @@ resized and prefetched once for all kinds (engine/datasets/sources.py:
 CIFAR-10 (in memory), TFRecords and image folders (streamed), arrays on
 disk (read by rows), synthetic images. A user's own loader,
 `--dataset=package.module:function`, returns the same `Splits`
-(engine/datasets/splits.py). Loaders declare the options they take in
+(engine/datasets/splits.py), or its own tf.data datasets, trained as a
+fit script's (engine/datasets/pipelines.py, engine/given.py). Loaders declare the options they take in
 their signatures and receive only those (engine/core/registry.py).
 """
 import dataclasses
