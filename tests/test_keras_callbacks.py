@@ -140,6 +140,21 @@ def test_epoch_callbacks_pay_no_collective_per_step(monkeypatch):
   assert collectives == ["keras_callbacks/on_epoch_end"]
 
 
+def test_a_lambda_callbacks_batch_hook_is_called_and_agreed_on(monkeypatch):
+  # LambdaCallback sets its hooks on the instance, not its class.
+  seen = []
+  callbacks = run([keras.callbacks.LambdaCallback(
+      on_train_batch_end=lambda batch, logs: seen.append((batch, logs)))])
+  collectives = []
+  monkeypatch.setattr(distributed, "max_across_ranks",
+                      lambda value, name: collectives.append(name) or value)
+  assert callbacks.per_batch
+  callbacks.train_begin(0)
+  callbacks.batch_end(3, {"loss": 1.0})
+  assert seen == [(3, {"loss": 1.0})]
+  assert "keras_callbacks/on_train_batch_end" in collectives
+
+
 @pytest.mark.parametrize("is_chief", [True, False])
 def test_csv_logger_writes_on_the_chief_alone(tmp_path, is_chief):
   path = tmp_path / "log.csv"

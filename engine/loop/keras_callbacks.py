@@ -219,7 +219,9 @@ def _check(callback) -> None:
 
 
 def _overrides(callback: keras.callbacks.Callback, hooks) -> bool:
-  return any(getattr(type(callback), hook)
+  """Whether `callback` has any of `hooks` of its own: its class's, or
+  set on it (LambdaCallback's)."""
+  return any(hook in vars(callback) or getattr(type(callback), hook)
              is not getattr(keras.callbacks.Callback, hook)
              for hook in hooks)
 
