@@ -1,6 +1,6 @@
 """A TensorFlow 2 training engine for data-parallel training with Horovod.
 
-Three settings read once, early (Keras' backend as Keras loads;
+Settings read once, early (Keras' backend as Keras loads;
 TensorFlow's log level as it loads; the kernels the first time it asks
 which to use), so they must be made before Keras or TensorFlow is
 imported, which is why they live here: every
@@ -24,17 +24,32 @@ entry point, worker and test imports the engine first.
   1.45x at width 16 (BUILD.md, "CPU kernels"). GPU kernels are not
   affected.
 
+- TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS, defaults under a
+  launcher (horovodrun, mpirun): this process's share of the host's cores,
+  as the engine sets its thread pools (engine/distributed/world.py,
+  `cpu_threads`). A fit script runs TensorFlow (its tf.data pipelines)
+  before the engine starts, which fixes the pools for the process's life:
+  without these, each of N processes on a host would take every core.
+
 TensorFlow's own import prints nothing that TF_CPP_MIN_LOG_LEVEL hides
 (engine/core/quiet_import.py says why that takes more than the setting).
 """
 import os
 import sys
 
+from engine.core import cpu
 from engine.core import quiet_import
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+_PROCESSES_ON_HOST = (os.environ.get("HOROVOD_LOCAL_SIZE")
+                      or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE"))
+if _PROCESSES_ON_HOST:
+  _THREADS = cpu.cpu_threads(cpu.available_cores(), int(_PROCESSES_ON_HOST))
+  os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(_THREADS[0]))
+  os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(_THREADS[1]))
 
 quiet_import.install()
 if "keras" in sys.modules and sys.modules["keras"].backend.backend() != \

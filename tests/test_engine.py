@@ -8,6 +8,8 @@ import pathlib
 import shutil
 import subprocess
 
+import pytest
+
 from tests import fixtures
 from tests import timeouts
 
@@ -25,6 +27,35 @@ def test_the_engines_keras_is_keras_3_on_tensorflow_whatever_the_user_set():
   same = fixtures.launch(["-c", "import engine, keras, tensorflow as tf; "
                           "print(tf.keras.Model is keras.Model)"])
   assert same.stdout == "True\n", same.stderr
+
+
+# A fit script's TensorFlow runs before the engine sets the thread pools:
+# the threads its first op made, counted.
+THREADS = ("import os, engine, tensorflow as tf; "
+           "a = tf.ones((256, 256)); tf.matmul(a, a).numpy(); "
+           "print(os.environ.get('TF_NUM_INTRAOP_THREADS'), "
+           "len(os.listdir('/proc/self/task')))")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_under_a_launcher_a_scripts_tensorflow_takes_its_share_of_cores():
+  cores = ",".join(map(str, sorted(os.sched_getaffinity(0))[:2]))
+
+  def launched(**env):
+    ran = subprocess.run(["taskset", "-c", cores, fixtures.PYTHON, "-c",
+                          THREADS], cwd=fixtures.REPO,
+                         env=fixtures.engine_env(**env), text=True,
+                         capture_output=True, timeout=timeouts.bound(120))
+    assert ran.returncode == 0, ran.stderr
+    setting, threads = ran.stdout.split()
+    return setting, int(threads)
+  # Of 2 cores, each of 2 processes gets one thread in each pool, where
+  # TensorFlow alone takes both cores in both; a user's own setting stays.
+  share, threads = launched(HOROVOD_LOCAL_SIZE="2")
+  alone, more = launched()
+  assert (share, alone) == ("1", "None") and more >= threads + 2
+  assert launched(HOROVOD_LOCAL_SIZE="2", TF_NUM_INTRAOP_THREADS="2",
+                  TF_NUM_INTEROP_THREADS="2") == ("2", more)
 
 
 def test_tensorflows_import_prints_nothing_that_its_log_level_hides():

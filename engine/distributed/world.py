@@ -13,6 +13,7 @@ from absl import logging
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from engine.core.cpu import available_cores, cpu_threads
 from engine.core.errors import UserError
 from engine.distributed import liveness
 
@@ -70,9 +71,12 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
     tf.config.set_visible_devices(gpu, "GPU")
     return World(hvd.rank(), hvd.size(), device="GPU", intra_op_threads=0,
                  inter_op_threads=0, dynamic_process_sets=link_levels)
+  # The cores the launch gave this host's processes, before this one binds
+  # to its slice of them.
+  cores = available_cores()
   if bind_cpus:
     bind_to_own_cores(hvd.local_rank(), hvd.local_size())
-  auto_intra, auto_inter = cpu_threads(available_cores(), hvd.local_size())
+  auto_intra, auto_inter = cpu_threads(cores, hvd.local_size())
   intra = intra_op_threads or auto_intra
   inter = inter_op_threads or auto_inter
   try:
@@ -80,14 +84,20 @@ def init(*, intra_op_threads: int = 0, inter_op_threads: int = 0,
     tf.config.threading.set_inter_op_parallelism_threads(inter)
   except RuntimeError:
     # TensorFlow ran before (a script's own ops, or an earlier run in this
-    # process): its threads are fixed for the process's life.
-    logging.warning(
-        "TensorFlow ran before the engine set up this process, so it keeps "
-        "its threads rather than %d intra-op and %d inter-op; run nothing "
-        "of TensorFlow's before training for the engine's choice", intra,
-        inter)
-    intra = tf.config.threading.get_intra_op_parallelism_threads()
-    inter = tf.config.threading.get_inter_op_parallelism_threads()
+    # process): its threads are fixed for the process's life, as `import
+    # engine` set them under a launcher (engine/__init__.py) or TensorFlow's
+    # default (0).
+    kept = (tf.config.threading.get_intra_op_parallelism_threads()
+            or int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0)),
+            tf.config.threading.get_inter_op_parallelism_threads()
+            or int(os.environ.get("TF_NUM_INTEROP_THREADS", 0)))
+    if kept != (intra, inter):
+      logging.warning(
+          "TensorFlow ran before the engine set up this process, so it "
+          "keeps its threads rather than %d intra-op and %d inter-op; run "
+          "nothing of TensorFlow's before training for the engine's choice",
+          intra, inter)
+    intra, inter = kept
   return World(hvd.rank(), hvd.size(), device="CPU", intra_op_threads=intra,
                inter_op_threads=inter, dynamic_process_sets=link_levels)
 
@@ -131,28 +141,6 @@ def bind_to_own_cores(local_rank: int, local_size: int) -> None:
       os.sched_setaffinity(int(thread), mine)
     except ProcessLookupError:  # it ended since the listing
       pass
-
-
-def available_cores() -> int:
-  """Cores this process may run on (respects taskset, cgroups via affinity)."""
-  return len(os.sched_getaffinity(0))
-
-
-def cpu_threads(cores: int, processes_on_host: int) -> tuple[int, int]:
-  """Thread pools for one of `processes_on_host` processes sharing `cores`.
-
-  TensorFlow sizes both pools to every core by default, so N processes on one
-  host run N times as many busy threads as cores and lose time to context
-  switches. Each process gets an equal share of the cores for its kernels
-  (oneDNN runs in the intra-op pool), and as many inter-op threads, so that
-  independent ops (a block's branches, a layer's two gradients) run side by
-  side on the share: on one core that is one thread; on two, MobileNetV2
-  trained 1.30x faster in the one round interleaved with one thread, and
-  the ResNets measured 0.99-1.05x. BUILD.md gives the measurements behind
-  this choice.
-  """
-  share = max(1, cores // processes_on_host)
-  return share, share
 
 
 def current(world: World) -> World:
