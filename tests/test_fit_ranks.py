@@ -72,3 +72,21 @@ def test_a_models_own_train_step_keeps_its_ranks_identical(runs):
   assert len(ranks[0].files) == 7  # two models' weights and a seed's state
   for name in ranks[0].files:
     np.testing.assert_array_equal(ranks[0][name], ranks[1][name])
+
+
+def test_batch_hooks_get_the_epochs_figures_so_far_over_both_ranks(runs):
+  out, _, _ = runs
+  ranks = [json.loads((out / "gan" / f"batches{r}.json").read_text())
+           for r in (0, 1)]
+  assert ranks[0] == ranks[1]  # reduced: the same on both ranks
+  with open(out / "gan" / "metrics.jsonl") as f:
+    epochs = [r for r in map(json.loads, f) if "train_d_loss" in r]
+  # 256 images, batches of 16 on 2 ranks: 8 steps an epoch; each epoch's
+  # last batch logs are its figures.
+  steps = [batch for batch, _ in ranks[0]]
+  assert steps == list(range(8)) * 2
+  for epoch, record in enumerate(epochs):
+    last = ranks[0][8 * epoch + 7][1]
+    assert last["d_loss"] == pytest.approx(record["train_d_loss"], rel=1e-6)
+    assert last["g_loss"] == pytest.approx(record["train_g_loss"], rel=1e-6)
+

@@ -320,11 +320,12 @@ class TrainLoop:
       for action in actions.due(self._actions, before, at.global_step):
         action.run(at)
       if session.callbacks.per_batch:
-        # This rank's figures of the epoch so far, as Keras' batch logs; a
-        # stop agreed here ends the run at the epoch's end.
-        session.callbacks.batch_end(at.step - 1, self._train_step.totals
-                                    .result_of(self._train_step.totals
-                                               .local_sums()).figures)
+        # The epoch's figures so far over every rank (an allreduce, which
+        # only per-batch callbacks cost), as Keras' batch logs; a stop
+        # agreed here ends the run at the epoch's end.
+        totals = self._train_step.totals
+        session.callbacks.batch_end(at.step - 1, totals.result_of(
+            state.epoch_sums(totals.sums())).figures)
     # An allreduce: all ranks are done.
     train = self._train_step.totals.result_of(
         state.epoch_sums(self._train_step.totals.sums()))

@@ -5,6 +5,7 @@ variables to MODEL_DIR/rank<r>.npz.
 
   fit_gan.py MODEL_DIR [engine flags]
 """
+import json
 import os
 import sys
 
@@ -75,10 +76,17 @@ def main(model_dir):
   gan.compile(d_optimizer=keras.optimizers.Adam(1e-3),
               g_optimizer=keras.optimizers.Adam(1e-3),
               loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
-  history = engine.fit(gan, images(0), epochs=2, model_dir=model_dir)
+  # A batch hook, as LambdaCallback sets one: the logs it gets, per step.
+  batch_logs = []
+  seen = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs:
+                                        batch_logs.append([batch, logs]))
+  history = engine.fit(gan, images(0), epochs=2, model_dir=model_dir,
+                       callbacks=[seen])
   assert set(history.history) >= {"d_loss", "g_loss"}, history.history
   np.savez(os.path.join(model_dir, f"rank{hvd.rank()}.npz"),
            *[v.numpy() for v in gan.variables])
+  with open(os.path.join(model_dir, f"batches{hvd.rank()}.json"), "w") as f:
+    json.dump(batch_logs, f)
 
 
 if __name__ == "__main__":
