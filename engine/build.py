@@ -6,7 +6,6 @@ model evaluated or range-tested is the one trained, on the same data, and
 the order of the building (the seed before the model, the precision policy
 before its layers) is written once.
 """
-import collections
 import functools
 import time
 from typing import Any, NamedTuple, Optional
@@ -382,25 +381,6 @@ def eval_shift_pixels(config: TrainConfig, image_shape: tuple) -> int:
   return pixels
 
 
-def cpu_kernels_record(config: TrainConfig, model: keras.Model
-                       ) -> Optional[dict]:
-  """Which of our CPU kernels the model's blocks take on each rank (what
-  its own CPU runs), logged and for metrics.jsonl; None if no block fits
-  them. Under --elastic (workers meet in the loop), this rank's alone."""
-  fitting, taking = winograd3d.blocks(model)
-  if not fitting:
-    return None
-  ours = f"winograd3d_{winograd3d.loaded()}" if taking else "tensorflow"
-  by_rank = ([ours] if config.faults.elastic
-             else distributed.gathered(ours, name="cpu_kernels"))
-  ran = collections.Counter(by_rank).items()
-  logging.info("%d blocks fit our Winograd kernels (--cpu_kernels=%s); they "
-               "run %s", fitting, config.performance.cpu_kernels, ", ".join(
-                   f"{name} on {n} of {len(by_rank)} ranks" for name, n in ran))
-  return dict(event="cpu_kernels", blocks=fitting, by_rank=by_rank,
-              choice=config.performance.cpu_kernels, time=round(time.time(), 3))
-
-
 def training_parts(config: TrainConfig,
                    given: Optional[Given] = None) -> TrainingParts:
   """The parts of a training run, built on every rank alike; a fit
@@ -421,7 +401,7 @@ def training_parts(config: TrainConfig,
                "task %s", model.name, model.count_params(),
                batch_norm.fused(model), config.performance.fused_batch_norm,
                task.name)
-  kernels = cpu_kernels_record(config, model)
+  kernels = start_up.cpu_kernels(config, model)
   # Optimizer and learning rate: scaled with the global batch (linear:
   # base_lr * world.size, set for each number of processes the loop runs
   # on), warmed up per step, then decayed; a function of the step evaluated

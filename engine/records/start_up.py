@@ -1,7 +1,10 @@
 """What a run says as it starts, beside what it builds (engine/build.py):
 its processes and kernels, its optimizer, precision and allreduce, and
 the GPU options that would slow it on a CPU."""
+import collections
 import os
+import time
+from typing import Optional
 
 from absl import logging
 import keras
@@ -11,6 +14,7 @@ from engine.compute import communication
 from engine.compute import precision
 from engine.compute import weight_decay
 from engine.core.config import TrainConfig
+from models import winograd3d
 
 
 def numerics(config: TrainConfig, choice: precision.Choice,
@@ -54,3 +58,21 @@ def processes(world: distributed.World, kernels: str) -> str:
   return (f"CPU, {world.intra_op_threads} intra-op and "
           f"{world.inter_op_threads} inter-op threads per process, {kernels}"
           f" kernels, Horovod cycle {os.environ['HOROVOD_CYCLE_TIME']} ms")
+
+
+def cpu_kernels(config: TrainConfig, model: keras.Model) -> Optional[dict]:
+  """Which of our CPU kernels the model's blocks take on each rank (what
+  its own CPU runs), logged and for metrics.jsonl; None if no block fits
+  them. Under --elastic (workers meet in the loop), this rank's alone."""
+  fitting, taking = winograd3d.blocks(model)
+  if not fitting:
+    return None
+  ours = f"winograd3d_{winograd3d.loaded()}" if taking else "tensorflow"
+  by_rank = ([ours] if config.faults.elastic
+             else distributed.gathered(ours, name="cpu_kernels"))
+  ran = collections.Counter(by_rank).items()
+  logging.info("%d blocks fit our Winograd kernels (--cpu_kernels=%s); they "
+               "run %s", fitting, config.performance.cpu_kernels, ", ".join(
+                   f"{name} on {n} of {len(by_rank)} ranks" for name, n in ran))
+  return dict(event="cpu_kernels", blocks=fitting, by_rank=by_rank,
+              choice=config.performance.cpu_kernels, time=round(time.time(), 3))
