@@ -164,6 +164,7 @@ def data_task_and_model(config: TrainConfig, mode: str,
   task = tasks.build(config.task.name, splits.info, **config.task.params)
   builder = ModelBuilder(config=config, splits=splits, task=task)
   model = builder.model(mode)
+  given_lib.refuse_its_own_training(config, model)
   tasks.check(task, config.task.name, model, splits.info.image_shape)
   _check_resizing(config, splits.info, task, model)
   return splits, task, builder, model, decider(config, task)

@@ -181,6 +181,21 @@ class Given:
     return splits, task
 
 
+def refuse_its_own_training(config: TrainConfig, model: keras.Model) -> None:
+  """A model compiled with a loss, or with its own train_step, trains as
+  it says on tf.data datasets (Given.of_flags); on the engine's data its
+  --task trains it, so what it says would be dropped: refused."""
+  own = ("its own train_step" if own_step.overrides_train_step(model) else
+         "compile()'s loss" if compiled.is_compiled(model) else "")
+  if own:
+    raise UserError(
+        f"--model={config.model.name} returns a model trained by {own}, "
+        f"which --dataset={config.data.name}'s data would not use (--task="
+        f"{config.task.name} trains it): return the model uncompiled, or "
+        "return tf.data datasets from a --dataset function "
+        "(docs/from-fit.md)")
+
+
 def optimizers_of(task: tasks.Task, model: keras.Model) -> dict:
   """The optimizers a compiled model or its own train_step trains with:
   compile()'s (named ""), or those its train_step applies, by the

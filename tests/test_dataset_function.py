@@ -46,6 +46,12 @@ def classifier(input_shape):
                 loss="sparse_categorical_crossentropy", metrics=["accuracy"])
   return model
 
+def flattened(input_shape, num_classes):  # (for the engine's images)
+  model = keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                            keras.layers.Dense(num_classes)])
+  model.compile(optimizer="sgd", loss="mse")
+  return model
+
 def of_classes(input_shape, num_classes):
   return of_ten(input_shape, num_classes)
 
@@ -133,3 +139,17 @@ def test_a_models_function_with_num_classes_builds_at_its_default(code):
   result = train_lib.train(config(code, model="of_ten").replace(
       training=dict(epochs=1)))
   assert result.model.output_shape == (None, 10)
+
+
+def test_a_compiled_model_on_the_engines_own_data_is_refused(code, tmp_path):
+  # Its compile() would be dropped: the engine's data trains by --task.
+  made = config(code, model="flattened").replace(data=dict(
+      name="fashion_mnist",
+      dir=fixtures.write_fashion_mnist(str(tmp_path / "fm"), num_train=64,
+                                       num_test=16)))
+  with pytest.raises(UserError) as raised:
+    train_lib.train(made)
+  assert (f"--model={code / 'model.py'}:flattened returns a model trained "
+          "by compile()'s loss, which --dataset=fashion_mnist's data would "
+          "not use") in str(raised.value)
+  assert "\n" not in str(raised.value)
