@@ -12,7 +12,8 @@ Nothing is loaded whole. Labels (small) are read at start-up and checked;
 images stay on disk and the input pipeline reads the rows of each batch
 (engine/datasets/array_files.py reads each format by rows). The page
 cache, not the process, holds what was read, so a rank's memory does not
-grow with the data set (`bench/input_memory.py`).
+grow with the data set (bench/RESULTS.md's history, "Peak memory per
+rank does not grow").
 
 `from_arrays` builds the same splits from arrays a script already holds.
 """
