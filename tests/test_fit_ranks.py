@@ -14,6 +14,8 @@ from tests import fixtures
 
 SCRIPT = os.path.join(fixtures.REPO, "examples", "fit_script.py")
 GAN = os.path.join(fixtures.REPO, "tests", "workers", "fit_gan.py")
+BY_FLAGS = os.path.join(fixtures.REPO, "tests", "workers",
+                        "tfdata_by_flags.py")
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +38,14 @@ def runs(tmp_path_factory):
   gan = fixtures.launch([GAN, str(out / "gan"), "--progress=none"],
                         processes=2)
   assert gan.returncode == 0, gan.stderr[-3000:]
+  (out / "by_flags").mkdir()
+  by_flags = fixtures.launch(
+      ["-m", "engine.train", f"--dataset={BY_FLAGS}:datasets",
+       f"--model={BY_FLAGS}:classifier", f"--callbacks={BY_FLAGS}:callbacks",
+       f"--model_dir={out / 'by_flags' / 'run'}", "--epochs=2",
+       "--progress=none"], processes=2,
+      env=dict(TFDATA_OUT=str(out / "by_flags")))
+  assert by_flags.returncode == 0, by_flags.stderr[-3000:]
   return out, first, again
 
 
@@ -90,3 +100,22 @@ def test_batch_hooks_get_the_epochs_figures_so_far_over_both_ranks(runs):
     assert last["d_loss"] == pytest.approx(record["train_d_loss"], rel=1e-6)
     assert last["g_loss"] == pytest.approx(record["train_g_loss"], rel=1e-6)
 
+
+
+
+def test_a_tfdata_run_by_flags_keeps_its_ranks_identical_and_exact(runs):
+  # --dataset's tf.data datasets, --model's compiled model, --callbacks'.
+  out, _, _ = runs
+  ranks = [np.load(out / "by_flags" / f"rank{r}.npz") for r in (0, 1)]
+  for name in ranks[0].files:
+    np.testing.assert_array_equal(ranks[0][name], ranks[1][name])
+  with open(out / "by_flags" / "run" / "metrics.jsonl") as f:
+    last = [r for r in map(json.loads, f) if "val_loss" in r][-1]
+  # 256 examples, batches of 16 on each of 2 ranks: 8 steps an epoch.
+  assert (last["epoch"], last["global_batch"], last["global_step"]) == (
+      2, 32, 16)
+  # Every validation example once across the ranks: Keras' own evaluate.
+  evaluated = json.loads((out / "by_flags" / "evaluated0.json").read_text())
+  assert last["val_loss"] == pytest.approx(evaluated["loss"], rel=1e-5)
+  assert last["val_accuracy"] == pytest.approx(evaluated["accuracy"],
+                                               abs=1e-7)
