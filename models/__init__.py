@@ -62,10 +62,7 @@ def build_as_written(name: str, *, input_shape, **params) -> keras.Model:
                     "datasets do not tell: give it a default in the "
                     "function's signature")
   model = _MODELS.build(name, input_shape=tuple(input_shape), **params)
-  refuse_keras2(model, f"--model={name}")
-  if not isinstance(model, keras.Model):
-    raise UserError(f"--model={name} returned a {type(model).__name__}, not "
-                    "a keras.Model (import keras)")
+  _check_keras3(model, name)
   return model
 
 
@@ -108,6 +105,14 @@ def refuse_keras2(model, where: str) -> None:
         "TF_USE_LEGACY_KERAS")
 
 
+def _check_keras3(model, name: str) -> None:
+  """A UserError unless --model=`name` returned a Keras 3 model."""
+  refuse_keras2(model, f"--model={name}")
+  if not isinstance(model, keras.Model):
+    raise UserError(f"--model={name} returned a {type(model).__name__}, not "
+                    "a keras.Model (import keras)")
+
+
 def _check(model, name: str, input_shape: tuple, num_classes: int,
            output_shape: tuple) -> None:
   """A Keras model giving float32 outputs of `output_shape` (logits per
@@ -116,10 +121,7 @@ def _check(model, name: str, input_shape: tuple, num_classes: int,
   Checked by calling it on two blank images, which also creates the
   variables of a subclassed model before anything saves or broadcasts them.
   """
-  refuse_keras2(model, f"--model={name}")
-  if not isinstance(model, keras.Model):
-    raise UserError(f"--model={name} returned a {type(model).__name__}, not "
-                    "a keras.Model (import keras)")
+  _check_keras3(model, name)
   try:
     logits = model(tf.zeros((2, *input_shape)), training=False)
   except Exception as e:  # the user's code: one line
