@@ -302,12 +302,11 @@ def _step_worker() -> None:
   spec = STEP_MODELS[FLAGS.worker_model]
   mode, xla = OPTIONS[FLAGS.worker_option]
   distributed.init()  # one process: the engine's threads for all cores
-  precisions.set_policy(mode)  # the model's layers compute in `mode`
   keras.utils.set_random_seed(0)
-  model = models.build(spec.model, input_shape=IMAGE_SHAPE,
-                       num_classes=NUM_CLASSES, **spec.params)
-  batch_norm.fuse(model)  # as the engine trains it
-  precisions.set_policy("none")
+  with precisions.policy(mode):  # the model's layers compute in `mode`
+    model = models.build(spec.model, input_shape=IMAGE_SHAPE,
+                         num_classes=NUM_CLASSES, **spec.params)
+    batch_norm.fuse(model)  # as the engine trains it
   optimizer = precisions.with_loss_scaling(
       optimizers.build(**spec.optimizer), mode)
   step = steps.TrainStep(model=model, optimizer=optimizer, xla=xla)

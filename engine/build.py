@@ -182,15 +182,15 @@ class ModelBuilder:
                                                            splits))
 
   def model(self, mode: str) -> keras.Model:
-    precision.set_policy(mode)
     winograd3d.use(self._config.performance.cpu_kernels)
     # The same seed everywhere, then rank 0's weights win anyway.
     keras.utils.set_random_seed(self._config.training.seed)
-    model = tasks.build_model(self._task, self._config.task.name,
-                              self._flags_model)
-    if self._config.performance.fused_batch_norm == "auto":
-      batch_norm.fuse(model)
-    whitening.adapt(model, self._first_images)  # (a resume restores over it)
+    with precision.policy(mode):
+      model = tasks.build_model(self._task, self._config.task.name,
+                                self._flags_model)
+      if self._config.performance.fused_batch_norm == "auto":
+        batch_norm.fuse(model)
+      whitening.adapt(model, self._first_images)  # (a resume restores over it)
     return model
 
   def measured_step(self, mode: str, compression: str) -> steps.TrainStep:

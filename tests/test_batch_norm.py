@@ -75,13 +75,10 @@ def test_trains_as_keras_batch_normalization(shape, options):
 
 
 def test_bfloat16_trains_close_to_float32():
-  precision.set_policy("bfloat16")
-  try:
+  with precision.policy("bfloat16"):
     ours = keras.layers.BatchNormalization()
     batch_norm.fuse(ours)
     ours.build((8, 6, 5, 3))
-  finally:
-    precision.set_policy("none")
   theirs = keras.layers.BatchNormalization()
   theirs.build((8, 6, 5, 3))
   x = tf.constant(np.random.default_rng(1).normal(2.0, 3.0, (8, 6, 5, 3)),

@@ -76,11 +76,8 @@ def test_a_step_the_float16_loss_scaler_skips_leaves_the_average_alone():
   # The average counts updates applied (ema.py): a skipped step would
   # otherwise pull it towards the weights it did not change, and ramp
   # its decay on.
-  precision.set_policy("float16")
-  try:
+  with precision.policy("float16"):
     model = tiny_model()
-  finally:
-    precision.set_policy("none")
   average = ema.WeightAverage(model, decay=0.99)
   step = steps.TrainStep(model=model, optimizer=precision.with_loss_scaling(
       keras.optimizers.SGD(0.5), "float16"), weight_average=average)

@@ -7,6 +7,7 @@ decision kept, with a busy process beside it."""
 import json
 import os
 
+import keras
 import pytest
 import tensorflow as tf
 
@@ -20,6 +21,17 @@ from tests import fixtures
 def test_an_explicit_mode_is_kept():
   for mode in ("none", "float16", "bfloat16"):
     assert precision.resolve(mode) == (mode, "")
+
+
+def test_a_model_built_in_16_bits_leaves_keras_policy_as_it_was(tmp_path):
+  """The run's mode is its model's layers', not the process's: a fit
+  script's next model (or the next test) is built in the policy it had."""
+  from engine import build  # pylint: disable=import-outside-toplevel
+  config = fixtures.train_config(data=dict(
+      dir=fixtures.write_fashion_mnist(str(tmp_path), 20, 10)))
+  _, _, _, model, _ = build.data_task_and_model(config, "bfloat16")
+  assert "bfloat16" in {layer.compute_dtype for layer in model.layers}
+  assert keras.config.dtype_policy().name == "float32"
 
 
 @pytest.mark.parametrize("flags, expected", [

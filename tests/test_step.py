@@ -137,11 +137,8 @@ def test_xla_compiles_the_forward_and_backward_pass_only_with_xla():
 
 def float16_step():
   """A float16 model's TrainStep, with Keras' dynamic loss scaler."""
-  precision.set_policy("float16")
-  try:
+  with precision.policy("float16"):
     model = tiny_model()
-  finally:
-    precision.set_policy("none")
   optimizer = precision.with_loss_scaling(keras.optimizers.SGD(0.1),
                                           "float16")
   return model, optimizer, steps.TrainStep(model=model, optimizer=optimizer)

@@ -123,8 +123,7 @@ def test_a_mixed_precision_model_ends_in_float32(tmp_path):
         "    return self.dense(keras.ops.reshape(x, (-1, 64)))\n"
         "def subclassed(num_classes):\n"
         "  return Half(num_classes)\n")
-  precision.set_policy("bfloat16")
-  try:
+  with precision.policy("bfloat16"):
     model = build(f"{tmp_path}/half.py:build")
     assert [layer.compute_dtype for layer in model.layers[-2:]] == [
         "bfloat16", "float32"]
@@ -132,8 +131,6 @@ def test_a_mixed_precision_model_ends_in_float32(tmp_path):
     with pytest.raises(UserError, match="outputs bfloat16 logits; end the "
                        "model with a float32 layer"):
       build(f"{tmp_path}/half.py:subclassed")
-  finally:
-    precision.set_policy("none")
 
 
 def test_a_dataset_function_must_return_splits(tmp_path):

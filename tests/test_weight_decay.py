@@ -68,8 +68,7 @@ def batch():
 def built(config, mode="none"):
   """The task's model for `config`, as engine.build builds it, and the
   train step that trains it (at a learning rate of 0.05)."""
-  precision.set_policy(mode)
-  try:
+  with precision.policy(mode):
     keras.utils.set_random_seed(0)
     task = tasks.build(config.task.name, INFO)
     model = task.build_model(lambda shape: models.build(
@@ -79,8 +78,6 @@ def built(config, mode="none"):
     tasks.check(task, config.task.name, model, INFO.image_shape)
     return model, build.optimizer_and_step(config, mode, "none", task, model,
                                            learning_rate=0.05)[1]
-  finally:
-    precision.set_policy("none")
 
 
 def kernel_norm(config, steps=5, mode="none") -> float:

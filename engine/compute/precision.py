@@ -19,6 +19,7 @@ float32; the decision is kept for runs of the same kind
 (engine/compute/auto.py).
 Hardware with float32 alone runs float32 unmeasured.
 """
+import contextlib
 import dataclasses
 from typing import Optional
 
@@ -79,9 +80,18 @@ def native(cpu_flags: Optional[set] = None) -> tuple[tuple[str, ...], str]:
   return ("none",), "CPU without AVX512_BF16 or AMX: 16 bits would be emulated"
 
 
-def set_policy(mode: str) -> None:
-  """Sets the policy of every layer built from now on (global in Keras)."""
+@contextlib.contextmanager
+def policy(mode: str):
+  """The policy of every layer built inside (Keras' is global), and the
+  one before it again after: a layer keeps the policy it was built with,
+  and neither a fit script's next model nor the next test in the process
+  should be built in the run's 16 bits."""
+  before = keras.config.dtype_policy()
   keras.config.set_dtype_policy(_POLICIES[mode])
+  try:
+    yield
+  finally:
+    keras.config.set_dtype_policy(before)
 
 
 def with_loss_scaling(optimizer, mode: str):

@@ -114,10 +114,9 @@ def data_parallel_steps(out_dir: str, name: str = "plain",
   images = rng.normal(size=(STEPS, GLOBAL_BATCH, 28, 28, 1)).astype("float32")
   labels = rng.integers(0, 10, (STEPS, GLOBAL_BATCH))
   keras.utils.set_random_seed(hvd.rank())  # different inits, then broadcast
-  precision.set_policy(mixed_precision)
-  model = models.build("cnn", input_shape=(28, 28, 1), num_classes=10,
-                       filters=4, dropout=0.0, weight_decay=1e-4)
-  precision.set_policy("none")
+  with precision.policy(mixed_precision):
+    model = models.build("cnn", input_shape=(28, 28, 1), num_classes=10,
+                         filters=4, dropout=0.0, weight_decay=1e-4)
   optimizer = precision.with_loss_scaling(
       keras.optimizers.SGD(0.1, momentum=0.9), mixed_precision)
   train_step = steps.TrainStep(model=model, optimizer=optimizer, **options)
