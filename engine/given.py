@@ -172,7 +172,7 @@ class Given:
                         f"{self.model.name} is compiled with a loss, which "
                         "needs labels: yield (x, y), or override train_step")
       task = compiled.Compiled.of(self.model, splits.info, x_spec=x_spec,
-                                  y_spec=y_spec)
+                                  y_spec=y_spec, weighted=parts == 3)
     else:
       raise UserError(f"engine.fit: model {self.model.name} is not "
                       "compiled; call model.compile(optimizer, loss, "

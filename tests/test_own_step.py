@@ -143,7 +143,8 @@ def test_keras_guide_gan_trains_both_models_with_their_own_optimizers():
   assert task.optimizers == ("d_optimizer", "g_optimizer")
   before = [v.numpy().copy() for v in model.trainable_variables]
   for seed in range(2):
-    assert step(*batch(seed)) is False
+    x, (y, _) = batch(seed)  # x alone: y the pipeline's dummy labels
+    assert step(x, y) is False
   assert step.traces == 1
   assert all(not np.array_equal(old, new.numpy())
              for old, new in zip(before, model.trainable_variables))
@@ -282,8 +283,8 @@ def test_the_guides_compiled_metrics_are_figures_of_their_own_names():
   model(tf.zeros((1, FEATURES)))
   model.compile(keras.optimizers.SGD(0.0), loss="mse", metrics=["mae"])
   _, step = step_of(model, parts=2)
-  x, (y, weights) = batch(0)
-  step(x, (y, weights))
+  x, (y, _) = batch(0)
+  step(x, y)  # (x, y): the labels as the pipeline yields them
   errors = model(x)[:, 0].numpy() - y.numpy()
   figures = step.totals.result().figures
   assert figures == pytest.approx({"loss": np.mean(errors ** 2),

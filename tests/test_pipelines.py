@@ -33,7 +33,7 @@ def train(pipeline, *, steps, shard=ONE, first_epoch=0, first_step=0,
   return batches.take(take or steps)
 
 
-def test_x_y_elements_unbatched_are_batched_here_with_unit_weights():
+def test_x_y_elements_unbatched_are_batched_here_and_come_as_they_are():
   splits = pipelines.splits_of(
       tf.data.Dataset.from_tensor_slices(examples()),
       tf.data.Dataset.from_tensor_slices(examples(5)), batch_size=4)
@@ -42,9 +42,9 @@ def test_x_y_elements_unbatched_are_batched_here_with_unit_weights():
   assert splits.info.image_shape == (2,) and splits.info.mean == (0.0, 0.0)
   assert splits.info.std == (1.0, 1.0) and splits.info.label_shape == ()
   assert not splits.train.normalizes
-  x, (y, weights) = next(iter(train(splits.train, steps=3, batch_size=4)))
+  x, y = next(iter(train(splits.train, steps=3, batch_size=4)))
+  # (x, y): no sample weights made for the step to read.
   assert x.shape == (4, 2) and list(y.numpy()) == [0, 1, 2, 0]
-  assert weights.dtype == tf.float32 and list(weights.numpy()) == [1.0] * 4
 
 
 def test_sample_weights_and_dict_features_in_a_batched_pipeline():
@@ -213,12 +213,10 @@ def test_x_alone_reaches_the_step_with_no_labels(element):
       tf.data.Dataset.from_tensor_slices(element), batch_size=2)
   x_spec, _, parts = pipeline.batch_specs()
   assert parts == 1
-  x, (y, weights) = next(iter(pipeline.eval_batches(None, shard=ONE,
-                                                    batch_size=2)))
+  x, y = next(iter(pipeline.eval_batches(None, shard=ONE, batch_size=2)))
   image = x["image"] if isinstance(x, dict) else x
   np.testing.assert_array_equal(image, [[0, 1], [2, 3]])
-  np.testing.assert_array_equal(y, [0, 0])
-  np.testing.assert_array_equal(weights, [1, 1])
+  np.testing.assert_array_equal(y, [0, 0])  # labels nothing reads
   assert tf.nest.map_structure(lambda s: s.shape.as_list(), x_spec) == (
       {"image": [None, 2], "label": [None]} if isinstance(x, dict)
       else [None, 2])

@@ -2,9 +2,11 @@
 already has, sharded by rank and read as the engine reads any source.
 
 The dataset is given to the model as it yields it: the engine neither
-normalizes (`Pipeline.normalizes`) nor augments its examples, and each
-batch reaches the step as `(x, (y, sample_weight))`, the batch the step
-and the compiled task take (engine/tasks/compiled.py).
+normalizes (`Pipeline.normalizes`) nor augments its examples, and a batch
+of `(x, y)` reaches the step as it comes; one of `(x, y, sample_weight)`
+reaches it as `(x, (y, sample_weight))`, and x alone as `(x, zeros)`: the
+step's `(x, labels)`, which the compiled task and the model's own step
+read by the parts the pipeline yields (engine/tasks/compiled.py).
 
 What the engine learns of a pipeline it learns from the pipeline itself:
 its element spec (the structure and shapes of its examples), its
@@ -171,6 +173,10 @@ class Pipeline(Source):
     dataset = self._sharded(shard)
     if not self.batched:
       dataset = dataset.batch(batch_size, drop_remainder=training)
+    # (x, y) as it comes: a map costs each batch a function call (0.06-0.2
+    # ms of CPU, bench/RESULTS.md's fit-script section).
+    if len(_parts(dataset.element_spec)) == 2:
+      return dataset
     return dataset.map(_as_step_takes)
 
   def _sharded(self, shard: Shard) -> tf.data.Dataset:
@@ -290,15 +296,12 @@ def _model_classes(model) -> int:
 
 
 def _as_step_takes(*element):
-  """A batch as `(x, (y, sample_weight))`, sample_weight float32 [batch]
-  (ones where the pipeline has none), as Keras' fit unpacks it; of x
-  alone, y zeros."""
+  """A batch of three parts as `(x, (y, sample_weight))`, sample_weight
+  float32 [batch], as Keras' fit unpacks it; of x alone, `(x, zeros)`,
+  the labels the step's `(x, labels)` needs and nothing reads."""
   x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(element)
-  batch = tf.shape(tf.nest.flatten(x)[0])[:1]
   if y is None:
-    y = tf.zeros(batch)
-  if sample_weight is None:
-    sample_weight = tf.ones(batch)
+    return x, tf.zeros(tf.shape(tf.nest.flatten(x)[0])[:1])
   return x, (y, tf.cast(sample_weight, tf.float32))
 
 

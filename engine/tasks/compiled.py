@@ -5,9 +5,10 @@ A fit script's model says what is learned through `compile(optimizer,
 loss, metrics)`; `Compiled.of(model, ...)` turns that into the engine's
 Task, so no --task is needed and nothing the user compiled is ignored.
 
-The batch the step gets is `(x, (y, sample_weight))`: x as the user's data
-gives it (a tensor or a dict of features), y the labels of the model's one
-output, sample_weight float32 [batch] (ones where the data have none).
+The batch the step gets is `(x, y)`, or `(x, (y, sample_weight))` where the
+data have sample weights (`weighted`): x as the user's data gives it (a
+tensor or a dict of features), y the labels of the model's one output,
+sample_weight float32 [batch].
 
 The loss is the compiled one, resolved as Keras resolves it (a string, a
 keras.losses.Loss with its from_logits and label_smoothing, a user's
@@ -50,17 +51,19 @@ def is_compiled(model: keras.Model) -> bool:
 
 
 class Compiled(Task):
-  """The loss and metrics of a model the user compiled; labels are
-  `(y, sample_weight)`. Made by `Compiled.of`."""
+  """The loss and metrics of a model the user compiled; labels are y, or
+  `(y, sample_weight)` where the task is `weighted`. Made by
+  `Compiled.of`."""
 
   # Keras users monitor val_loss: ModelCheckpoint's and EarlyStopping's
   # default.
   best_metric = "loss:min"
 
   def __init__(self, info=None, *, model: keras.Model, loss_fn, loss_weight,
-               output_shape: tuple):
+               output_shape: tuple, weighted: bool):
     super().__init__(info)
     self._model = model
+    self._weighted = weighted
     self._loss_fn = loss_fn
     self._loss_weight = loss_weight
     self._output_shape = tuple(output_shape)
@@ -80,11 +83,12 @@ class Compiled(Task):
                   in enumerate(zip(self._owners, variables))]
 
   @classmethod
-  def of(cls, model: keras.Model, info=None, *, x_spec, y_spec
-         ) -> "Compiled":
+  def of(cls, model: keras.Model, info=None, *, x_spec, y_spec,
+         weighted: bool = False) -> "Compiled":
     """The task of `model` as the user compiled it, for batches whose
     features are `x_spec` (a tf.TensorSpec, or a dict of them) and labels
-    `y_spec` (a tf.TensorSpec): the batch dimension may be None. Calls the
+    `y_spec` (a tf.TensorSpec), with sample weights if `weighted`: the
+    batch dimension may be None. Calls the
     model on two blank examples; each thing the engine cannot honour
     (no loss, several outputs, a loss that does not fit the outputs, a
     metric whose state cannot be summed) is one UserError line."""
@@ -120,7 +124,7 @@ class Compiled(Task):
                       "examples' losses, so leave the loss's default "
                       "reduction 'sum_over_batch_size'")
     task = cls(info, model=model, loss_fn=loss_fn, loss_weight=loss_weight,
-               output_shape=outputs.shape[1:])
+               output_shape=outputs.shape[1:], weighted=weighted)
     task._specs = (x_spec, y_spec)
     task._check_loss(given, y, y_pred)
     task._check_summable(rng, y_spec, outputs)
@@ -131,20 +135,22 @@ class Compiled(Task):
 
   def batch_signature(self, image_shape: tuple) -> tuple:
     """The pipeline's own: its features as it yields them, and its labels
-    with their sample weights."""
+    (with their sample weights, if weighted)."""
     del image_shape  # the features' own shapes
     x_spec, y_spec = tree.map_structure(_of_any_batch, self._specs)
-    return x_spec, (y_spec, tf.TensorSpec([None], tf.float32))
+    return x_spec, ((y_spec, tf.TensorSpec([None], tf.float32))
+                    if self._weighted else y_spec)
 
   def loss(self, labels, outputs):
     """Each example's compiled loss (the mean over its values, for a loss
     that keeps more than the batch axis) times its sample weight and the
     compiled loss weight: their mean over a batch is Keras' loss."""
-    y, sample_weight = labels
+    y, sample_weight = self._unpacked(labels)
     values = self._values(y, outputs)
     per_example = tf.reduce_mean(
         tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
-    per_example *= tf.cast(sample_weight, per_example.dtype)
+    if sample_weight is not None:
+      per_example *= tf.cast(sample_weight, per_example.dtype)
     if self._loss_weight is not None:
       per_example *= self._loss_weight
     return tf.cast(per_example, tf.float32)
@@ -158,7 +164,7 @@ class Compiled(Task):
     sums = {LOSS: tf.reduce_sum(tf.cast(loss, tf.float64))
             + examples * tf.cast(self._penalty(), tf.float64)}
     if self._metrics:
-      y, sample_weight = labels
+      y, sample_weight = self._unpacked(labels)
       sums.update(zip(self._keys, self._shares(
           self._metrics.stateless_update_state(
               self._initial_state(), y, outputs,
@@ -182,6 +188,11 @@ class Compiled(Task):
     if not getattr(model, "compiled", False):
       return None
     return model.optimizer
+
+  def _unpacked(self, labels) -> tuple:
+    """(y, sample_weight) of a batch's labels; sample_weight None where
+    the data have none."""
+    return labels if self._weighted else (labels, None)
 
   def _penalty(self) -> tf.Tensor:
     """The weight regularizers' penalty at the current weights, which

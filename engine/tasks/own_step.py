@@ -21,11 +21,11 @@ applies is left out). The engine builds their slots then, and checkpoints
 and broadcasts them as an optimizers.Several keyed by attribute name
 (`OwnStep.optimizers`).
 
-The batch: the engine's step is given `(x, labels)`, `labels` being
-`(y, sample_weight)` (a fit script's pipeline, engine/tasks/compiled.py's
-contract) or y alone (the engine's own data sets). The user's step gets
-Keras' `data` back in the shape their dataset yields it (`parts`): x alone
-(a GAN's images: the pipeline gives any dummy y, ignored), `(x, y)`, or
+The batch: the engine's step is given `(x, labels)`, `labels` being y, or
+`(y, sample_weight)` of a dataset that yields sample weights
+(engine/datasets/pipelines.py). The user's step gets Keras' `data` back in
+the shape their dataset yields it (`parts`): x alone (a GAN's images: the
+pipeline gives dummy labels, ignored), `(x, y)`, or
 `(x, y, sample_weight)`.
 
 The figures are the keys of the dict the user's step returns, flattened as
@@ -126,7 +126,8 @@ class OwnStep(Task):
     if x_spec is None:
       x_spec = tf.TensorSpec([None, *info.image_shape], tf.float32)
       y_spec = tf.TensorSpec([None, *info.label_shape], info.label_dtype)
-    specs = (x_spec, (y_spec, tf.TensorSpec([None], tf.float32)))
+    specs = (x_spec, (y_spec, tf.TensorSpec([None], tf.float32))
+             if parts == 3 else y_spec)
     held = held_optimizers(model)
     applied, train_keys = _traced(model, model.train_step, held, parts,
                                   specs, "train_step")
@@ -240,13 +241,12 @@ class OwnStep(Task):
 
 
 def _data(images, labels, parts: int):
-  """Keras' `data` for the user's step: x, (x, y) or (x, y, sample_weight)
-  from the engine's (x, (y, sample_weight)) or (x, y)."""
-  y, sample_weight = (labels if isinstance(labels, (tuple, list))
-                      else (labels, None))
-  if parts == 3 and sample_weight is None:
-    sample_weight = tf.ones(tf.shape(tf.nest.flatten(images)[0])[:1])
-  return (images, (images, y), (images, y, sample_weight))[parts - 1]
+  """Keras' `data` for the user's step, of `parts` parts: x, (x, y) or
+  (x, y, sample_weight), from the engine's (x, labels), labels y or, of
+  three parts, (y, sample_weight)."""
+  if parts == 3:
+    return (images, *labels)
+  return (images, (images, labels))[parts - 1]
 
 
 def _flat(key: str, result) -> dict:
