@@ -21,6 +21,10 @@ test images every epoch), trains --epochs epochs in each variant:
   choice);
 - `train-tfdata-1`: `engine.train --dataset=...:datasets
   --model=...:compiled_cnn`, the same pipelines and compiled model by flags;
+- `train-gathered-1`: the same by `--dataset=...:gathered_datasets`, its
+  training batches gathered from the images in memory as the arrays
+  source gathers them: what the tf.data route costs apart from how the
+  script's pipeline is written;
 - `train-arrays-1`: `engine.train --dataset=fashion_mnist --model=...:cnn`,
   the same CNN uncompiled on the engine's arrays source, the task's own
   loss and metrics, Adam at 1e-3, no augmentation; with --train_examples,
@@ -31,7 +35,7 @@ validation left out (the engine's `images_per_sec`; `fit`'s timed from the
 epoch's start to its validation's); a run's figure is the median of the
 epochs after the first. Every run is printed as it comes, with the load
 before and after; then the table of every round, each variant's ratio to
-`fit` and tf.data's to arrays, by round.
+`fit` and each tf.data variant's to arrays, by round.
 """
 import os
 import re
@@ -48,10 +52,11 @@ from engine.core import cpu
 
 FLAGS = flags.FLAGS
 VARIANTS = ("fit", "engine.fit-1", "engine.fit-2", "train-tfdata-1",
-            "train-arrays-1")
-flags.DEFINE_list("variants", list(VARIANTS),
+            "train-gathered-1", "train-arrays-1")
+flags.DEFINE_list("variants", list(VARIANTS[:4] + VARIANTS[5:]),
                   "fit, engine.fit-N (N processes), train-tfdata-1, "
-                  "train-arrays-1; the first is the ratios' reference.")
+                  "train-gathered-1, train-arrays-1; the first is the "
+                  "ratios' reference.")
 flags.register_validator(
     "variants", lambda names: names and all(
         name in VARIANTS or re.fullmatch(r"engine\.fit-[1-9]\d*", name)
@@ -68,7 +73,10 @@ flags.DEFINE_string("out_dir", os.path.join(interleaved.REPO, "bench", "out",
                                             "fit_script"),
                     "Each run's directory, emptied before it runs.")
 PARTS = "bench/fit_script_parts.py"
-TFDATA, ARRAYS = "train-tfdata-1", "train-arrays-1"
+TFDATA, GATHERED = "train-tfdata-1", "train-gathered-1"
+ARRAYS = "train-arrays-1"
+# engine.train's --dataset function of each tf.data variant.
+DATASETS = {TFDATA: "datasets", GATHERED: "gathered_datasets"}
 
 
 def main(argv):
@@ -99,8 +107,8 @@ def command(variant: str, model_dir: str) -> tuple[list[str], dict]:
            f"{parts.BATCH}", f"--epochs={FLAGS.epochs}",
            f"--model_dir={model_dir}", "--progress=none",
            "--mixed_precision=none"]
-  if variant == TFDATA:
-    return train + [f"--dataset={PARTS}:datasets",
+  if variant in DATASETS:
+    return train + [f"--dataset={PARTS}:{DATASETS[variant]}",
                     f"--model={PARTS}:compiled_cnn",
                     f"--train_examples={FLAGS.train_examples}"], {}
   steps = ([f"--steps_per_epoch={FLAGS.train_examples // parts.BATCH}"]
@@ -136,7 +144,7 @@ def _shown(variant: str, round_: int, result: dict) -> str:
 
 def report(results: dict[str, list[dict]]) -> None:
   """Images/s by variant and round, each variant's ratio to the first
-  variant by round, and tf.data's ratio to arrays by round."""
+  variant by round, and each tf.data variant's to arrays by round."""
   figures = {variant: [run_["images_per_sec"] for run_ in runs]
              for variant, runs in results.items()}
   reference = FLAGS.variants[0]
@@ -149,10 +157,11 @@ def report(results: dict[str, list[dict]]) -> None:
     ratios = _ratios(found, figures[reference])
     print(f"{variant:<16}" + "".join(f"{figure:>10.0f}" for figure in found)
           + "   " + ", ".join(f"{ratio:.3f}" for ratio in ratios))
-  if TFDATA in figures and ARRAYS in figures:
-    print(f"{TFDATA} / {ARRAYS} by round: " + ", ".join(
-        f"{ratio:.3f}" for ratio in _ratios(figures[TFDATA],
-                                            figures[ARRAYS])))
+  for pipeline in DATASETS:
+    if pipeline in figures and ARRAYS in figures:
+      print(f"{pipeline} / {ARRAYS} by round: " + ", ".join(
+          f"{ratio:.3f}" for ratio in _ratios(figures[pipeline],
+                                              figures[ARRAYS])))
   print(f"load after: {interleaved.load():.2f}")
 
 

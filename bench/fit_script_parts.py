@@ -17,6 +17,7 @@ intra- and inter-op threads). engine.train takes the parts by name:
 
   --dataset=bench/fit_script_parts.py:datasets \
       --model=bench/fit_script_parts.py:compiled_cnn   # the tf.data route
+  --dataset=bench/fit_script_parts.py:gathered_datasets ...  # gathered
   --dataset=fashion_mnist --model=bench/fit_script_parts.py:cnn  # arrays
 """
 import gzip
@@ -65,6 +66,27 @@ def datasets(data_dir: str = "", train_examples: int = 0
           _pipeline(_read(data_dir, "t10k-images-idx3-ubyte", 16),
                     _read(data_dir, "t10k-labels-idx1-ubyte", 8),
                     training=False))
+
+
+def gathered_datasets(data_dir: str = "", train_examples: int = 0
+                      ) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+  """`datasets`' data, its training batches made as the engine's arrays
+  source makes them (engine/datasets/sources.py): a shuffled range of
+  indices batched, each batch gathered from the images held in memory,
+  not shuffled and batched image by image. What the engine's tf.data
+  route costs apart from the user's way of writing a pipeline."""
+  data_dir = data_dir or DATA_DIR
+  kept = slice(0, train_examples or NUM_TRAIN)
+  images = tf.constant(_read(data_dir, "train-images-idx3-ubyte", 16)
+                       .reshape(-1, 28, 28, 1)[kept])
+  labels = tf.constant(_read(data_dir, "train-labels-idx1-ubyte", 8)
+                       .astype("int64")[kept])
+  train = (tf.data.Dataset.range(int(labels.shape[0]))
+           .shuffle(int(labels.shape[0]), seed=0).batch(BATCH)
+           .map(lambda i: (tf.cast(tf.gather(images, i), tf.float32) / 255.0,
+                           tf.gather(labels, i)), num_parallel_calls=2)
+           .prefetch(2))
+  return train, datasets(data_dir, train_examples)[1]
 
 
 def cnn(input_shape=(28, 28, 1), num_classes: int = 10) -> keras.Model:
