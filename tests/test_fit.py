@@ -187,12 +187,15 @@ def test_keras_callbacks_act_on_the_run(tmp_path):
   assert [epoch for epoch, _ in seen.epochs] == [0, 1]
   assert seen.epochs[1][1]["val_accuracy"] == result.history[1][
       "val_accuracy"]
-  # A second start: nothing left to train (EarlyStopping's epochs are the
-  # run's), no epoch seen again.
+  assert result.history[-1]["stopped_early"] is True
+  # A second start, as the first: EarlyStopping's stop is the run's end,
+  # so nothing is trained, no epoch seen again, no checkpoint written.
+  checkpoints = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
   again = Seen()
   fit(tmp_path / "run", classifier(), tensors(), tensors(seed=1),
-      callbacks=[again], epochs=2)
-  assert again.epochs == [] and again.began == [2]
+      callbacks=[again], epochs=5)
+  assert again.epochs == [] and again.began == [5]
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == checkpoints
 
 
 def test_reduce_lr_on_plateau_lowers_the_runs_rate(tmp_path):

@@ -264,6 +264,9 @@ def test_early_stopping_ends_the_run_after_patience_epochs_at_target(
   assert history[-1]["target_accuracy_first_epoch"] == 1
   # Epochs 3-5 take no step.
   assert sum(ran for _, ran in step.calls) == 2 * STEPS_PER_EPOCH
+  # The stop is the run's end: the same command again takes no step.
+  again, step, _ = run_loop(data_dir, tmp_path, **early_stopping(5))
+  assert again == [] and sum(ran for _, ran in step.calls) == 0
 
 
 def test_early_stoppings_count_goes_on_in_a_resumed_run(data_dir, tmp_path):

@@ -81,10 +81,14 @@ class EpochEnd:
       record["pruned"] = True
     # The fit script's callbacks see the record's figures before the save,
     # so the checkpoint holds a rate ReduceLROnPlateau just lowered.
-    stopped = session.callbacks.epoch_end(
+    by_callback = session.callbacks.epoch_end(
         record["epoch"] - 1, keras_callbacks.epoch_logs(record))
+    if by_callback:
+      record["stopped_early"] = True  # as engine.runs and sweeps read it
+    if record.get("stopped_early") or record.get("pruned"):
+      state.stop()  # before the save: the checkpoint holds the stop
     self._save_and_commit(session, record, val, pictures)
-    return self._decided(session, record) or stopped
+    return self._decided(session, record, by_callback)
 
   def _evaluate(self, session: Session) -> tuple[metrics.Result, dict]:
     """The whole test split, each rank its shard, reduced exactly; and on
@@ -135,11 +139,17 @@ class EpochEnd:
         record, images, position, global_step), name="end_epoch")
     self._commit(state.snapshot(seconds=record["cumulative_seconds"]))
 
-  def _decided(self, session: Session, record: dict) -> bool:
-    """Whether the run stops here: pruned by its study, or early."""
+  def _decided(self, session: Session, record: dict,
+               by_callback: bool) -> bool:
+    """Whether the run stops here: pruned by its study, or early (by a
+    Keras callback, or its --target)."""
     if record.get("pruned"):
       session.on_chief(lambda directory: directory.record_pruned(
           record["epoch"], self._trial.pruner), name="pruned")
+      return True
+    if by_callback:
+      logging.info("stopping at epoch %d: a Keras callback set "
+                   "model.stop_training", record["epoch"])
       return True
     if record.get("stopped_early"):
       training = self._config.training
@@ -159,6 +169,12 @@ class EpochEnd:
       logging.info("final %s (%d examples); metrics in %s",
                    report.in_words(self.last_val.figures),
                    self.last_val.examples, session.reporter.metrics_path)
+    elif session.state.stopped and not session.state.history:
+      logging.info("%s stopped early after epoch %d: nothing left to "
+                   "train; to train on from its weights, start a new run "
+                   "(another --model_dir) with --init_from=%s",
+                   self._config.training.model_dir, session.state.epoch,
+                   self._config.training.model_dir)
     elif not session.state.history:
       logging.info("%s has finished its %d epochs already; pass a larger "
                    "--epochs to train on, or another --model_dir for a new "

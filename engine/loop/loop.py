@@ -92,7 +92,8 @@ class TrainLoop:
     session = self._begin(elastic_state.run_state)
     state = session.state
     try:
-      while state.epoch < self._config.training.epochs:
+      while (state.epoch < self._config.training.epochs
+             and not state.stopped):
         if session.callbacks.epoch_begin(state.epoch):
           break  # a Keras callback stopped the run
         try:
