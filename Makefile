@@ -12,11 +12,23 @@
 #   make train PYTHON=python3.13
 #                              set-up with another supported Python (3.11,
 #                              3.12, 3.13); VENV=dir puts that venv elsewhere
+#   make train DEVICE=gpu      any target on a GPU node: a venv of its own
+#                              (.venv-gpu) with TensorFlow's CUDA build and
+#                              Horovod with NCCL (BUILD.md, "GPUs"); train
+#                              starts a process per GPU. NCCL=no builds
+#                              Horovod without GPU collectives
+DEVICE ?= cpu
+ifeq ($(DEVICE),gpu)
+VENV ?= .venv-gpu
+# One process per GPU (none listed: 2, on the CPU).
+GPUS := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+PROCESSES ?= $(if $(filter-out 0,$(GPUS)),$(GPUS),2)
+endif
 PROCESSES ?= 2
 FLAGFILE ?= flags/fashion_mnist_fast.cfg
 ARGS ?=
 VENV ?= .venv
-export VENV PYTHON
+export VENV PYTHON DEVICE NCCL
 
 .PHONY: setup train test smoke smoke-next-tensorflow
 setup:

@@ -4,13 +4,25 @@
 # requirements, Horovod 0.28.1 compiled from its sdist with our patch
 # (patches/) against that TensorFlow with Gloo (and MPI where Open MPI is
 # installed), Debian's Fashion-MNIST, and an sshd for the simulated
-# multi-host tests. Every step is skipped when its result is already in
+# multi-host tests. DEVICE=gpu sets up a venv of its own for GPU nodes
+# (.venv-gpu by default): TensorFlow's CUDA build (requirements-gpu.txt)
+# and Horovod with NCCL (BUILD.md, "GPUs"). Every step is skipped when its result is already in
 # place, so README's commands can run this every time at the cost of a
 # second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-venv=$(realpath -m "${VENV:-.venv}")
+
+say() { echo "[setup] $*" >&2; }
+
+device=${DEVICE:-cpu}
+case $device in
+  cpu) default_venv=.venv ;;
+  gpu) default_venv=.venv-gpu ;;
+  *) say "DEVICE=$device is unknown: DEVICE=cpu (the default) or DEVICE=gpu"
+     exit 2 ;;
+esac
+venv=$(realpath -m "${VENV:-$default_venv}")
 py=$venv/bin/python
 data_dir=/usr/share/datasets/fashion-mnist
 horovod=horovod-0.28.1
@@ -21,7 +33,6 @@ horovod_patch=$root/patches/$horovod.patch
 # smoke-next-tensorflow` pins the next TensorFlow so).
 requirements=$(realpath "${REQUIREMENTS:-requirements.txt}")
 
-say() { echo "[setup] $*" >&2; }
 python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
 
 # The interpreter: PYTHON if given, else the venv's own once it exists,
@@ -42,9 +53,35 @@ if [ -x "$py" ] && [ "$(python_version "$py")" != "$version" ]; then
   say "$venv has Python $(python_version "$py"), not $version ($python): remove it (rm -rf $venv) to rebuild it, or pass VENV=another/dir"
   exit 2
 fi
+# The GPU pins' TensorFlow is the CPU pins' release.
+cpu_tensorflow=$(sed -n 's/^tensorflow-cpu==//p' "$requirements")
+if [ "$device" = gpu ]; then
+  gpu_tensorflow=$(sed -n 's/^tensorflow\[and-cuda\]==//p' "$root/requirements-gpu.txt")
+  if [ "$cpu_tensorflow" != "$gpu_tensorflow" ]; then
+    say "requirements-gpu.txt pins TensorFlow ${gpu_tensorflow:-nowhere}, $(realpath --relative-to="$root" "$requirements") ${cpu_tensorflow:-none}: pin the same release in both"
+    exit 2
+  fi
+fi
+
+# A venv is of one kind, which its TensorFlow says: the CPU set-up never
+# touches a GPU venv, nor the GPU set-up a CPU one.
+kind=
+compgen -G "$venv/lib/python*/site-packages/tensorflow_cpu-*.dist-info" >/dev/null && kind=cpu
+compgen -G "$venv/lib/python*/site-packages/nvidia/cuda_runtime" >/dev/null && kind=gpu
+if [ -n "$kind" ] && [ "$kind" != "$device" ]; then
+  say "$venv is a $kind venv (its TensorFlow's); DEVICE=$device sets up a venv of its own: leave VENV unset for $default_venv, or pass another VENV="
+  exit 2
+fi
 if [ ! -x "$py" ]; then
   say "creating $venv with Python $version"
   "$python" -m venv "$venv"
+fi
+
+# The GPU pins: requirements.txt's with its tensorflow-cpu line replaced
+# by requirements-gpu.txt, a file of the venv's.
+if [ "$device" = gpu ]; then
+  { grep -v '^tensorflow-cpu==' "$requirements"; cat "$root/requirements-gpu.txt"; } > "$venv/requirements-gpu.txt"
+  requirements=$venv/requirements-gpu.txt
 fi
 
 stamp=$venv/.requirements.sha256
@@ -114,13 +151,62 @@ fi
 mpi=WITHOUT
 command -v mpicxx >/dev/null && mpi=WITH
 horovod_env="HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_${mpi}_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1"
-key=$( (echo "$want $horovod_env $(uname -m) $version"; cat "$horovod_patch") | sha256sum | cut -c1-16)
+# A GPU venv's Horovod has NCCL for GPU collectives, built on the venv's
+# nvidia-nccl-cu12, its CUDA kernels compiled by a CUDA toolkit's nvcc of
+# TensorFlow's CUDA major version: the package index has none (its
+# nvidia-cuda-nvcc-cu12 holds ptxas alone), so the venv's, CUDA_HOME's or
+# PATH's. NCCL=no builds it without GPU collectives: TensorFlow copies GPU
+# tensors to host memory for Gloo's (or MPI's) allreduce.
+nccl=no
+nvcc_cuda=
+if [ "$device" = gpu ]; then
+  nccl=${NCCL:-yes}
+  case $nccl in
+    yes|no) ;;
+    *) say "NCCL=$nccl is unknown: NCCL=yes (DEVICE=gpu's default) or NCCL=no"
+       exit 2 ;;
+  esac
+fi
+if [ "$nccl" = yes ]; then
+  nvcc=
+  for candidate in "$site/nvidia/cuda_nvcc/bin/nvcc" ${CUDA_HOME:+"$CUDA_HOME/bin/nvcc"} "$(command -v nvcc || true)"; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then
+      nvcc=$candidate
+      break
+    fi
+  done
+  if [ -z "$nvcc" ]; then
+    say "DEVICE=gpu: no nvcc to compile Horovod's CUDA kernels: the venv's nvidia-cuda-nvcc-cu12 holds ptxas alone (as every CUDA 12 release of it on the package index), and neither CUDA_HOME nor PATH has one; load a CUDA 12 toolkit (module load cuda/12, or CUDA_HOME=/usr/local/cuda-12), or pass NCCL=no for a Horovod without GPU collectives"
+    exit 2
+  fi
+  tf_cuda=$("$py" -c 'import engine, tensorflow as tf; print(tf.sysconfig.get_build_info()["cuda_version"])')
+  nvcc_cuda=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
+  if [ "${nvcc_cuda%%.*}" != "${tf_cuda%%.*}" ]; then
+    say "$nvcc is CUDA ${nvcc_cuda:-of no version it names}, and TensorFlow $cpu_tensorflow is built with CUDA $tf_cuda: Horovod's CUDA kernels need a CUDA ${tf_cuda%%.*} nvcc (CUDA_HOME=a CUDA ${tf_cuda%%.*} toolkit)"
+    exit 2
+  fi
+  # NCCL as Horovod's build looks for it: include/ and lib/libnccl.so.
+  nccl_home=$venv/lib/horovod-engine/nccl
+  mkdir -p "$nccl_home/lib"
+  ln -sfn "$site/nvidia/nccl/include" "$nccl_home/include"
+  ln -sfn "$site/nvidia/nccl/lib/libnccl.so.2" "$nccl_home/lib/libnccl.so"
+  # Horovod's kernels for the GPUs TensorFlow's build runs on (sm_60 to
+  # sm_89 native, sm_90's PTX for any newer), not every one nvcc knows.
+  capabilities=$("$py" -c 'import engine, tensorflow as tf; print(",".join(c.split("_")[1] for c in tf.sysconfig.get_build_info()["cuda_compute_capabilities"]))')
+  horovod_env="$horovod_env HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=$nccl_home HOROVOD_NCCL_LINK=SHARED HOROVOD_CUDA_HOME=$(dirname "$(dirname "$nvcc")") HOROVOD_BUILD_CUDA_CC_LIST=$capabilities LDFLAGS=-Wl,-rpath,$site/nvidia/nccl/lib"
+elif [ "$device" = gpu ]; then
+  say "NCCL=no: Horovod without GPU collectives; TensorFlow copies each GPU tensor to host memory for the allreduce"
+fi
+# (A GPU build's key names its device, NCCL and nvcc too.)
+gpu_build=
+[ "$device" = gpu ] && gpu_build=" gpu nccl=$nccl $nvcc_cuda"
+key=$( (echo "$want $horovod_env $(uname -m) $version$gpu_build"; cat "$horovod_patch") | sha256sum | cut -c1-16)
 wheels=${XDG_CACHE_HOME:-$HOME/.cache}/horovod-engine/$key
 # The stamp names the wheel installed: new settings (Open MPI installed
 # since, a new patch) build anew.
 if [ "$(cat "$venv/.horovod-built" 2>/dev/null)" != "$wheels" ] || ! "$py" -c "import horovod.tensorflow" 2>/dev/null; then
   if ! ls "$wheels"/$horovod-*.whl >/dev/null 2>&1; then
-    say "building $horovod from its sdist with patches/$horovod.patch, against TensorFlow with Gloo$([ $mpi = WITH ] && echo ' and MPI') (2-3 minutes)"
+    say "building $horovod from its sdist with patches/$horovod.patch, against TensorFlow with Gloo$([ $mpi = WITH ] && echo ' and MPI')$([ $nccl = yes ] && echo ", NCCL and CUDA $nvcc_cuda's nvcc") (2-3 minutes)"
     src=$(mktemp -d)
     trap 'rm -rf "$src"' EXIT
     "$py" -m pip download --quiet --no-deps --no-binary :all: --dest "$src" "${horovod/-/==}"
@@ -148,7 +234,7 @@ if [ "$(cat "$venv/.horovod-built" 2>/dev/null)" != "$wheels" ] || ! "$py" -c "i
   # Its requirements are pinned in requirements.txt, installed above. The
   # check imports the engine first, whose import of TensorFlow is quiet.
   "$py" -m pip install --quiet --no-deps --force-reinstall "$wheels"/$horovod-*.whl
-  if ! "$py" -c "import engine, horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built() and hvd.mpi_built() == ('$mpi' == 'WITH')"; then
+  if ! "$py" -c "import engine, tensorflow as tf, horovod.tensorflow as hvd; hvd.init(); assert hvd.gloo_built() and hvd.mpi_built() == ('$mpi' == 'WITH') and bool(hvd.nccl_built()) == ('$nccl' == 'yes') and tf.test.is_built_with_cuda() == ('$device' == 'gpu')"; then
     rm -rf "$wheels"
     say "the horovod build does not load (its wheel is removed; run again to rebuild)"
     exit 1

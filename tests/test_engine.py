@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from engine.core import quiet_import
 from tests import fixtures
 from tests import timeouts
 
@@ -73,6 +74,22 @@ def test_tensorflows_import_prints_nothing_that_its_log_level_hides():
       text=True, capture_output=True, timeout=timeouts.bound(300))
   assert everything.returncode == 0
   assert "oneDNN custom operations are on" in everything.stderr
+
+
+def test_a_cuda_builds_no_driver_error_alone_is_dropped(capfd):
+  # What TensorFlow's CUDA build logs on a host with no NVIDIA driver, as
+  # the import asks for its GPUs (engine/core/quiet_import.py): dropped;
+  # an error beside it is not.
+  no_driver = ("E0000 00:00:1796354361.880407   16514 cuda_platform.cc:52] "
+               "failed call to cuInit: INTERNAL: CUDA error: Failed call to "
+               "cuInit: UNKNOWN ERROR (303)\n")
+  other = "E0000 00:00:1796354361.880500   16514 cuda_dnn.cc:8] other\n"
+  # pylint: disable-next=protected-access
+  with quiet_import._standard_error_filtered(
+      2, dropped=quiet_import._NO_DRIVER):  # pylint: disable=protected-access
+    os.write(2, no_driver.encode())
+    os.write(2, other.encode())
+  assert capfd.readouterr().err == other
 
 
 # The tree's packages whose imports are checked: the engine, its flags and

@@ -1,6 +1,8 @@
 """scripts/setup.sh's refusals: a Python that TensorFlow 2.21 does not
-support, or a venv made with another, are one line and exit 2, before
-anything is created or installed. What it builds: Horovod with our
+support, or a venv made with another, an unknown DEVICE, a venv of the
+other device, GPU pins of another TensorFlow, are one line and exit 2,
+before anything is created or installed; the GPU pins are the CPU ones
+but for the GPU parts. What it builds: Horovod with our
 patch's hunks in effect. And what it never fails on: our CPU kernels
 (scripts/build_kernels.sh), which without a compiler that builds them are
 one line, and set-up goes on."""
@@ -147,3 +149,66 @@ def test_kernels_a_compiler_cannot_build_are_one_line_and_no_failure(
   again = build_kernels(out, **env)
   assert again.returncode == 0 and again.stderr.splitlines() == says[-1:]
 
+
+
+def test_an_unknown_device_is_one_line(tmp_path):
+  venv = tmp_path / "venv"
+  ran = setup(DEVICE="tpu", VENV=str(venv))
+  assert ran.returncode == 2
+  assert ran.stderr.splitlines() == [
+      "[setup] DEVICE=tpu is unknown: DEVICE=cpu (the default) or DEVICE=gpu"]
+  assert not venv.exists()
+
+
+@pytest.mark.parametrize("kind, installed, device, default", [
+    ("cpu", "tensorflow_cpu-2.21.0.dist-info", "gpu", ".venv-gpu"),
+    ("gpu", "nvidia/cuda_runtime", "cpu", ".venv")])
+def test_a_venv_of_the_other_device_is_one_line_and_kept(
+    tmp_path, kind, installed, device, default):
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True)
+  os.rename(interpreter(tmp_path, "3.12"), venv / "bin" / "python")
+  (venv / "lib" / "python3.12" / "site-packages" / installed).mkdir(
+      parents=True)
+  ran = setup(DEVICE=device, VENV=str(venv))
+  assert ran.returncode == 2
+  assert ran.stderr.splitlines() == [
+      f"[setup] {venv} is a {kind} venv (its TensorFlow's); DEVICE={device} "
+      f"sets up a venv of its own: leave VENV unset for {default}, or pass "
+      "another VENV="]
+  assert sorted(os.listdir(venv)) == ["bin", "lib"]
+
+
+def pins(path) -> dict:
+  """A requirements file's pins, name to version."""
+  with open(path) as f:
+    lines = [line.strip() for line in f if line.strip()
+             and not line.startswith("#")]
+  return dict(line.split("==") for line in lines)
+
+
+def test_the_gpu_pins_are_the_cpu_ones_but_for_the_gpu_parts():
+  cpu_pins = pins(os.path.join(fixtures.REPO, "requirements.txt"))
+  gpu_pins = pins(os.path.join(fixtures.REPO, "requirements-gpu.txt"))
+  # TensorFlow's CUDA build of the CPU pin's release, and CUDA 12's
+  # libraries; nothing else, so every other pin is the CPU set-up's.
+  assert gpu_pins.pop("tensorflow[and-cuda]") == cpu_pins["tensorflow-cpu"]
+  assert gpu_pins and all(name.startswith("nvidia-") and
+                          name.endswith("-cu12") for name in gpu_pins)
+  assert "nvidia-nccl-cu12" in gpu_pins
+
+
+def test_gpu_pins_of_another_tensorflow_are_one_line(tmp_path):
+  # (The next TensorFlow's pins, `make smoke-next-tensorflow`'s, are for
+  # the CPU set-up.)
+  next_pins = tmp_path / "requirements.txt"
+  next_pins.write_text("tensorflow-cpu==2.22.0rc0\nkeras==3.15.1\n")
+  venv = tmp_path / "venv"
+  ran = setup(DEVICE="gpu", VENV=str(venv), REQUIREMENTS=str(next_pins),
+              PYTHON=interpreter(tmp_path, "3.12"))
+  assert ran.returncode == 2
+  assert ran.stderr.splitlines() == [
+      "[setup] requirements-gpu.txt pins TensorFlow 2.21.0, "
+      f"{os.path.relpath(next_pins, fixtures.REPO)} 2.22.0rc0: pin the same "
+      "release in both"]
+  assert not venv.exists()

@@ -13,6 +13,12 @@ the module executes as it would, with file descriptor 2 captured; then the
 captured lines of a severity the level hides are dropped and the rest is
 written out, in order. The import stays where it was: a process that never
 imports TensorFlow (`python -m engine.runs`) never pays for it.
+
+TensorFlow's CUDA build on a host with no NVIDIA driver (a GPU venv's
+smoke on a CPU node) logs an error the first time anything asks for its
+devices, "failed call to cuInit", at any level: the import asks then,
+that line dropped. No GPU is no error; the engine's start-up line says
+where the run trains (engine/records/start_up.py).
 """
 import contextlib
 import importlib.abc
@@ -22,6 +28,10 @@ import re
 import sys
 import tempfile
 
+# What a CUDA build logs without a driver to find GPUs with, and where a
+# driver would be.
+_NO_DRIVER = "failed call to cuInit"
+_NVIDIA_DRIVER = "/proc/driver/nvidia"
 # abseil's C++ log lines: severity, date, time, thread, file:line]. Before
 # its initialization the date is 0000 and the time seconds since the epoch.
 _ABSL_LINE = re.compile(r"([IWE])\d{4} [\d:.]+ +\d+ \S+:\d+\] ")
@@ -52,9 +62,10 @@ def shown(line: str, min_level: int) -> bool:
 
 
 @contextlib.contextmanager
-def _standard_error_filtered(min_level: int):
+def _standard_error_filtered(min_level: int, dropped: str = ""):
   """File descriptor 2 captured while the block runs (C++ writes to it
-  directly), then what `shown` lets through written out."""
+  directly), then what `shown` lets through, but lines holding `dropped`
+  (if given), written out."""
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile() as printed:
@@ -67,7 +78,7 @@ def _standard_error_filtered(min_level: int):
       os.close(saved)
       printed.seek(0)
       for line in printed.read().decode(errors="replace").splitlines(True):
-        if shown(line, min_level):
+        if shown(line, min_level) and not (dropped and dropped in line):
           sys.stderr.write(line)
       sys.stderr.flush()
 
@@ -103,3 +114,7 @@ class _QuietLoader(importlib.abc.Loader):
   def exec_module(self, module):
     with _standard_error_filtered(_min_level()):
       self._loader.exec_module(module)
+    if (module.test.is_built_with_cuda()
+        and not os.path.exists(_NVIDIA_DRIVER)):
+      with _standard_error_filtered(_min_level(), dropped=_NO_DRIVER):
+        module.config.list_physical_devices("GPU")

@@ -31,6 +31,7 @@ from engine.distributed.world import init
 from engine.distributed.world import is_chief
 from engine.distributed.world import local_rank
 from engine.distributed.world import MPI_FROZEN_PROCESS
+from engine.distributed.world import nccl_built
 from engine.distributed.world import rank_and_size
 from engine.distributed.world import start_horovod
 from engine.distributed.world import start_timeline

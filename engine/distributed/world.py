@@ -210,6 +210,13 @@ def controller() -> str:
   return "MPI" if hvd.mpi_enabled() else "Gloo"
 
 
+def nccl_built() -> bool:
+  """Whether Horovod has NCCL for GPU tensors (a GPU venv's build:
+  BUILD.md, "GPUs"); without it, TensorFlow copies a GPU tensor to host
+  memory for Gloo's or MPI's collective."""
+  return bool(hvd.nccl_built())
+
+
 # Said once at start-up on MPI's controller, where a guarantee differs.
 MPI_FROZEN_PROCESS = (
     "Horovod runs on MPI's controller: a process that freezes holds up the "

@@ -8,6 +8,7 @@ from typing import Optional
 
 from absl import logging
 import keras
+import tensorflow as tf
 
 from engine import distributed
 from engine.compute import communication
@@ -52,10 +53,16 @@ def _warn_about_slow_options_on_cpu(config: TrainConfig,
 
 
 def processes(world: distributed.World, kernels: str) -> str:
-  """Where each process runs, and on what."""
+  """Where each process runs, and on what: on GPUs, how Horovod reduces
+  their tensors; on the CPU, also whether TensorFlow's CUDA build found
+  no GPU (a GPU venv on a CPU node)."""
   if world.device == "GPU":
-    return "one GPU per process"
-  return (f"CPU, {world.intra_op_threads} intra-op and "
+    return "one GPU per process, " + (
+        "Horovod's collectives on NCCL" if distributed.nccl_built() else
+        "Horovod without NCCL: collectives through host memory")
+  return (("TensorFlow's CUDA build found no GPU: "
+           if tf.test.is_built_with_cuda() else "")
+          + f"CPU, {world.intra_op_threads} intra-op and "
           f"{world.inter_op_threads} inter-op threads per process, {kernels}"
           f" kernels, Horovod cycle {os.environ['HOROVOD_CYCLE_TIME']} ms")
 
