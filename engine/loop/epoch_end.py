@@ -171,10 +171,10 @@ class EpochEnd:
                    self.last_val.examples, session.reporter.metrics_path)
     elif session.state.stopped and not session.state.history:
       logging.info("%s stopped early after epoch %d: nothing left to "
-                   "train; to train on from its weights, start a new run "
-                   "(another --model_dir) with --init_from=%s",
-                   self._config.training.model_dir, session.state.epoch,
-                   self._config.training.model_dir)
+                   "train; pass a larger --epochs to train on, or start a "
+                   "new run from its weights (another --model_dir, "
+                   "--init_from=%s)", self._config.training.model_dir,
+                   session.state.epoch, self._config.training.model_dir)
     elif not session.state.history:
       logging.info("%s has finished its %d epochs already; pass a larger "
                    "--epochs to train on, or another --model_dir for a new "

@@ -52,9 +52,10 @@ class RunState:
   reset. `epoch_sums` are the train figures of the epoch's steps before the
   position, and `skipped_steps` the steps of it the float16 loss scaler
   skipped, so a reset or a resume counts each step once; `rollbacks` those
-  of the run so far (--max_rollbacks); `stopped`, whether the run decided
-  to stop at the position's epoch end (`LoopState.stop`), which makes
-  that end final: a later start trains nothing.
+  of the run so far (--max_rollbacks); `stopped_at_epochs`, the run's
+  --epochs when it decided to stop at the position's epoch end
+  (`LoopState.stop`; 0: it did not), which makes that end final: a later
+  start trains nothing unless it asks for more epochs than that.
   """
   position: Position
   epoch_began_seconds: float
@@ -63,7 +64,7 @@ class RunState:
   history: tuple = ()  # the epochs' metrics.jsonl records
   skipped_steps: int = 0
   rollbacks: int = 0
-  stopped: bool = False
+  stopped_at_epochs: int = 0
 
   @classmethod
   def at(cls, position: Position,
@@ -77,7 +78,7 @@ class RunState:
                epoch_sums=counts.epoch_sums.numpy(),
                skipped_steps=int(counts.skipped_steps.numpy()),
                rollbacks=int(counts.rollbacks.numpy()),
-               stopped=bool(counts.stopped.numpy()))
+               stopped_at_epochs=int(counts.stopped_at_epochs.numpy()))
 
   @classmethod
   def beginning(cls, global_batch: int, world_size: int) -> "RunState":
@@ -88,7 +89,7 @@ class RunState:
 class Counts(tf.Module):
   """What a checkpoint keeps of the run's counts (RunState's): the epoch's
   train sums and skipped steps up to its position, the rollbacks, and
-  whether the run stopped there.
+  the --epochs of a run that stopped there (0: none).
 
   A copy, written before each save (LoopState.keep) and read at a start
   and a rollback: the counts themselves move on in LoopState. A checkpoint
@@ -102,13 +103,13 @@ class Counts(tf.Module):
                                   trainable=False)
     self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
     self.rollbacks = tf.Variable(0, dtype=tf.int64, trainable=False)
-    self.stopped = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self.stopped_at_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
 
   def reset(self) -> None:
     self.epoch_sums.assign(tf.zeros_like(self.epoch_sums))
     self.skipped_steps.assign(0)
     self.rollbacks.assign(0)
-    self.stopped.assign(0)
+    self.stopped_at_epochs.assign(0)
 
 
 def starting_point(position: Position, steps_per_epoch: int,
@@ -180,7 +181,7 @@ class LoopState:
     self._epoch_sums = start.epoch_sums  # of steps committed before
     self._skipped_steps = start.skipped_steps  # committed before too
     self._rollbacks = start.rollbacks
-    self._stopped = start.stopped
+    self._stopped_at_epochs = start.stopped_at_epochs
     self._epoch_began_seconds = start.epoch_began_seconds
     self._began = time.perf_counter()
     self._seconds_before = start.position.seconds  # before this start
@@ -223,16 +224,18 @@ class LoopState:
 
   @property
   def stopped(self) -> bool:
-    """Whether the run decided to stop (`stop`), in this start or one
-    before: it trains no further epoch."""
-    return self._stopped
+    """Whether the run decided to stop (`stop`), in this start or in one
+    before that had as many --epochs as this one: it trains no further
+    epoch. (More --epochs than it stopped with train on, as they do for
+    a run whose epochs ran out.)"""
+    return 0 < self._epochs <= self._stopped_at_epochs
 
   def stop(self) -> None:
     """The run stops at this epoch's end for good (its --target reached,
     a Keras callback's stop_training, its study's pruning): the next
-    checkpoint says so, so a second start into the run trains nothing and
-    leaves its checkpoints as they are."""
-    self._stopped = True
+    checkpoint says so, so a second start into the run with the same
+    --epochs trains nothing and leaves its checkpoints as they are."""
+    self._stopped_at_epochs = self._epochs
 
   @property
   def rollbacks(self) -> int:
@@ -265,7 +268,8 @@ class LoopState:
                     epoch_began_seconds=self._epoch_began_seconds,
                     epoch_sums=self._epoch_sums, history=self.history,
                     skipped_steps=self._skipped_steps,
-                    rollbacks=self._rollbacks, stopped=self._stopped)
+                    rollbacks=self._rollbacks,
+                    stopped_at_epochs=self._stopped_at_epochs)
 
   def epoch_sums(self, since_commit: np.ndarray) -> np.ndarray:
     """The epoch's train sums: those committed before, and `since_commit`
@@ -283,7 +287,7 @@ class LoopState:
         self.epoch_sums(sums), self._counts.epoch_sums.shape))
     self._counts.skipped_steps.assign(self._skipped_steps + skipped_steps)
     self._counts.rollbacks.assign(self._rollbacks)
-    self._counts.stopped.assign(int(self._stopped))
+    self._counts.stopped_at_epochs.assign(self._stopped_at_epochs)
 
   # How it moves on.
 
