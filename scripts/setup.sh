@@ -6,9 +6,9 @@
 # installed), Debian's Fashion-MNIST, and an sshd for the simulated
 # multi-host tests. DEVICE=gpu sets up a venv of its own for GPU nodes
 # (.venv-gpu by default): TensorFlow's CUDA build (requirements-gpu.txt)
-# and Horovod with NCCL (BUILD.md, "GPUs"). Every step is skipped when its result is already in
-# place, so README's commands can run this every time at the cost of a
-# second.
+# and Horovod with NCCL (BUILD.md, "GPUs"). Every step is skipped when its
+# result is already in place, so README's commands can run this every
+# time at the cost of a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -179,7 +179,10 @@ if [ "$nccl" = yes ]; then
     say "DEVICE=gpu: no nvcc to compile Horovod's CUDA kernels: the venv's nvidia-cuda-nvcc-cu12 holds ptxas alone (as every CUDA 12 release of it on the package index), and neither CUDA_HOME nor PATH has one; load a CUDA 12 toolkit (module load cuda/12, or CUDA_HOME=/usr/local/cuda-12), or pass NCCL=no for a Horovod without GPU collectives"
     exit 2
   fi
-  tf_cuda=$("$py" -c 'import engine, tensorflow as tf; print(tf.sysconfig.get_build_info()["cuda_version"])')
+  # TensorFlow's CUDA version, and the GPUs its build runs on, for which
+  # Horovod's kernels are compiled (sm_60 to sm_89 native, sm_90's PTX for
+  # any newer), not every one nvcc knows.
+  read -r tf_cuda capabilities < <("$py" -c 'import engine, tensorflow as tf; info = tf.sysconfig.get_build_info(); print(info["cuda_version"], ",".join(c.split("_")[1] for c in info["cuda_compute_capabilities"]))')
   nvcc_cuda=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
   if [ "${nvcc_cuda%%.*}" != "${tf_cuda%%.*}" ]; then
     say "$nvcc is CUDA ${nvcc_cuda:-of no version it names}, and TensorFlow $cpu_tensorflow is built with CUDA $tf_cuda: Horovod's CUDA kernels need a CUDA ${tf_cuda%%.*} nvcc (CUDA_HOME=a CUDA ${tf_cuda%%.*} toolkit)"
@@ -190,9 +193,6 @@ if [ "$nccl" = yes ]; then
   mkdir -p "$nccl_home/lib"
   ln -sfn "$site/nvidia/nccl/include" "$nccl_home/include"
   ln -sfn "$site/nvidia/nccl/lib/libnccl.so.2" "$nccl_home/lib/libnccl.so"
-  # Horovod's kernels for the GPUs TensorFlow's build runs on (sm_60 to
-  # sm_89 native, sm_90's PTX for any newer), not every one nvcc knows.
-  capabilities=$("$py" -c 'import engine, tensorflow as tf; print(",".join(c.split("_")[1] for c in tf.sysconfig.get_build_info()["cuda_compute_capabilities"]))')
   horovod_env="$horovod_env HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=$nccl_home HOROVOD_NCCL_LINK=SHARED HOROVOD_CUDA_HOME=$(dirname "$(dirname "$nvcc")") HOROVOD_BUILD_CUDA_CC_LIST=$capabilities LDFLAGS=-Wl,-rpath,$site/nvidia/nccl/lib"
 elif [ "$device" = gpu ]; then
   say "NCCL=no: Horovod without GPU collectives; TensorFlow copies each GPU tensor to host memory for the allreduce"
