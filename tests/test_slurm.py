@@ -1,8 +1,11 @@
 """The SLURM scripts, in a faked SLURM environment: the host list from
-SLURM's variables, and the batch script training for real on this node."""
+SLURM's variables, the batch script training for real on this node, and
+its refusals (tests/test_slurm_cluster.py runs it under a real SLURM)."""
 import json
 import os
+import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -55,7 +58,7 @@ def test_host_list_errors_are_one_line(slurm):
 
 def test_the_batch_script_trains_on_the_allocation(slurm, tmp_path):
   data_dir = fixtures.write_fashion_mnist(str(tmp_path / "data"))
-  env = slurm("localhost", "2", SLURM_NTASKS="2",
+  env = slurm("localhost", "2", SLURM_NTASKS="2", LAUNCHER="horovodrun",
               SLURM_SUBMIT_DIR=fixtures.REPO, TF_CPP_MIN_LOG_LEVEL="2")
   result = subprocess.run(
       [os.path.join(SCRIPTS, "train.sbatch"), *fixtures.ENGINE_FLAGS,
@@ -72,10 +75,63 @@ def test_the_batch_script_trains_on_the_allocation(slurm, tmp_path):
 def test_an_unknown_launcher_is_refused(slurm):
   env = slurm("localhost", "1", SLURM_NTASKS="1",
               SLURM_SUBMIT_DIR=fixtures.REPO, LAUNCHER="pdsh")
-  result = subprocess.run([os.path.join(SCRIPTS, "train.sbatch")], env=env,
-                          text=True, capture_output=True)
+  result = batch_script(env)
   assert result.returncode == 2
   assert "LAUNCHER=pdsh is unknown" in result.stderr
+
+
+def batch_script(env):
+  return subprocess.run([os.path.join(SCRIPTS, "train.sbatch")], env=env,
+                        text=True, capture_output=True)
+
+
+def test_a_gpu_job_runs_one_task_per_gpu_on_a_gpu_venv(slurm, tmp_path):
+  # A submit directory of its own, with no .venv-gpu.
+  submit_dir = tmp_path / "checkout"
+  submit_dir.mkdir()
+  (submit_dir / "scripts").symlink_to(os.path.join(fixtures.REPO, "scripts"))
+  gpu_job = dict(SLURM_GPUS_PER_NODE="a100:2", SLURM_NTASKS="4",
+                 SLURM_SUBMIT_DIR=str(submit_dir))
+  fewer_tasks = batch_script(slurm("node1 node2", "2,1", **gpu_job))
+  assert (fewer_tasks.returncode, fewer_tasks.stderr) == (
+      2, "train.sbatch: --gpus-per-node=2 but node2 runs 1 of the job's "
+      "tasks: a GPU job runs one task per GPU; submit with "
+      "--ntasks-per-node=2\n")
+  no_venv = batch_script(slurm("node1 node2", "2(x2)", **gpu_job))
+  assert (no_venv.returncode, no_venv.stderr) == (
+      2, f"train.sbatch: no venv at {submit_dir}/.venv-gpu: set it up with "
+      "make setup DEVICE=gpu (README), or pass VENV=\n")
+  cpu_venv = os.path.dirname(os.path.dirname(sys.executable))
+  on_cpu = batch_script(slurm("node1 node2", "2(x2)", VENV=cpu_venv,
+                              **gpu_job))
+  assert (on_cpu.returncode, on_cpu.stderr) == (
+      2, f"train.sbatch: a GPU job on {cpu_venv}, which has TensorFlow's CPU "
+      "build: set up the GPU venv with make setup DEVICE=gpu (README), or "
+      "pass VENV=\n")
+  # --gpus-per-task: SLURM starts each task on GPUs of its own.
+  per_task = batch_script(slurm("node1", "2", SLURM_GPUS_PER_TASK="1",
+                                SLURM_NTASKS="2",
+                                SLURM_SUBMIT_DIR=str(submit_dir)))
+  assert per_task.stderr.startswith(
+      f"train.sbatch: no venv at {submit_dir}/.venv-gpu: "), per_task.stderr
+
+
+@pytest.mark.parametrize("launcher", [None, "mpirun"])
+def test_mpi_launchers_need_horovod_built_with_mpi(slurm, tmp_path, launcher):
+  # A Horovod whose TensorFlow library links no MPI, ahead on the path.
+  package = tmp_path / "site" / "horovod"
+  (package / "tensorflow").mkdir(parents=True)
+  (package / "__init__.py").write_text("")
+  shutil.copy("/bin/true", package / "tensorflow" / "mpi_lib.so")
+  env = slurm("localhost", "2", SLURM_NTASKS="2",
+              SLURM_SUBMIT_DIR=fixtures.REPO, PYTHONPATH=str(tmp_path / "site"),
+              **({"LAUNCHER": launcher} if launcher else {}))
+  result = batch_script(env)
+  venv = os.path.dirname(os.path.dirname(sys.executable))
+  assert (result.returncode, result.stderr) == (
+      2, f"train.sbatch: LAUNCHER={launcher or 'srun'} needs Horovod built "
+      f"with MPI, and {venv}'s is not: install Open MPI and set up again "
+      "(BUILD.md, \"MPI\"), or use LAUNCHER=horovodrun\n")
 
 
 def test_the_scaling_scripts_bad_options_are_one_line(tmp_path):

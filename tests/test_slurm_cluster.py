@@ -6,11 +6,11 @@ with `sbatch -N 2` as a cluster's users submit them, each process running
 tests/workers/recorded_run.py (the engine, recording its rank, host and
 final weights) on a tiny Fashion-MNIST:
 
-  each launcher (horovodrun over ssh, mpirun, srun with the PMI it
-  chooses where the site's default is none), world size 2 across the two
-  hosts; Adasum under srun's MPI; an srun without a PMI, refused in one
-  line; a job preempted by SIGTERM, requeued and resumed; a frozen rank
-  under MPI, ended by Horovod's stall shutdown.
+  each launcher (srun, the default, with the PMI it chooses where the
+  site's default is none; horovodrun over ssh; mpirun), world size 2
+  across the two hosts; Adasum under srun's MPI; an srun without a PMI,
+  refused in one line; a job preempted by SIGTERM, requeued and resumed
+  (on srun); a frozen rank under MPI, ended by Horovod's stall shutdown.
 
 Skipped, with the reason, where not root or where SLURM, munge or Open MPI
 are missing (scripts/setup.sh installs them as root).
@@ -62,13 +62,16 @@ class Cluster:
     self.tmp = tmp
     self.data_dir = data_dir
 
-  def submit(self, name, *engine_flags, launcher="horovodrun", **env):
+  def submit(self, name, *engine_flags, launcher=None, **env):
+    """A job of train.sbatch on its default launcher (srun), or `launcher`."""
+    if launcher:
+      env["LAUNCHER"] = launcher
     out = self.tmp / name
     out.mkdir()
     job_id = self.slurm.submit_training(
         str(out), [f"--data_dir={self.data_dir}",
                    f"--model_dir={out / 'run'}", *ENGINE, *engine_flags],
-        env=fixtures.engine_env(LAUNCHER=launcher, PROGRAM=WORKER,
+        env=fixtures.engine_env(PROGRAM=WORKER,
                                 RECORD_OUT=str(out), **env))
     return Job(self, job_id, out)
 
@@ -119,11 +122,12 @@ def launchers(cluster):  # pylint: disable=redefined-outer-name
   """One job per launcher, submitted together: SLURM runs two at a time,
   each on a core of each host."""
   return {
-      "horovodrun": cluster.submit("horovodrun", "--epochs=1"),
+      "horovodrun": cluster.submit("horovodrun", "--epochs=1",
+                                   launcher="horovodrun"),
       "mpirun": cluster.submit("mpirun", "--epochs=1", PROFILED,
                                launcher="mpirun"),
       "srun": cluster.submit("srun", "--epochs=1", "--allreduce_op=adasum",
-                             PROFILED, launcher="srun"),
+                             PROFILED),
       # A user's (or site's) choice of PMI: a version of PMIx by name.
       "srun chosen": cluster.submit("srun_chosen", "--epochs=1",
                                     launcher="srun", SLURM_MPI_TYPE="pmix_v4"),
@@ -304,4 +308,4 @@ def test_the_scaling_script_runs_the_recipe_on_1_and_2_nodes(cluster):  # pylint
   with open(out / "scaling.png", "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   with open(out / "nodes_2.out") as f:
-    assert "2 processes on host0:1,host1:1 via horovodrun" in f.read()
+    assert "2 processes on host0:1,host1:1 via srun --mpi=pmix" in f.read()

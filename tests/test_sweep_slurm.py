@@ -228,8 +228,8 @@ def test_the_sweep_started_again_submits_each_trial_anew(
     # Appended to the same log, from its checkpoint.
     log = study.log(number)
     for job in (resumed["first_jobs"][number], resumed["jobs"][number]):
-      assert re.search(rf"2 processes on host\d:2 via horovodrun \(job {job}, "
-                       r"restart 0\)", log), log[-3000:]
+      assert re.search(rf"2 processes on host\d:2 via srun --mpi=pmix "
+                       rf"\(job {job}, restart 0\)", log), log[-3000:]
     assert f"resuming {study.trial_dir(number)} at epoch" in log, log[-3000:]
 
 
