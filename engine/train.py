@@ -9,7 +9,7 @@ setup, input pipeline, model, optimizer, steps), then the loop
 (loop/loop.py), which a change of workers under --elastic starts again
 from the last commit. Beside it: the flags as values (config.py), the
 command line and its one-line errors (cli.py); the packages are the
-architecture (README, Layout).
+architecture (docs/architecture.md).
 """
 import dataclasses
 import functools

@@ -13,7 +13,7 @@ import re
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README_MAX_LINES = 300
+README_MAX_LINES = 150
 
 
 def _pages():
@@ -136,7 +136,7 @@ def test_every_repository_path_named_exists(page):
   assert not missing, "missing paths:\n" + "\n".join(missing)
 
 
-def test_readme_is_at_most_300_lines():
+def test_readme_is_at_most_150_lines():
   lines = len(_lines(os.path.join(ROOT, "README.md")))
   assert lines <= README_MAX_LINES, (
       f"README.md has {lines} lines, more than {README_MAX_LINES}: it is the "

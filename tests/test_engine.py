@@ -171,7 +171,7 @@ def test_the_engines_modules_import_each_other_without_cycles(tmp_path):
       "engine.a", "engine.b", "engine.a"]
 
 
-# The tree's packages from the bottom up (README's layout table): a module
+# The tree's packages from the bottom up (docs/architecture.md's picture): a module
 # imports from its own package and those below it. models/ sits on core/
 # alone: a model is Keras, with the engine's errors and registry, and the
 # tasks build models. flags/ sits above engine/'s packages, whose choices

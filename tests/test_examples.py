@@ -3,10 +3,12 @@ keras.applications example: tests/test_keras_models.py, which shares its
 run)."""
 import json
 import os
+import subprocess
 
 import pytest
 
 from tests import fixtures
+from tests import timeouts
 
 EXAMPLES = os.path.join(fixtures.REPO, "examples")
 
@@ -59,3 +61,26 @@ def test_a_script_naming_a_flag_that_does_not_exist(tmp_path):
   assert result.stderr.strip().splitlines()[-1].startswith(
       "engine.train: error: run(): ")
   assert "epochz" in result.stderr
+
+
+def test_readmes_model_file_trains_as_written(data_dir, tmp_path):
+  """README's quick start, its model file and its command, from the
+  directory the file is in."""
+  with open(os.path.join(fixtures.REPO, "README.md")) as f:
+    readme = f.read()
+  model_file = readme.split("```python\n# my_model.py\n", 1)[1]
+  (tmp_path / "my_model.py").write_text(model_file.split("```", 1)[0])
+  command = readme.split("--model=my_model.py:", 1)[1].split("\n")[0].split()
+  assert command == ["small_cnn", "--dropout=0.2", "--model_dir=runs/mine"]
+  result = subprocess.run(
+      [fixtures.PYTHON, "-m", "engine.train", *fixtures.ENGINE_FLAGS,
+       f"--model=my_model.py:{command[0]}", *command[1:],
+       f"--data_dir={data_dir}", "--epochs=1", "--batch_size=32",
+       "--progress=none"],
+      cwd=tmp_path, env=fixtures.engine_env(), text=True, capture_output=True,
+      timeout=timeouts.bound(300))
+  assert result.returncode == 0, result.stderr[-3000:]
+  model_dir = tmp_path / "runs" / "mine"
+  assert epochs_of(model_dir) == [1]
+  assert "--dropout=0.2" in (model_dir / "flags.txt").read_text().split()
+  assert (model_dir / "export" / "final.keras").is_file()

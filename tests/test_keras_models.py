@@ -195,7 +195,7 @@ def mobilenet_run(data_dir, tmp_path_factory):
   """examples/keras_applications.py's MobileNetV2, trained by one command
   for 1 epoch and again for 2: (the run's model_dir, a copy of it after the
   first command, both commands' stderr). Two tests read it, as
-  README's example and as a keras.applications network resumed and
+  docs/your-model.md's example and as a keras.applications network resumed and
   exported: one MobileNetV2 run serves both (its export alone takes most
   of a minute)."""
   model_dir = tmp_path_factory.mktemp("mobilenet") / "run"

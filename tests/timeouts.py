@@ -16,7 +16,7 @@ multiplied by two factors, each at least 1:
 
 `ENGINE_TEST_TIMEOUT_SCALE=F` replaces their product by F (at least 1),
 for machines known to be slower than they measure (a CPU quota, a
-hypervisor's steal): README, on `make test`.
+hypervisor's steal): BUILD.md, "Testing".
 
 A launched run's output is not taken as progress that earns it more time:
 a hung Horovod job writes too (its stall check warns every 60 s).
@@ -28,7 +28,7 @@ import time
 
 SCALE_VARIABLE = "ENGINE_TEST_TIMEOUT_SCALE"
 # calibration_seconds() on a 2-core AMD EPYC with AVX512_BF16 (CPU family
-# 26), the kind README's `make test` timings were taken on; Python 3.11.7,
+# 26), a kind BUILD.md's `make test` timings were taken on; Python 3.11.7,
 # quiet: 0.105-0.114 s in nine runs.
 REFERENCE_SECONDS = 0.11
 _ITERATIONS = 3_000_000
