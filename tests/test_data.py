@@ -104,25 +104,6 @@ def test_resizing_gives_each_epoch_its_side_and_a_resume_its_batches():
     np.testing.assert_array_equal(again_labels, labels)
 
 
-def test_the_keywords_read_the_stream_the_records_do():
-  keywords = datasets.train_stream(
-      numbered_examples(), INFO,
-      shard=Shard(1, 2),
-      epochs=Epochs(batch_size=8, steps=3, seed=4),
-      augmentation=Augmentation(flip=True, shift=0.25),
-      first_epoch=1,
-      first_step=2)
-  records = datasets.train_stream(
-      numbered_examples(), INFO, shard=Shard(1, 2),
-      epochs=Epochs(batch_size=8, steps=3, seed=4),
-      augmentation=Augmentation(flip=True, shift=0.25), first_epoch=1,
-      first_step=2)
-  for (images, labels), (again, again_labels) in zip(keywords.take(4),
-                                                     records.take(4)):
-    np.testing.assert_array_equal(again, images)
-    np.testing.assert_array_equal(again_labels, labels)
-
-
 def test_order_is_reproducible_and_changes_every_epoch():
   first = train_labels(0, 2, epoch=0, steps=6)
   assert train_labels(0, 2, epoch=0, steps=6) == first

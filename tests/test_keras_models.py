@@ -183,11 +183,9 @@ def test_a_model_file_as_keras_guides_write_it(data_dir, test_split,
     assert loaded["model"] == "guide_model"
     assert loaded["keras_outputs"] == [2, 10]
     assert len(loaded["class_names"]) == 2
-    if which == "final":
-      assert_predicts_as_trained(loaded, record)
-    else:  # as good as the best epoch (a tie: either epoch's weights)
-      assert abs(loaded["accuracy"] - record["val_accuracy"]) <= (
-          1.01 / TEST_IMAGES), (loaded, record)
+    # best/: the first epoch of the best accuracy (a later tie does not
+    # replace it), as max() picks it.
+    assert_predicts_as_trained(loaded, record)
 
 
 @pytest.fixture(scope="module")

@@ -39,10 +39,11 @@ def test_gradients_beyond_the_fusion_buffer_take_more_messages():
   link = scaling.Link(latency=1e-3, bandwidth=1e9)
   one = scaling.update_allreduce_seconds(1000, 8, link)
   assert one == pytest.approx(scaling.ring_allreduce_seconds(1000, 8, link))
-  big = 3 * scaling.FUSION_THRESHOLD_BYTES
-  # Three buffers: three times the latency, the same bytes.
-  assert scaling.update_allreduce_seconds(big, 8, link) == pytest.approx(
-      3 * 14e-3 + 14 / 8 * big / 1e9)
+  # Three of Horovod's 128 MiB buffers: three rings' latency (3 x 14 hops
+  # of 1 ms, 42 ms) and 7/4 of the 402.7 MB once (704.6 ms).
+  assert scaling.FUSION_THRESHOLD_BYTES == 128 * 2**20
+  assert scaling.update_allreduce_seconds(3 * 128 * 2**20, 8, link) == (
+      pytest.approx(0.7466431))
 
 
 def test_efficiency_lies_between_no_overlap_and_full_overlap():
@@ -56,14 +57,15 @@ def test_efficiency_lies_between_no_overlap_and_full_overlap():
       [0.05 / 0.05484, 0.05 / 0.05868, 0.05 / 0.0800213], abs=1e-5)
   for p in predictions:
     assert p.efficiency_no_overlap < p.efficiency_full_overlap == 1.0
-  # 512 nodes: 2 x 511 hops of 20 us, and nearly 2 x 6 MB at 1.25 GB/s.
-  assert predictions[-1].allreduce_seconds == pytest.approx(
-      1022 * 2e-5 + 1022 / 512 * 6e6 / 1.25e9)
-  # A link slower than the step: overlap hides at most the compute.
+  # 512 nodes: 2 x 511 hops of 20 us (20.44 ms), and nearly 2 x 6 MB at
+  # 1.25 GB/s (9.58 ms).
+  assert predictions[-1].allreduce_seconds == pytest.approx(0.03002125)
+  # A link slower than the step (1 Gbit/s: 14 hops of 20 us and 1.75 x 6
+  # MB at 125 MB/s, 84.28 ms): overlap hides at most the 1 ms of compute.
   slow = scaling.predict(0.001, 6_000_000, scaling.Link.of(1, 20),
                          nodes=(8,))[0]
-  assert slow.efficiency_full_overlap == pytest.approx(
-      0.001 / slow.allreduce_seconds)
+  assert slow.allreduce_seconds == pytest.approx(0.08428)
+  assert slow.efficiency_full_overlap == pytest.approx(0.001 / 0.08428)
 
 
 def record(epoch, step_seconds, steps=10, **more):
