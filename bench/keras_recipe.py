@@ -51,7 +51,7 @@ from engine import distributed
 from engine.compute import optimizers
 from engine.compute import eval_step as eval_steps
 from engine.core import run_files
-from engine.datasets import Augmentation, Epochs, Shard
+from engine.datasets import Shard
 from engine import datasets
 from engine.tasks import Regression, Segmentation
 from flags import config_from_flags
@@ -63,35 +63,12 @@ def main(argv):
   prepared = build.prepare(config)
   world, splits, task, model = (prepared.world, prepared.splits,
                                 prepared.task, prepared.model)
-  info = splits.info
   training, optimization = config.training, config.optimization
-  steps_per_epoch = datasets.steps_per_epoch(
-      num_train=info.num_train, batch_size=training.batch_size,
-      world_size=world.size, requested=training.steps_per_epoch)
-  segmentation = isinstance(task, Segmentation)
-  batches = datasets.train_stream(
-      splits.train, info, shard=Shard(world.rank, world.size),
-      epochs=Epochs(batch_size=training.batch_size, steps=steps_per_epoch,
-                    seed=training.seed),
-      augmentation=Augmentation.requested(config.data, resizing=False))
-  if segmentation:
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    metric = keras.metrics.MeanIoU(info.num_classes, sparse_y_pred=False,
-                                      name="train_metric")
-  elif isinstance(task, Regression):
-    batches = batches.map(lambda images, labels: (
-        images, task.standardized(labels)))
-    loss = {"mse": keras.losses.MeanSquaredError(),
-            "mae": keras.losses.MeanAbsoluteError(),
-            "huber": keras.losses.Huber()}[task.loss_name]
-    metric = keras.metrics.MeanAbsoluteError(name="train_metric")
-  else:
-    batches = batches.map(lambda images, labels: (
-        images, tf.one_hot(labels, info.num_classes)))
-    loss = keras.losses.CategoricalCrossentropy(
-        from_logits=True, label_smoothing=optimization.label_smoothing)
-    metric = keras.metrics.CategoricalAccuracy(name="train_metric")
-
+  stream = datasets.TrainingStream.of(config, splits, rank=world.rank,
+                                      world_size=world.size, resizing=False)
+  steps_per_epoch = stream.steps_per_epoch
+  batches, loss, metric = _as_keras_trains(stream.batches(), task,
+                                           splits.info, optimization)
   learning_rate = build.learning_rate_schedule(config)
   learning_rate.set_world(world_size=world.size,
                           steps_per_epoch=steps_per_epoch)
@@ -118,8 +95,28 @@ def main(argv):
                 hvd.callbacks.MetricAverageCallback(),
                 _EvaluateAndRecord(config, world, splits, task,
                                    images_per_epoch=(steps_per_epoch
-                                                     * training.batch_size
-                                                     * world.size))])
+                                                     * stream.global_batch))])
+
+
+def _as_keras_trains(batches, task, info, optimization):
+  """(batches, loss, metric) as a Keras user writes them for the task:
+  one-hot labels, standardized targets or masks."""
+  if isinstance(task, Segmentation):
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return batches, loss, keras.metrics.MeanIoU(
+        info.num_classes, sparse_y_pred=False, name="train_metric")
+  if isinstance(task, Regression):
+    loss = {"mse": keras.losses.MeanSquaredError(),
+            "mae": keras.losses.MeanAbsoluteError(),
+            "huber": keras.losses.Huber()}[task.loss_name]
+    return batches.map(lambda images, labels: (
+        images, task.standardized(labels))), loss, (
+            keras.metrics.MeanAbsoluteError(name="train_metric"))
+  loss = keras.losses.CategoricalCrossentropy(
+      from_logits=True, label_smoothing=optimization.label_smoothing)
+  return batches.map(lambda images, labels: (
+      images, tf.one_hot(labels, info.num_classes))), loss, (
+          keras.metrics.CategoricalAccuracy(name="train_metric"))
 
 
 class _EvaluateAndRecord(keras.callbacks.Callback):

@@ -38,7 +38,6 @@ from engine.compute import step as steps
 from engine.core.config import TrainConfig
 from engine.core.errors import UserError
 from engine.core.errors import WriteFailed
-from engine.datasets import Augmentation, Epochs, Shard
 from engine import datasets
 from flags import config_from_flags
 
@@ -102,17 +101,9 @@ def range_test(config: TrainConfig, *, min_lr: float,
   _, train_step = build.optimizer_and_step(config, choice.mode,
                                            sent.compression, task, model,
                                            rate)
-  training = config.training
-  step_batch = training.batch_size * config.performance.grad_accum_steps
-  steps_per_epoch = datasets.steps_per_epoch(
-      num_train=splits.info.num_train, batch_size=step_batch,
-      world_size=world.size, requested=training.steps_per_epoch)
-  batches = iter(datasets.train_stream(
-      splits.train, splits.info, shard=Shard(world.rank, world.size),
-      epochs=Epochs(batch_size=step_batch, steps=steps_per_epoch,
-                    seed=training.seed),
-      augmentation=Augmentation.requested(config.data, task,
-                                          resizing=False)))
+  batches = iter(datasets.TrainingStream.of(
+      config, splits, rank=world.rank, world_size=world.size, task=task,
+      resizing=False).batches())
   distributed.broadcast_from_chief(model.variables)
   window = metrics.StepWindow(train_step.totals)
   rates, losses = [], []

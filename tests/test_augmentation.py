@@ -16,31 +16,29 @@ from tests import fixtures
 IMAGES = DatasetInfo(name="images", image_shape=(16, 16, 1), num_classes=0,
                      num_train=1, num_test=1, mean=(0.0,), std=(1.0,),
                      label_shape=(2,), label_dtype="float32")
+MASKS = DatasetInfo(name="masks", image_shape=(16, 16, 1), num_classes=3,
+                    num_train=1, num_test=1, mean=(0.0,), std=(1.0,),
+                    label_shape=(16, 16), label_dtype="int64")
 VOLUMES = DatasetInfo(name="volumes", image_shape=(8, 8, 8, 4),
                       num_classes=0, num_train=1, num_test=1,
                       mean=(0.0,) * 4, std=(1.0,) * 4, label_shape=(4,),
                       label_dtype="float32")
 
 
-def test_each_task_says_whether_flips_and_shifts_keep_its_targets():
-  assert Classification.augmentation_keeps_targets
-  assert Segmentation.augmentation_keeps_targets  # masks move too
-  assert Reconstruction.augmentation_keeps_targets  # the images are
-  assert not Regression(IMAGES).augmentation_keeps_targets  # a position
-  assert Regression(VOLUMES).augmentation_keeps_targets  # CosmoFlow's
-  assert not Task.augmentation_keeps_targets  # a user's task that says not
-
-
 def test_the_defaults_apply_only_to_tasks_whose_targets_are_kept(caplog):
   data = fixtures.train_config().data  # the flags' defaults, none given
   assert (data.random_flip, data.random_shift) == (True, 0.1)
   assert not data.given_augmentation
-  kept = Augmentation.requested(data, Classification(num_classes=2))
-  assert (kept.flip, kept.shift) == (True, 0.1)
-  volumes = Augmentation.requested(data, Regression(VOLUMES))
-  assert volumes.flip
-  moved = Augmentation.requested(data, Regression(IMAGES))
-  assert (moved.flip, moved.shift, moved.transpose) == (False, 0.0, False)
+  # Labels, masks that move with their images, the images themselves, and
+  # CosmoFlow's volumes, whose physics no flip changes.
+  for task in (Classification(num_classes=2), Segmentation(MASKS),
+               Reconstruction(IMAGES), Regression(VOLUMES)):
+    kept = Augmentation.requested(data, task)
+    assert (kept.flip, kept.shift) == (True, 0.1), task
+  # A position, which a flip moves; a user's task that does not say.
+  for task in (Regression(IMAGES), Task()):
+    moved = Augmentation.requested(data, task)
+    assert (moved.flip, moved.shift, moved.transpose) == (False, 0.0, False)
   assert not caplog.records
   assert Augmentation.requested(data).flip  # no task: as the flags say
 

@@ -140,7 +140,7 @@ def test_a_measurement_wins_only_beyond_its_own_spread(monkeypatch, rounds,
       ("none", "bfloat16") if r % 2 == 0 else ("bfloat16", "none"))
       for t in (0.0, rounds[v][r])])
   monkeypatch.setattr(auto.time, "perf_counter", lambda: next(clock))
-  monkeypatch.setattr(auto.datasets, "train_stream",
+  monkeypatch.setattr(auto.datasets.TrainingStream, "batches",
                       lambda *a, **k: iter([(None, [0] * 4)] * 8))
   monkeypatch.setattr(auto, "MEASURED_SECONDS", 1e-9)  # one step a round
   monkeypatch.setattr(auto, "MEASURED_ROUNDS", 3)
@@ -152,6 +152,6 @@ def test_a_measurement_wins_only_beyond_its_own_spread(monkeypatch, rounds,
 
 
 def no_splits():
-  class Splits:  # what timed reads of the splits before its own stream
+  class Splits:  # what timed's stream is set up from, never read here
     train = info = None
   return Splits()

@@ -258,11 +258,11 @@ MAX_FUNCTION_LINES = 60
 
 
 def oversized(root: str) -> list[str]:
-  """The modules of engine/, flags/ and models/ under `root` over
+  """The modules of engine/, flags/, models/ and bench/ under `root` over
   MAX_MODULE_LINES, and their functions over MAX_FUNCTION_LINES: past
   those, two responsibilities share a room (../shared/STYLE.md)."""
   found = []
-  for package in ("engine", "flags", "models"):
+  for package in ("engine", "flags", "models", "bench"):
     for path in sorted(pathlib.Path(root, package).rglob("*.py")):
       source = path.read_text()
       name = str(path.relative_to(root))

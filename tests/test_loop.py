@@ -20,6 +20,7 @@ import pytest
 import tensorflow as tf
 
 from engine import build
+from engine import distributed
 from engine import train as train_lib
 from engine.compute import metrics
 from engine.compute import optimizers
@@ -49,7 +50,7 @@ class FakeStep:
   """The train step's interface, without training."""
 
   def __init__(self, parts: TrainingParts, *, nonfinite_at=(),
-               stop_at=None):
+               peer_stop_at=None):
     self.task = parts.task
     self._optimizer = parts.optimizer
     self.totals = metrics.Totals("train_totals", parts.task)
@@ -58,7 +59,7 @@ class FakeStep:
     self.calls = []  # (first global step, steps taken)
     self.first_batches = []  # the labels of each call's first batch
     self._nonfinite_at = set(nonfinite_at)
-    self._stop_at = stop_at
+    self._peer_stop_at = peer_stop_at
 
   def reset_counts(self) -> None:
     self.totals.reset()
@@ -82,9 +83,10 @@ class FakeStep:
         self._nonfinite_at.remove(global_step)
         self.calls.append((first, ran))
         raise steps.NonFinite("the loss was nan", step=ran)
-      if global_step == self._stop_at:
+      if global_step == self._peer_stop_at:
+        # Another rank asked to stop, and this step agreed on it: not this
+        # rank's request, which has none.
         self.calls.append((first, ran))
-        signal.raise_signal(signal.SIGTERM)  # what the ranks agree on
         return ran, True
     self.calls.append((first, ran))
     return ran, bool(stop_requested)  # this rank's request: all agree
@@ -95,10 +97,10 @@ class FaultyStep:
   steps at the global steps a test says (after taking them: the rollback
   that follows undoes them)."""
 
-  def __init__(self, step, *, nonfinite_at=(), stop_at=None):
+  def __init__(self, step, *, nonfinite_at=(), peer_stop_at=None):
     self._step = step
     self._nonfinite_at = set(nonfinite_at)
-    self._stop_at = stop_at
+    self._peer_stop_at = peer_stop_at
 
   def __getattr__(self, name):
     return getattr(self._step, name)
@@ -109,10 +111,19 @@ class FaultyStep:
     if global_step in self._nonfinite_at:
       self._nonfinite_at.remove(global_step)
       raise steps.NonFinite("the loss was nan")
-    if global_step == self._stop_at:
-      signal.raise_signal(signal.SIGTERM)  # what the ranks agree on
-      return True
+    if global_step == self._peer_stop_at:
+      return True  # another rank's request, agreed
     return stop_agreed
+
+
+@pytest.fixture
+def peer_sent_sigterm(monkeypatch):
+  """The other rank's SIGTERM, which the agreed stop names: the largest of
+  every rank's signal numbers, this one's being 0."""
+  of_ranks = distributed.max_across_ranks
+  monkeypatch.setattr(distributed, "max_across_ranks", lambda value, name: (
+      max(of_ranks(value, name), signal.SIGTERM) if name == "stop_signal"
+      else of_ranks(value, name)))
 
 
 def run_loop(data_dir, model_dir, *, user_actions=(), fake=None,
@@ -166,12 +177,15 @@ def test_the_step_counter_is_the_optimizers_and_each_epoch_is_whole(
              for first, taken in step.calls)  # no call crosses an epoch
 
 
+@pytest.mark.usefixtures("peer_sent_sigterm")
 def test_a_stop_saves_where_it_stands_and_the_rerun_reads_on_from_there(
     data_dir, tmp_path):
-  with pytest.raises(preemption.Preempted, match=r"at epoch 2, step 3; "
-                     r"saved .*ckpt"):
+  """Another rank's SIGTERM, agreed in step 3 of epoch 2, the third of a
+  call of 4: this rank, which had no signal, stops there too."""
+  with pytest.raises(preemption.Preempted, match=r"stopped by SIGTERM at "
+                     r"epoch 2, step 3; saved .*ckpt"):
     run_loop(data_dir, tmp_path, performance=dict(steps_per_call=4),
-             fake=dict(stop_at=STEPS_PER_EPOCH + 3))
+             fake=dict(peer_stop_at=STEPS_PER_EPOCH + 3))
   history, step, parts = run_loop(data_dir, tmp_path,
                                   performance=dict(steps_per_call=4))
   assert step.calls[0] == (STEPS_PER_EPOCH + 4, 1)
@@ -232,9 +246,10 @@ def records(model_dir):
 
 def test_a_signal_mid_epoch_stops_at_the_calls_end_and_saves_there(
     data_dir, tmp_path):
-  """SIGTERM, as a scheduler sends at a job's time limit, during step 21:
-  the loop stops after the call it was in (epoch 2, step 3), saves there,
-  and the rerun reads on from step 4, having taken no step after it."""
+  """SIGTERM, as a scheduler sends at a job's time limit, after step 21
+  (epoch 2, step 3; an action there sends it): the next step carries the
+  request to every rank, so the loop stops after it (step 4), saves there,
+  and the rerun reads on from step 5, having taken no step after it."""
   def terminate(at):
     del at
     os.kill(os.getpid(), signal.SIGTERM)
@@ -282,6 +297,7 @@ def test_early_stoppings_count_goes_on_in_a_resumed_run(data_dir, tmp_path):
   assert sum(ran for _, ran in step.calls) == STEPS_PER_EPOCH
 
 
+@pytest.mark.usefixtures("peer_sent_sigterm")
 def test_a_run_stopped_and_resumed_ends_as_the_run_that_went_on(data_dir,
                                                                 tmp_path):
   # Early stopping (val_loss <= 100 for 3 epochs: after the third), two
@@ -300,7 +316,7 @@ def test_a_run_stopped_and_resumed_ends_as_the_run_that_went_on(data_dir,
                                faulty=dict(nonfinite_at={8, 30}), **run)
   with pytest.raises(preemption.Preempted, match=r"at epoch 2, step 3"):
     run_loop(data_dir, tmp_path / "stopped",
-             faulty=dict(nonfinite_at={8}, stop_at=21), **run)
+             faulty=dict(nonfinite_at={8}, peer_stop_at=21), **run)
   resumed, _, resumed_parts = run_loop(
       data_dir, tmp_path / "stopped", faulty=dict(nonfinite_at={30}), **run)
   assert [r["epoch"] for r in went_on] == [1, 2, 3]

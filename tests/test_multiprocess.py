@@ -92,6 +92,20 @@ def test_steps_are_traced_once_per_run(two):
   assert [(r["train_traces"], r["eval_traces"]) for r in ranks] == [(1, 1)] * 2
 
 
+def test_keras_3_variables_are_broadcast_and_averaged_across_ranks(two):
+  """Each rank's held rank + 1: the broadcast kernel is rank 0's on both,
+  the averaged bias the mean of 1 and 2."""
+  _, ranks = two
+  assert [r["keras_variables"] for r in ranks] == [
+      {"broadcast": [[1.0, 1.0]] * 3, "averaged": [1.5, 1.5]}] * 2
+
+
+def test_a_stop_one_rank_asks_for_stops_every_rank(one, two):
+  # Rank 1 alone asked to stop, then no rank did.
+  assert [r["stops"] for r in two[1]] == [[True, False]] * 2
+  assert [r["stops"] for r in one[1]] == [[False, False]]  # rank 0 did not
+
+
 def step_weights(out_dir, variant):
   saved = np.load(out_dir / f"step_weights_{variant}.npz")
   assert saved["traces"] == 1

@@ -62,13 +62,16 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
       (1, 4, 4, 1), np.uint8)
   splits = datasets.from_arrays(numbered, np.arange(80) % 2, numbered[:8],
                                 np.arange(8) % 2)
-  config = fixtures.train_config(training=dict(model_dir=str(tmp_path),
-                                               progress="none"))
+  config = fixtures.train_config(training=dict(
+      model_dir=str(tmp_path), progress="none", batch_size=8,
+      steps_per_epoch=10))
   task = Classification(num_classes=2)
   session = Session(config=config,
                     precision_choice=precision.Choice(mode="none"),
                     compression="none", world=world, directory=None, state=state,
-                    splits=splits, task=task, gradient_bytes=40,
+                    stream=datasets.TrainingStream.of(
+                        config, splits, rank=0, world_size=1, task=task),
+                    gradient_bytes=40,
                     train_totals=metrics.Totals("train", task),
                     callbacks=KerasCallbacks([], model=keras.Sequential(),
                                              is_chief=True, epochs=3,

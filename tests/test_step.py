@@ -159,7 +159,9 @@ def test_float16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
   assert step.traces == 1
 
 
-def test_the_step_returns_the_stop_request_agreed_across_ranks():
+def test_the_step_returns_a_stop_requested_on_one_process():
+  # Across ranks, where one asks and the other does not:
+  # tests/test_multiprocess.py.
   step = steps.TrainStep(model=tiny_model(),
                          optimizer=keras.optimizers.SGD(0.1))
   images, labels = batch(8, 6)

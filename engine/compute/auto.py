@@ -46,7 +46,6 @@ from engine.compute import precision
 from engine.core import cpu
 from engine.core import run_files
 from engine.core.config import TrainConfig
-from engine.datasets import Augmentation, Epochs, Shard
 
 # Each measurement's rounds, the seconds of timed steps they share (all
 # variants, all rounds), and the batches each rank reads for them. A
@@ -206,13 +205,9 @@ def timed(config: TrainConfig, world: distributed.World,
   on a model of its own at learning rate 0, timed on this rank's first
   training batches, alternating over MEASURED_ROUNDS rounds after a step
   that traces them."""
-  batches = list(itertools.islice(datasets.train_stream(
-      splits.train, splits.info, shard=Shard(world.rank, world.size),
-      epochs=Epochs(batch_size=config.training.batch_size
-                    * config.performance.grad_accum_steps,
-                    steps=MEASURED_STEPS, seed=config.training.seed),
-      augmentation=Augmentation.requested(config.data, resizing=False)),
-                                  MEASURED_STEPS))
+  batches = list(itertools.islice(datasets.TrainingStream.of(
+      config, splits, rank=world.rank, world_size=world.size,
+      resizing=False, steps=MEASURED_STEPS).batches(), MEASURED_STEPS))
   step_seconds = {}
   for variant, train_step in train_steps.items():
     train_step(*batches[0])  # tracing, not timed

@@ -4,7 +4,8 @@ A loader returns raw examples, images and int64 labels, and the statistics
 to normalize them. Sharding, shuffling, augmentation and batching are done
 by each split's source, whose kind knows how it is read, and normalized,
 resized and prefetched once for all kinds (engine/datasets/sources.py:
-`train_stream`, `eval_batches`). The built-in formats: the original files of Fashion-MNIST and
+`train_stream`, `eval_batches`); a run's training stream is set up from
+its flags in one place (engine/datasets/training_stream.py). The built-in formats: the original files of Fashion-MNIST and
 CIFAR-10 (in memory), TFRecords and image folders (streamed), arrays on
 disk (read by rows), synthetic images. A user's own loader,
 `--dataset=package.module:function`, returns the same `Splits`
@@ -32,6 +33,7 @@ from engine.datasets.sources import (  # noqa: F401
     eval_batches, steps_per_epoch, train_stream)
 from engine.datasets.splits import (  # noqa: F401
     Augmentation, DatasetInfo, Epochs, LabelKind, Shard, Source, Splits)
+from engine.datasets.training_stream import TrainingStream  # noqa: F401
 from engine.core import run_files
 from engine.core.errors import UserError
 from engine.core.registry import Registry

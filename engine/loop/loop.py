@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 from absl import logging
 import tensorflow as tf
 
+from engine import datasets
 from engine import distributed
 from engine.compute import ema
 from engine.compute import metrics
@@ -118,13 +119,16 @@ class TrainLoop:
   def _begin(self, committed: Optional[RunState]) -> Session:
     """Sets up a call: the batch and steps for the processes there are,
     the state to continue from, the learning rate, this rank's data."""
-    config, info = self._config, self._parts.splits.info
+    config = self._config
     world = distributed.current(self._parts.world)
     chief = distributed.is_chief()
     report.configure_logging(chief)
     training = config.training
-    steps_per_epoch, global_batch = session_lib.batches(
-        config, info, world.size)
+    stream = datasets.TrainingStream.of(
+        config, self._parts.splits, rank=world.rank, world_size=world.size,
+        task=self._train_step.task)
+    session_lib.log_batches(stream)
+    steps_per_epoch, global_batch = stream.steps_per_epoch, stream.global_batch
     run_state, fresh = self._continue_from(committed, world, chief,
                                            global_batch)
     # The schedule for this number of processes.
@@ -147,8 +151,7 @@ class TrainLoop:
         directory=self.directory if chief else None, state=state,
         train_totals=self._train_step.totals,
         gradient_bytes=self._train_step.gradient_bytes,
-        splits=self._parts.splits, task=self._train_step.task,
-        callbacks=KerasCallbacks(
+        stream=stream, callbacks=KerasCallbacks(
             self._parts.callbacks, model=self._model, is_chief=chief,
             epochs=training.epochs, steps_per_epoch=steps_per_epoch,
             optimizer=self._optimizer, learning_rate=self._learning_rate))

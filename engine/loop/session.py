@@ -20,7 +20,6 @@ from engine.compute import precision
 from engine.core.config import TrainConfig
 from engine import datasets
 from engine.datasets import record_features
-from engine.datasets import Augmentation
 from engine.distributed import link_probe
 from engine.loop import preemption
 from engine.loop import profiling
@@ -32,24 +31,14 @@ from engine.records import report
 from engine.records import step_advice
 
 
-def batches(config: TrainConfig, info, world_size: int
-            ) -> tuple[int, int]:
-  """A start's steps per epoch and global batch on `world_size`
-  processes, each process's step taking --grad_accum_steps micro-batches
-  of --batch_size; logged."""
-  training = config.training
-  micro_batches = config.performance.grad_accum_steps
-  step_batch = training.batch_size * micro_batches
-  steps_per_epoch = datasets.steps_per_epoch(
-      num_train=info.num_train, batch_size=step_batch,
-      world_size=world_size, requested=training.steps_per_epoch)
-  global_batch = step_batch * world_size
+def log_batches(stream: datasets.TrainingStream) -> None:
+  """A start's global batch and steps per epoch, said once."""
+  micro_batches = stream.micro_batches
   logging.info("global batch %d on %d processes%s, %d steps per epoch",
-               global_batch, world_size,
+               stream.global_batch, stream.shard.world_size,
                f" ({micro_batches} micro-batches of "
-               f"{training.batch_size} per process)"
-               if micro_batches > 1 else "", steps_per_epoch)
-  return steps_per_epoch, global_batch
+               f"{stream.epochs.batch_size // micro_batches} per process)"
+               if micro_batches > 1 else "", stream.steps_per_epoch)
 
 
 def _profiled_settings(config: TrainConfig, world: distributed.World,
@@ -93,14 +82,13 @@ class Session:
                world: distributed.World,
                directory: Optional[RunDirectory], state: LoopState,
                train_totals: metrics.Totals, gradient_bytes: int,
-               splits: datasets.Splits, task,
+               stream: datasets.TrainingStream,
                callbacks: KerasCallbacks):
     """`precision_choice`: the start-up's, whose mode the run's hparams
     name; `compression`, the gradients' as start-up decided it.
     `train_totals`: the train step's running sums, which summaries within
     an epoch read; `gradient_bytes`, an update's (the step report's
-    bandwidth). `splits`: the data, whose training split this rank reads
-    its share of, augmented as the flags and `task` ask. `callbacks`: a
+    bandwidth). `stream`: this rank's training batches. `callbacks`: a
     fit script's Keras callbacks, for this start."""
     self.world = world
     self.callbacks = callbacks
@@ -108,13 +96,7 @@ class Session:
     self.state = state
     chief = distributed.is_chief()
     training, profile = config.training, config.profiling
-    # This rank's batches from any epoch and step on: one stream a start.
-    self._batches_from = functools.partial(
-        datasets.train_stream, splits.train, splits.info,
-        shard=datasets.Shard(world.rank, world.size),
-        epochs=datasets.Epochs(batch_size=state.global_batch // world.size,
-                               steps=state.steps_per_epoch, seed=training.seed),
-        augmentation=Augmentation.requested(config.data, task))
+    self._stream = stream
     self.read_from_state()
     # Rank 0's is its model_dir's; the others' does nothing.
     self.reporter = directory.reporter if directory else report.Reporter(
@@ -144,8 +126,8 @@ class Session:
   def read_from_state(self) -> None:
     """This rank's batches from where the state stands on (a start, or a
     rollback's)."""
-    self.batches = iter(self._batches_from(first_epoch=self.state.epoch,
-                                           first_step=self.state.step))
+    self.batches = iter(self._stream.batches(first_epoch=self.state.epoch,
+                                             first_step=self.state.step))
 
   def start_epoch(self) -> None:
     """The epoch's timing, summaries' window and progress, from the step

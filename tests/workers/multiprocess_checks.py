@@ -1,6 +1,6 @@
 """Run by tests/test_multiprocess.py, under `horovodrun -np N` or alone.
 
-Two checks in one launch, since each TensorFlow process takes seconds to
+Three checks in one launch, since each TensorFlow process takes seconds to
 start. Each rank writes what it observed to OUT/rank<r>.json; the test
 asserts on those files.
 
@@ -10,7 +10,9 @@ asserts on those files.
    options): afterwards, every rank's
    variables (including BatchNorm statistics), the reported validation
    figures against the full test set evaluated locally, trace counts, steps.
-2. The data-parallel step: a fixed global batch of 2B examples, split across
+2. The engine's collectives on Keras 3 variables, and a stop one rank
+   asks for, which the step agrees across ranks.
+3. The data-parallel step: a fixed global batch of 2B examples, split across
    the ranks, through the engine's TrainStep; rank 0 saves the weights to
    OUT/step_weights_plain.npz so the test compares N processes with 1. On
    more than one process, the same with each performance option
@@ -136,6 +138,35 @@ def data_parallel_steps(out_dir: str, name: str = "plain",
              max_difference_across_ranks=np.abs(everyone - everyone[0]).max())
 
 
+def keras_variables_across_ranks() -> dict:
+  """Keras 3 variables, which lack the `ref()` Horovod keys variables by
+  (horovod/horovod#4290), through the engine's collectives: each rank's
+  kernel and bias hold rank + 1; the kernel broadcast from rank 0, the
+  bias averaged."""
+  layer = keras.layers.Dense(2)
+  layer.build((None, 3))
+  kernel, bias = layer.trainable_variables
+  kernel.assign(np.full((3, 2), hvd.rank() + 1.0, "float32"))
+  bias.assign(np.full((2,), hvd.rank() + 1.0, "float32"))
+  distributed.broadcast_from_chief([kernel])
+  distributed.average_across_ranks([bias])
+  return {"broadcast": kernel.numpy().tolist(),
+          "averaged": bias.numpy().tolist()}
+
+
+def stop_requests_across_ranks() -> list:
+  """What the step returns when rank 1 alone asks to stop, then when no
+  rank does: the stop is every rank's or none's."""
+  model = models.build("cnn", input_shape=(28, 28, 1), num_classes=10,
+                       filters=4, dropout=0.0, weight_decay=0.0)
+  train_step = steps.TrainStep(model=model,
+                               optimizer=keras.optimizers.SGD(0.1))
+  images = tf.zeros((2, 28, 28, 1))
+  labels = tf.zeros((2,), tf.int64)
+  return [train_step(images, labels, stop_requested=hvd.rank() == 1),
+          train_step(images, labels)]
+
+
 def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
          tfrecord_dir: str = "") -> None:
   """Without CIFAR-10 and TFRecord directories (the 1-process reference),
@@ -191,6 +222,8 @@ def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
         performance=dict(grad_accum_steps=2, mixed_precision="float16",
                          gradient_compression="fp16"),
         profiling=dict(profile_steps=(2, 3), profile_all_ranks=True)))
+  observed["keras_variables"] = keras_variables_across_ranks()
+  observed["stops"] = stop_requests_across_ranks()
   data_parallel_steps(out_dir)
   if hvd.size() > 1:
     for name, options in STEP_VARIANTS.items():
