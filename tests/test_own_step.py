@@ -160,14 +160,13 @@ def test_keras_guide_gan_trains_both_models_with_their_own_optimizers():
 def test_the_optimizers_apply_the_engines_reduced_gradients_then_unwrap():
   model = weighted_mae(learning_rate=0.1)
   _, step = step_of(model, parts=3)
-  reduced = step._reduce.reduced  # pylint: disable=protected-access
+  reduced = step._reduce.gradients  # pylint: disable=protected-access
   calls = []
-  def halved(gradients, shared=None):
+  def halved(gradients):
     # As if a second rank's gradients were all zero: their average.
     calls.append(len(gradients))
-    averaged, _ = reduced(gradients, shared)
-    return [g / 2 for g in averaged], None
-  step._reduce.reduced = halved  # pylint: disable=protected-access
+    return [g / 2 for g in reduced(gradients)]
+  step._reduce.gradients = halved  # pylint: disable=protected-access
   x, (y, weights) = batch(0)
   variables = model.trainable_variables
   with tf.GradientTape() as tape:

@@ -262,13 +262,13 @@ class TrainStep:
       with clock.phase("backward"):  # the forward passes in backward's
         local, loss = self._accumulated_gradients(images, labels, variables)
     with clock.phase("communication", overlaps_previous=reduce.overlaps):
-      gradients, shared = reduce.reduced(
-          local, reduce.shared(stop_requested, loss))
-      # BatchNorm's moving statistics, set to their average over ranks.
-      reduce.update_statistics(shared)
-      # The shares of ranks that asked to stop and whose loss was not
-      # finite.
-      stop_share, nonfinite_loss_share = reduce.flags_of(shared)
+      # The gradients averaged; BatchNorm's moving statistics set to their
+      # average; the shares of ranks that asked to stop and whose loss was
+      # not finite.
+      reduced = reduce.step(local, stop_requested, loss)
+    gradients = reduced.gradients
+    stop_share = reduced.stop_share
+    nonfinite_loss_share = reduced.nonfinite_loss_share
     with clock.phase("optimizer"):
       # The same on every rank: every rank holds the same averaged
       # gradients (under float16, scaled: finite where the unscaled ones

@@ -51,7 +51,7 @@ class TaskTrainStep(step.TrainStep):
   def averaged(self, gradients: list) -> list:
     """Gradients a step computed itself (a model's own train_step:
     engine/tasks/own_step.py), averaged across ranks as they are."""
-    return self._reduce.reduced(gradients)[0]
+    return self._reduce.gradients(gradients)
 
   def apply_gradients(self, optimizer, gradients: list,
                       variables: list) -> None:
@@ -78,15 +78,14 @@ class TaskTrainStep(step.TrainStep):
       if self._weight_average:
         self._weight_average.update()
     with clock.phase("communication"):
-      shared = self._reduce.averaged_alone(
-          self._reduce.shared(stop_requested, loss))
-      self._reduce.update_statistics(shared)  # the models' BatchNorms'
-      stop_share, nonfinite_loss_share = self._reduce.flags_of(shared)
+      # Its flags and the models' BatchNorm statistics.
+      reduced = self._reduce.step(None, stop_requested, loss)
       gradients_finite = self._gradients_finite.read_value()
-      finite = tf.logical_and(nonfinite_loss_share == 0, gradients_finite)
+      finite = tf.logical_and(reduced.nonfinite_loss_share == 0,
+                              gradients_finite)
       return step_outcome.outcome(
-          stop_share=stop_share, finite=finite, loss=loss,
-          nonfinite_loss_share=nonfinite_loss_share,
+          stop_share=reduced.stop_share, finite=finite, loss=loss,
+          nonfinite_loss_share=reduced.nonfinite_loss_share,
           gradients_finite=gradients_finite[None],
           loss_scale=tf.constant(0.0))
 

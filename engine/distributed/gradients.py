@@ -6,6 +6,9 @@ says how (`StepReduction`: the protocol the built-in step and a task's own
 step share), and is the only place that asks Horovod to: on the tensors
 themselves. A change of collective library is a change of this package.
 """
+import dataclasses
+from typing import Optional
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
@@ -106,7 +109,33 @@ class StepReduction:
     self._statistics = [v for v in model.non_trainable_variables
                         if v.dtype == tf.float32 and id(v) not in frozen]
 
-  def shared(self, stop_requested, loss) -> tf.Tensor:
+  def step(self, local: Optional[list], stop_requested,
+           loss) -> "Reduced":
+    """A step's one reduction across ranks: its local gradients (None for
+    a task's own step, which reduced its gradients itself: `gradients`),
+    its flags and the model's statistics (`_shared`), reduced as
+    `together` and `overlaps` say; the statistics set to their average;
+    the averaged gradients and the shares of ranks that asked to stop and
+    whose loss was not finite returned."""
+    shared = self._shared(stop_requested, loss)
+    if local is None:
+      gradients, shared = None, self._averaged_alone(shared)
+    else:
+      gradients, shared = self._reduced(local, shared)
+    # [flags | statistics], as _shared packed them.
+    parts = tf.split(shared, [FLAGS] + [v.shape.num_elements()
+                                        for v in self._statistics])
+    for variable, average in zip(self._statistics, parts[1:]):
+      variable.assign(tf.reshape(average, variable.shape))
+    stop_share, nonfinite_loss_share = tf.unstack(parts[0])
+    return Reduced(gradients, stop_share, nonfinite_loss_share)
+
+  def gradients(self, local: list) -> list:
+    """Gradients a task's own step computed (engine/tasks/own_step.py),
+    averaged across ranks as the built-in step's are."""
+    return self._reduced(local)[0]
+
+  def _shared(self, stop_requested, loss) -> tf.Tensor:
     """What a step averages over ranks besides its gradients: its flags
     (step_flags), then the model's statistics, its float32 non-trainable
     variables (BatchNorm's moving means and variances), flattened.
@@ -121,34 +150,20 @@ class StepReduction:
     return tf.concat([step_flags(stop_requested, loss)]
                      + [tf.reshape(v, [-1]) for v in self._statistics], 0)
 
-  def update_statistics(self, shared: tf.Tensor) -> None:
-    """Sets the model's statistics to their average over ranks, from
-    `shared` averaged."""
-    parts = tf.split(shared, [FLAGS] + [v.shape.num_elements()
-                                        for v in self._statistics])
-    for variable, average in zip(self._statistics, parts[1:]):
-      variable.assign(tf.reshape(average, variable.shape))
-
-  @staticmethod
-  def flags_of(shared: tf.Tensor) -> list:
-    """From `shared` averaged, the flags' average: the shares of ranks
-    [asked to stop, loss not finite]."""
-    return tf.unstack(shared[:FLAGS])
-
-  def reduced(self, local: list, shared=None):
+  def _reduced(self, local: list, shared=None):
     """The local gradients averaged across ranks, and `shared` (if given)
     averaged, or None: in one grouped allreduce (`together`); else each
     gradient as the backward pass has it (`overlaps`), or, with
     accumulation, all at once, and `shared` beside them."""
     if self.together:
-      return self.reduced_together(local, shared)
+      return self._reduced_together(local, shared)
     if self.overlaps:
       gradients = self._reduction.each(local)
     else:
       gradients = self._reduction.grouped(local, alone_skips=False)
-    return gradients, None if shared is None else self.averaged_alone(shared)
+    return gradients, None if shared is None else self._averaged_alone(shared)
 
-  def averaged_alone(self, shared: tf.Tensor) -> tf.Tensor:
+  def _averaged_alone(self, shared: tf.Tensor) -> tf.Tensor:
     """`shared` averaged over ranks, beside gradients reduced one by one:
     submitted when the gradients start to be (it depends on the forward
     pass only), as an average like theirs, so Horovod fuses it into one of
@@ -159,7 +174,7 @@ class StepReduction:
     """
     return averaged(shared, "step_flags")
 
-  def reduced_together(self, local: list, shared=None):
+  def _reduced_together(self, local: list, shared=None):
     """The local gradients and `shared` (if given), averaged over ranks in
     one grouped allreduce; a process alone skips Horovod's queue."""
     present = [i for i, gradient in enumerate(local) if gradient is not None]
@@ -172,6 +187,16 @@ class StepReduction:
     for i, gradient in zip(present, reduced):
       gradients[i] = gradient
     return gradients, reduced[-1] if shared is not None else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduced:
+  """What a step's reduction gives it: the averaged gradients (None when
+  the step reduced its own), and the shares of ranks that asked to stop
+  and whose loss was not finite."""
+  gradients: Optional[list]
+  stop_share: tf.Tensor
+  nonfinite_loss_share: tf.Tensor
 
 
 FLAGS = 2  # step_flags' length
