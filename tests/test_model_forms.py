@@ -25,6 +25,7 @@ from engine.datasets import fashion_mnist
 from engine.loop import preemption
 from tests import fixtures
 from tests.test_loop import STEPS_PER_EPOCH
+from tests.test_loop import peer_sent_sigterm  # pylint: disable=unused-import
 from tests.test_loop import records
 from tests.test_loop import run_loop
 
@@ -48,6 +49,7 @@ def stored_test_split(data_dir):
   return read("images")[..., None], read("labels")
 
 
+@pytest.mark.usefixtures("peer_sent_sigterm")
 @pytest.mark.parametrize("form", ["listed", "sequential", "functional",
                                   "applications"])
 def test_a_model_in_each_form_resumes_evaluates_and_exports_as_it_trained(
@@ -56,13 +58,13 @@ def test_a_model_in_each_form_resumes_evaluates_and_exports_as_it_trained(
              performance=dict(steps_per_call=1),
              training=dict(epochs=2))
   went_on, _, parts = run_loop(data_dir, tmp_path / "on", faulty={}, **run)
-  # Stopped after the first epoch's last step, then at step 5 of the
-  # second.
+  # Stopped (another rank's SIGTERM, agreed) after the first epoch's last
+  # step, then at step 5 of the second.
   for stop_at, where in ((STEPS_PER_EPOCH, "epoch 1, step 18"),
                          (STEPS_PER_EPOCH + 5, "epoch 2, step 5")):
-    with pytest.raises(preemption.Preempted, match=f"at {where}"):
-      run_loop(data_dir, tmp_path / "stopped", faulty=dict(stop_at=stop_at),
-               **run)
+    with pytest.raises(preemption.Preempted, match=f"by SIGTERM at {where}"):
+      run_loop(data_dir, tmp_path / "stopped",
+               faulty=dict(peer_stop_at=stop_at), **run)
   # The last start as engine.train runs it: to its end, and its exports.
   config = parts.config.replace(
       training=dict(model_dir=str(tmp_path / "stopped")))

@@ -85,13 +85,16 @@ def batch_script(env):
                         text=True, capture_output=True)
 
 
-def test_a_gpu_job_runs_one_task_per_gpu_on_a_gpu_venv(slurm, tmp_path):
+def test_a_gpu_job_runs_one_task_per_gpu_on_a_gpu_venv(slurm, tmp_path,
+                                                      monkeypatch):
   # A submit directory of its own, with no .venv-gpu.
   submit_dir = tmp_path / "checkout"
   submit_dir.mkdir()
   (submit_dir / "scripts").symlink_to(os.path.join(fixtures.REPO, "scripts"))
   gpu_job = dict(SLURM_GPUS_PER_NODE="a100:2", SLURM_NTASKS="4",
                  SLURM_SUBMIT_DIR=str(submit_dir))
+  # No VENV (make test exports its own): the GPU job's default.
+  monkeypatch.delenv("VENV", raising=False)
   fewer_tasks = batch_script(slurm("node1 node2", "2,1", **gpu_job))
   assert (fewer_tasks.returncode, fewer_tasks.stderr) == (
       2, "train.sbatch: --gpus-per-node=2 but node2 runs 1 of the job's "
