@@ -315,13 +315,14 @@ def _step_worker() -> None:
                        tf.float32)
   labels = tf.constant(rng.integers(0, NUM_CLASSES, spec.batch_size),
                        tf.int64)
+  step.start(tf.data.Dataset.from_tensors((images, labels)).repeat())
   for _ in range(WARM_UP_STEPS):  # tracing, compilation, first allocations
-    step(images, labels)
+    step.train(1)
   count = (min(FLOAT16_STEPS, FLAGS.steps) if mode == "float16"
            else FLAGS.steps)
   start = time.perf_counter()
   for _ in range(count):
-    step(images, labels)
+    step.train(1)
   print(count * spec.batch_size / (time.perf_counter() - start))
 
 

@@ -354,7 +354,8 @@ def optimizer_and_step(config: TrainConfig, mode: str, compression: str,
       allreduce_op=performance.allreduce_op, compression=compression,
       accumulation_steps=performance.grad_accum_steps, task=task,
       weight_average=weight_average, xla=performance.xla,
-      any_image_size=bool(config.data.progressive_resizing))
+      steps_per_call=performance.steps_per_call,
+      deterministic=config.devices.deterministic)
 
 
 def eval_step(config: TrainConfig, task: tasks.Task,

@@ -99,6 +99,7 @@ def train_or_exit(train: Callable[[config_lib.TrainConfig], Result],
   except UserError as e:
     exit_with_error(str(e), e.exit_code)
   except preemption.Preempted as e:
+    preemption.exiting()
     print(f"engine.train: {e}", file=sys.stderr)
     sys.exit(128 + e.signum)
   except tf.errors.DataLossError as e:

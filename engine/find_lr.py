@@ -101,7 +101,7 @@ def range_test(config: TrainConfig, *, min_lr: float,
   _, train_step = build.optimizer_and_step(config, choice.mode,
                                            sent.compression, task, model,
                                            rate)
-  batches = iter(datasets.TrainingStream.of(
+  train_step.start(datasets.TrainingStream.of(
       config, splits, rank=world.rank, world_size=world.size, task=task,
       resizing=False).batches())
   distributed.broadcast_from_chief(model.variables)
@@ -109,11 +109,10 @@ def range_test(config: TrainConfig, *, min_lr: float,
   rates, losses = [], []
   too_high = False
   for done in range(1, range_steps + 1):
-    images, labels = next(batches)
     try:
       # Rank 0's verdict on the step before reaches every rank through the
       # step's own stop flag, so all stop after the same step.
-      stop = train_step(images, labels, too_high)
+      stop = train_step.train(1, too_high).stop_agreed
     except steps.NonFinite:
       break
     rates.append(float(rate(done - 1)))

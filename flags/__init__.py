@@ -104,6 +104,10 @@ def _check_flags_agree() -> None:
     raise UserError("--mlperf_log with --elastic: an MLPerf run keeps its "
                     "processes, and rank 0 writes its log; log without "
                     "--elastic")
+  if FLAGS.deterministic and FLAGS.profile_steps:
+    raise UserError("--profile_steps with --deterministic: TensorFlow "
+                    "refuses the step report's clocks (tf.timestamp) under "
+                    "op determinism; profile without --deterministic")
   if bool(FLAGS.trial_study_dir) != (FLAGS.trial_number >= 0):
     raise UserError("--trial_study_dir and --trial_number: give both "
                     "(engine.sweep does, for each trial it starts) or "

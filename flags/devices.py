@@ -16,4 +16,6 @@ flags.DEFINE_bool("deterministic", False,
                   "Deterministic ops (tf.config.experimental."
                   "enable_op_determinism): reruns and resumed runs give the "
                   "same weights as uninterrupted ones, to float tolerance. "
-                  "Slower on GPUs.")
+                  "Slower on GPUs; no step report (--profile_steps), and "
+                  "the input's wait is counted in step_seconds: op "
+                  "determinism refuses tf.timestamp.")

@@ -443,3 +443,13 @@ def step_settings(**changed):
       device="CPU", processes_per_host=1, performance=performance,
       records=False, cache_records=False, image_records=False,
       streams_declared_records=False, stage_dir=False), **changed})
+
+
+def one_step(train_step, images, labels, stop_requested: bool = False,
+             timed: bool = False):
+  """One step of `train_step` (engine/compute/step.py) on one batch, which
+  it reads from a dataset of that batch alone (TrainStep.start, train);
+  the call's steps.Trained."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  train_step.start(tf.data.Dataset.from_tensors((images, labels)))
+  return train_step.train(1, stop_requested, timed)

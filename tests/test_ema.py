@@ -63,7 +63,7 @@ def test_the_step_updates_the_average_after_each_update():
   step = steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.5),
                          weight_average=average)
   images = tf.random.stateless_normal((4, 8, 8, 1), seed=(1, 2))
-  step(images, tf.constant([0, 1, 2, 0], tf.int64))
+  fixtures.one_step(step, images, tf.constant([0, 1, 2, 0], tf.int64))
   assert int(average.updates.numpy()) == 1
   updated = model.trainable_variables[0].numpy()
   assert not np.allclose(updated, initial)
@@ -83,9 +83,9 @@ def test_a_step_the_float16_loss_scaler_skips_leaves_the_average_alone():
       keras.optimizers.SGD(0.5), "float16"), weight_average=average)
   images = tf.random.stateless_normal((4, 8, 8, 1), seed=(1, 2))
   labels = tf.constant([0, 1, 2, 0], tf.int64)
-  step(images, labels)
+  fixtures.one_step(step, images, labels)
   before = [v.numpy() for v in average.variables]
-  step(images * np.nan, labels)  # skipped by the loss scaler
+  fixtures.one_step(step, images * np.nan, labels)  # skipped by the loss scaler
   assert step.skipped_steps == 1
   assert int(average.updates.numpy()) == 1
   for old, variable in zip(before, average.variables):

@@ -115,6 +115,14 @@ def test_every_loader_reads_one_spelling_of_size_classes_and_channels(
                                                                  10)
 
 
+def test_a_profile_under_op_determinism_is_refused_in_one_line(parsed):
+  """Its clocks, tf.timestamp, are refused under op determinism."""
+  assert parsed("--profile_steps=3,5").profiling.profile_steps == (3, 5)
+  with pytest.raises(UserError, match="^--profile_steps with "
+                     "--deterministic: TensorFlow refuses"):
+    parsed("--profile_steps=3,5", "--deterministic")
+
+
 def test_eval_shift_is_a_fraction_of_the_width_as_random_shift_is(parsed):
   assert build.eval_shift_pixels(parsed("--eval_shift=0.04"),
                                  (28, 28, 1)) == 1

@@ -65,14 +65,15 @@ class FakeStep:
     self.totals.reset()
     self.skipped_steps = 0
 
-  def __call__(self, images, labels, stop_requested=False) -> bool:
-    return self.steps(iter([(images, labels)]), 1, stop_requested)[1]
+  def start(self, batches) -> None:
+    self._batches = iter(batches)
 
-  def steps(self, batches, count, stop_requested=False):
+  def train(self, num_steps, stop_requested=False, timed=False):
+    del timed
     first = optimizers.step(self._optimizer) + 1
     ran = 0
-    for ran in range(1, count + 1):
-      images, labels = next(batches)
+    for ran in range(1, num_steps + 1):
+      images, labels = next(self._batches)
       if ran == 1:
         self.first_batches.append(labels.numpy().tolist())
       self._optimizer.iterations.assign_add(1)
@@ -87,15 +88,21 @@ class FakeStep:
         # Another rank asked to stop, and this step agreed on it: not this
         # rank's request, which has none.
         self.calls.append((first, ran))
-        return ran, True
+        return trained_call(ran, True)
     self.calls.append((first, ran))
-    return ran, bool(stop_requested)  # this rank's request: all agree
+    return trained_call(ran, bool(stop_requested))  # this rank's: all agree
+
+
+def trained_call(ran: int, stop_agreed: bool) -> steps.Trained:
+  return steps.Trained(steps=ran, stop_agreed=stop_agreed, input_seconds=0.0,
+                       phases={})
 
 
 class FaultyStep:
   """The engine's train step, which asks to stop and reports non-finite
   steps at the global steps a test says (after taking them: the rollback
-  that follows undoes them)."""
+  that follows undoes them), where a call ends (at one step a call, every
+  step)."""
 
   def __init__(self, step, *, nonfinite_at=(), peer_stop_at=None):
     self._step = step
@@ -105,15 +112,15 @@ class FaultyStep:
   def __getattr__(self, name):
     return getattr(self._step, name)
 
-  def __call__(self, images, labels, stop_requested=False) -> bool:
-    stop_agreed = self._step(images, labels, stop_requested)
+  def train(self, num_steps, stop_requested=False, timed=False):
+    done = self._step.train(num_steps, stop_requested, timed)
     global_step = optimizers.step(self._step.optimizer)
     if global_step in self._nonfinite_at:
       self._nonfinite_at.remove(global_step)
       raise steps.NonFinite("the loss was nan")
     if global_step == self._peer_stop_at:
-      return True  # another rank's request, agreed
-    return stop_agreed
+      return trained_call(done.steps, True)  # another rank's, agreed
+    return done
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from engine.compute import step as steps
 from engine.compute import task_step
 from engine.core.errors import UserError
 from engine.tasks import own_step
+from tests import fixtures
 
 ops = keras.ops
 LATENT = 3
@@ -144,7 +145,7 @@ def test_keras_guide_gan_trains_both_models_with_their_own_optimizers():
   before = [v.numpy().copy() for v in model.trainable_variables]
   for seed in range(2):
     x, (y, _) = batch(seed)  # x alone: y the pipeline's dummy labels
-    assert step(x, y) is False
+    assert fixtures.one_step(step, x, y).stop_agreed is False
   assert step.traces == 1
   assert all(not np.array_equal(old, new.numpy())
              for old, new in zip(before, model.trainable_variables))
@@ -173,7 +174,7 @@ def test_the_optimizers_apply_the_engines_reduced_gradients_then_unwrap():
     loss = model.weighted_loss((x, y, weights))
   expected = [v.numpy() - 0.1 * g.numpy() / 2
               for v, g in zip(variables, tape.gradient(loss, variables))]
-  step(x, (y, weights))
+  fixtures.one_step(step, x, (y, weights))
   assert calls == [len(variables)]
   for variable, want in zip(variables, expected):
     np.testing.assert_allclose(variable.numpy(), want, rtol=1e-6)
@@ -189,7 +190,7 @@ def test_on_one_process_the_steps_are_keras_own_train_steps():
   keras_own.set_weights(model.get_weights())
   for seed in (1, 2):
     x, (y, weights) = batch(seed)
-    step(x, (y, weights))
+    fixtures.one_step(step, x, (y, weights))
     keras_own.train_on_batch(x, y, sample_weight=weights)
   for ours, theirs in zip(model.get_weights(), keras_own.get_weights()):
     np.testing.assert_allclose(ours, theirs, rtol=1e-6)
@@ -202,7 +203,7 @@ def test_a_trackers_figure_is_the_epochs_not_the_running_states():
   for seed, size in ((0, 6), (1, 2)):
     x, (y, weights) = batch(seed, size)
     losses.append(float(model.weighted_loss((x, y, weights))))
-    step(x, (y, weights))
+    fixtures.one_step(step, x, (y, weights))
   # Each step's share of the Mean tracker: one update of its batch's loss.
   assert step.totals.result().figures["loss"] == pytest.approx(
       np.mean(losses), rel=1e-6)
@@ -224,7 +225,7 @@ def test_a_nonfinite_gradient_is_skipped_and_counted():
   before = [v.numpy().copy() for v in model.trainable_variables]
   x, labels = batch(0)
   with pytest.raises(steps.NonFinite, match="gradients of the task's step"):
-    step(tf.fill(x.shape, np.nan), labels)
+    fixtures.one_step(step, tf.fill(x.shape, np.nan), labels)
   for old, new in zip(before, model.trainable_variables):
     np.testing.assert_array_equal(old, new.numpy())
   assert int(model.optimizer.iterations) == 1
@@ -283,7 +284,8 @@ def test_the_guides_compiled_metrics_are_figures_of_their_own_names():
   model.compile(keras.optimizers.SGD(0.0), loss="mse", metrics=["mae"])
   _, step = step_of(model, parts=2)
   x, (y, _) = batch(0)
-  step(x, y)  # (x, y): the labels as the pipeline yields them
+  # (x, y): the labels as the pipeline yields them.
+  fixtures.one_step(step, x, y)
   errors = model(x)[:, 0].numpy() - y.numpy()
   figures = step.totals.result().figures
   assert figures == pytest.approx({"loss": np.mean(errors ** 2),

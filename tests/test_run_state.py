@@ -66,13 +66,21 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
       model_dir=str(tmp_path), progress="none", batch_size=8,
       steps_per_epoch=10))
   task = Classification(num_classes=2)
+
+  class Reader:  # what a session asks of the train step: where it reads
+    totals = metrics.Totals("train", task)
+    gradient_bytes = 40
+
+    def start(self, batches):
+      self.batches = iter(batches)
+
+  reader = Reader()
   session = Session(config=config,
                     precision_choice=precision.Choice(mode="none"),
                     compression="none", world=world, directory=None, state=state,
                     stream=datasets.TrainingStream.of(
                         config, splits, rank=0, world_size=1, task=task),
-                    gradient_bytes=40,
-                    train_totals=metrics.Totals("train", task),
+                    train_step=reader,
                     callbacks=KerasCallbacks([], model=keras.Sequential(),
                                              is_chief=True, epochs=3,
                                              steps_per_epoch=10))
@@ -85,7 +93,7 @@ def test_a_start_from_a_mid_epoch_commit_keeps_the_epochs_time(tmp_path):
           augmentation=Augmentation.requested(config.data, task),
           first_epoch=epoch, first_step=step)))
       return images.numpy()
-    first = next(session.batches)[0].numpy()
+    first = next(reader.batches)[0].numpy()
     # The commit's position, epoch 1 (from 0), step 10; not the run's start.
     assert np.array_equal(first, batch_at(1, 10))
     assert not np.array_equal(first, batch_at(0, 0))

@@ -14,6 +14,7 @@ from engine.compute import step as steps
 from engine.core.errors import UserError
 from engine.tasks import classification
 import models
+from tests import fixtures
 from tests.workers import slowed_model
 
 
@@ -49,9 +50,10 @@ def test_train_step_lowers_the_loss_and_is_traced_once():
   losses = []
   for _ in range(20):
     step.totals.reset()
-    step(images, labels)
+    fixtures.one_step(step, images, labels)
     losses.append(step.totals.result().loss)
-  step(*batch(32, 1))  # other values, same shapes: no retrace
+  # Other values, same shapes: no retrace.
+  fixtures.one_step(step, *batch(32, 1))
   assert losses[-1] < 0.5 * losses[0]
   assert step.traces == 1
 
@@ -64,8 +66,8 @@ def test_train_loss_includes_weight_decay_in_the_gradient():
     data_loss = tf.reduce_mean(classification.cross_entropy(labels, model(images)))
     loss = data_loss + tf.add_n(model.losses)
   expected = tape.gradient(loss, model.trainable_weights)
-  steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(1.0))(
-      images, labels)
+  fixtures.one_step(steps.TrainStep(
+      model=model, optimizer=keras.optimizers.SGD(1.0)), images, labels)
   for old, new, gradient in zip(before, model.trainable_weights, expected):
     np.testing.assert_allclose(old - new.numpy(), gradient.numpy(),
                                rtol=1e-4, atol=1e-6)
@@ -82,8 +84,9 @@ def test_a_weight_the_loss_does_not_use_is_left_alone(overlap_allreduce):
   model.unused.build((None, 5))
   assert len(model.trainable_weights) == 4
   before = {id(w): w.numpy() for w in model.trainable_weights}
-  steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1),
-                  overlap_allreduce=overlap_allreduce)(*batch(8, 3))
+  fixtures.one_step(steps.TrainStep(
+      model=model, optimizer=keras.optimizers.SGD(0.1),
+      overlap_allreduce=overlap_allreduce), *batch(8, 3))
   for w in model.unused.weights:
     np.testing.assert_array_equal(w.numpy(), before[id(w)])
   for w in used.weights:
@@ -117,8 +120,9 @@ def test_adasum_without_mpi_is_refused_in_one_line():
 def compiled_functions(step, images, labels):
   """Names of the functions the step's graph calls that XLA must compile."""
   # pylint: disable=protected-access
-  graph = step._traced(images, labels).get_concrete_function(
-      images, labels, tf.constant(0.0)).graph
+  batches = iter(tf.data.Dataset.from_tensors((images, labels)))
+  graph = step._steps.get_concrete_function(
+      batches, tf.constant(1), tf.constant(0.0)).graph
   return [f.definition.signature.name for f in graph._functions.values()
           if f.definition.attr["_XlaMustCompile"].b]
 
@@ -147,10 +151,10 @@ def float16_step():
 def test_float16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
   model, optimizer, step = float16_step()
   images, labels = batch(8, 5)
-  step(images, labels)
+  fixtures.one_step(step, images, labels)
   assert float(precision.loss_scale(optimizer)) == 2.0 ** 15  # finite: applied
   before = [w.numpy() for w in model.trainable_weights]
-  step(images * 1e6, labels)  # float16 activations overflow
+  fixtures.one_step(step, images * 1e6, labels)  # float16 activations overflow
   assert float(precision.loss_scale(optimizer)) == 2.0 ** 14
   for old, new in zip(before, model.trainable_weights):
     np.testing.assert_array_equal(old, new.numpy())
@@ -165,8 +169,9 @@ def test_the_step_returns_a_stop_requested_on_one_process():
   step = steps.TrainStep(model=tiny_model(),
                          optimizer=keras.optimizers.SGD(0.1))
   images, labels = batch(8, 6)
-  assert step(images, labels) is False
-  assert step(images, labels, stop_requested=True) is True
+  assert fixtures.one_step(step, images, labels).stop_agreed is False
+  assert fixtures.one_step(step, images, labels,
+                           stop_requested=True).stop_agreed is True
   assert step.traces == 1
 
 
@@ -193,11 +198,11 @@ def test_a_nonfinite_loss_is_not_applied_and_raises_naming_it():
   with pytest.raises(steps.NonFinite, match=r"the loss was non-finite on 1 "
                      r"of 1 processes \(rank 0's: nan\) and the gradients "
                      r"of \d+ of \d+ variables were non-finite \(conv"):
-    step(images * OVERFLOWING, labels)
+    fixtures.one_step(step, images * OVERFLOWING, labels)
   for old, new in zip(before, model.trainable_weights):
     np.testing.assert_array_equal(old, new.numpy())
   assert int(optimizer.iterations) == 1  # counted, as the loss scaler does
-  step(images, labels)  # a finite step after it is applied
+  fixtures.one_step(step, images, labels)  # a finite step after it is applied
   assert not np.array_equal(before[0], model.trainable_weights[0].numpy())
   assert step.traces == 1
 
@@ -213,7 +218,8 @@ def test_a_nonfinite_gradient_of_a_finite_loss_names_its_variable():
   model = keras.Model(inputs, logits)
   step = steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1))
   with pytest.raises(steps.NonFinite) as raised:
-    step(tf.ones([4, 3]), tf.constant([0, 1, 0, 1], tf.int64))
+    fixtures.one_step(step, tf.ones([4, 3]),
+                      tf.constant([0, 1, 0, 1], tf.int64))
   message = str(raised.value)
   assert message.startswith("the gradients of 2 of 4 variables were "
                             "non-finite (dense/kernel"), message
@@ -227,18 +233,19 @@ def test_a_nonfinite_step_leaves_momentum_and_the_weight_average_alone():
   step = steps.TrainStep(model=model, optimizer=optimizer,
                          weight_average=average)
   images, labels = batch(8, 10)
-  step(images, labels)  # momentum and average no longer at their start
+  # Momentum and average no longer at their start.
+  fixtures.one_step(step, images, labels)
   state = [*model.trainable_weights, *optimizer.variables,
            *average.variables]
   before = [v.numpy() for v in state]
   with pytest.raises(steps.NonFinite, match="the loss was non-finite"):
-    step(images * OVERFLOWING, labels)
+    fixtures.one_step(step, images * OVERFLOWING, labels)
   for old, variable in zip(before, state):
     if variable is optimizer.iterations:
       assert int(variable) == int(old) + 1
     else:
       np.testing.assert_array_equal(old, variable.numpy(), variable.name)
-  step(images, labels)
+  fixtures.one_step(step, images, labels)
   assert step.traces == 1
 
 
@@ -246,12 +253,12 @@ def test_float16_counts_skipped_steps_and_raises_at_the_minimum_scale():
   _, optimizer, step = float16_step()
   images, labels = batch(8, 8)
   for skipped in range(1, 16):  # 2^15 halved 15 times: the minimum, 1
-    step(images * np.nan, labels)
+    fixtures.one_step(step, images * np.nan, labels)
     assert step.skipped_steps == skipped
   assert float(precision.loss_scale(optimizer)) == 1.0
   with pytest.raises(steps.NonFinite, match="at the float16 loss scale's "
                      "minimum of 1"):
-    step(images * np.nan, labels)
+    fixtures.one_step(step, images * np.nan, labels)
   assert step.traces == 1
 
 
@@ -260,11 +267,11 @@ def test_accumulated_micro_batches_are_checked_for_a_nonfinite_loss():
                          optimizer=keras.optimizers.SGD(0.1),
                          accumulation_steps=2)
   images, labels = batch(8, 9)
-  step(images, labels)
+  fixtures.one_step(step, images, labels)
   poisoned = tf.concat([images[:4], images[4:] * OVERFLOWING], axis=0)
   with pytest.raises(steps.NonFinite, match="the loss was non-finite on 1 "
                      "of 1 processes"):
-    step(poisoned, labels)  # the second micro-batch's
+    fixtures.one_step(step, poisoned, labels)  # the second micro-batch's
   assert step.traces == 1
 
 
@@ -292,7 +299,7 @@ def test_label_smoothing_changes_the_objective_not_the_reported_loss():
   step = steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(1.0),
                          task=classification.Classification(
                              label_smoothing=0.2, num_classes=10))
-  step(images, labels)
+  fixtures.one_step(step, images, labels)
   for old, new, gradient in zip(before, model.trainable_weights, expected):
     np.testing.assert_allclose(old - new.numpy(), gradient.numpy(),
                                rtol=1e-4, atol=1e-6)
@@ -358,19 +365,20 @@ def test_eval_shift_adds_each_view_moved_left_and_right():
 ])
 def test_a_timed_step_updates_as_the_step_does_and_its_phases_fit_its_call(
     options, phases):
-  """A profiled window's steps (TrainStep.timed) train exactly as the
-  others, and their phases, stamped inside the graph, fit inside the
+  """A profiled window's steps (TrainStep.train, timed) train exactly as
+  the others, and their phases, stamped inside the graph, fit inside the
   call that ran them."""
   plain, timed = tiny_model(), tiny_model()
   plain_step, timed_step = (
       steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1),
                       **options) for model in (plain, timed))
   for seed in range(3):
-    plain_step(*batch(16, seed))
+    fixtures.one_step(plain_step, *batch(16, seed))
     began = tf.timestamp()
-    stop, seconds = timed_step.timed(*batch(16, seed))
+    trained = fixtures.one_step(timed_step, *batch(16, seed), timed=True)
     call = float(tf.timestamp() - began)
-    assert not stop and list(seconds) == phases
+    seconds = trained.phases
+    assert not trained.stop_agreed and list(seconds) == ["input", *phases]
     assert all(s >= 0 for s in seconds.values())
     assert 0 < sum(seconds.values()) <= call
   for a, b in zip(plain.weights, timed.weights):
@@ -418,7 +426,8 @@ def test_a_delay_in_the_forward_pass_grows_that_phase_alone(delay):
   seconds = 0.15
   def phases(model):
     step = steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1))
-    timed = [step.timed(*batch(16, seed))[1] for seed in range(4)][1:]
+    timed = [fixtures.one_step(step, *batch(16, seed), timed=True).phases
+             for seed in range(4)][1:]
     return {phase: float(np.median([t[phase] for t in timed]))
             for phase in timed[0]}
   plain, slowed = phases(model_with()), phases(model_with(delay(seconds)))
@@ -428,28 +437,50 @@ def test_a_delay_in_the_forward_pass_grows_that_phase_alone(delay):
     assert grown[phase] < 0.2 * seconds, grown
 
 
+def test_a_call_stamps_its_input_wait_timed_or_not():
+  """Its batches read inside, the call times their wait (an epoch's
+  input_seconds), at one step a call and at several."""
+  step = steps.TrainStep(model=tiny_model(),
+                         optimizer=keras.optimizers.SGD(0.1),
+                         steps_per_call=3)
+  slow = tf.data.Dataset.from_tensors(batch(8, 0)).repeat().map(
+      lambda images, labels: (tf.numpy_function(
+          lambda x: time.sleep(0.1) or x, [images], tf.float32), labels))
+  step.start(slow.map(lambda images, labels: (
+      tf.ensure_shape(images, [8, 28, 28, 1]), labels)))
+  step.train(1)  # traced
+  for count in (1, 3):
+    began = time.perf_counter()
+    trained = step.train(count)
+    call = time.perf_counter() - began
+    # (Less than all of it: tf.data reads the next ahead between calls.)
+    assert 0.05 * count < trained.input_seconds < call, trained
+  assert step.traces == 1
+
+
 def test_calls_of_several_timed_steps_train_as_the_run_does():
-  """A profiled window's calls at K steps a call (TrainStep.timed_steps)
-  train exactly as `steps`, read their batches inside (their `input`),
-  and their phases, summed over the steps, fit inside the call."""
+  """A profiled window's calls at K steps a call train exactly as the
+  run's, read their batches inside (their `input`), and their phases,
+  summed over the steps, fit inside the call."""
   plain, timed = tiny_model(), tiny_model()
   plain_step, timed_step = (
-      steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1))
+      steps.TrainStep(model=model, optimizer=keras.optimizers.SGD(0.1),
+                      steps_per_call=3)
       for model in (plain, timed))
   batches = [batch(16, seed) for seed in range(6)]
-  def dataset():
-    return iter(tf.data.Dataset.from_tensor_slices((
-        tf.stack([b[0] for b in batches]),
-        tf.stack([b[1] for b in batches]))))
-  stream = dataset()
-  plain_step.steps(stream, 3)
-  plain_step.steps(stream, 3)
-  stream = dataset()
+  dataset = tf.data.Dataset.from_tensor_slices((
+      tf.stack([b[0] for b in batches]), tf.stack([b[1] for b in batches])))
+  plain_step.start(dataset)
+  plain_step.train(3)
+  plain_step.train(3)
+  timed_step.start(dataset)
   for _ in range(2):
     began = tf.timestamp()
-    ran, stop, seconds = timed_step.timed_steps(stream, 3)
+    trained = timed_step.train(3, timed=True)
     call = float(tf.timestamp() - began)
-    assert (ran, stop) == (3, False)
+    seconds = trained.phases
+    assert (trained.steps, trained.stop_agreed) == (3, False)
+    assert 0 < trained.input_seconds < call
     assert list(seconds) == ["input", "forward", "backward",
                              "communication", "optimizer"]
     assert all(s > 0 for s in seconds.values()), seconds

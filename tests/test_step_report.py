@@ -214,6 +214,7 @@ def test_the_call_after_an_epochs_end_is_not_timed_from_the_last(tmp_path):
   from engine import distributed  # pylint: disable=import-outside-toplevel
   from engine.loop import actions  # pylint: disable=import-outside-toplevel
   from engine.loop import profiling  # pylint: disable=import-outside-toplevel
+  from engine.compute import step as steps  # pylint: disable=import-outside-toplevel
   distributed.start_horovod()
   profiler = profiling.StepProfiler(str(tmp_path), steps=(1, 3), rank=0,
                                     all_ranks=False, timeline=False,
@@ -222,20 +223,21 @@ def test_the_call_after_an_epochs_end_is_not_timed_from_the_last(tmp_path):
   class TimedStep:
     timed_traces = 0
 
-    def timed(self, images, labels, stop_requested):
-      del images, labels, stop_requested
+    def train(self, num_steps, stop_requested, timed):
+      del stop_requested
+      assert timed
       self.timed_traces = 1  # traced at its first call
-      return False, {"forward": 0.001}
+      return steps.Trained(steps=num_steps, stop_agreed=False,
+                           input_seconds=0.0, phases={"forward": 0.001})
 
   timed_step = TimedStep()
 
-  batches = iter([(None, None)] * 3)
   for global_step, pause in ((1, 0.0), (2, 0.05), (3, 0.6)):
     if global_step == 3:
       profiler.start_epoch()
     time.sleep(pause)
     with profiler.step(global_step):
-      profiler.timed(timed_step, batches, 1, False)
+      profiler.timed(timed_step, 1, False)
     profiler.run(actions.At(global_step=global_step, epoch=0,
                             step=global_step, model=None, rank=0,
                             world_size=1, is_chief=True,

@@ -34,7 +34,7 @@ def test_k_steps_a_call_train_exactly_as_one_step_a_call(ranks):
         dict(r, **{k: four["history"][i][k] for k in timings})
         for i, r in enumerate(one["history"])]
     # Calls of several steps, one trace for calls of any size.
-    assert one["calls"] == [] and max(four["calls"]) > 1
+    assert one["calls"] == [1] * 20 and max(four["calls"]) > 1
     assert sum(four["calls"]) == 20 and four["traces"] == 1
 
 
@@ -54,9 +54,13 @@ def test_checkpoints_and_summaries_come_at_the_same_steps_at_any_k(ranks):
   assert chief["k4"]["calls"] == [1, 2, 2, 1, 3, 1, 2, 3, 3, 2]
 
 
-def test_the_input_wait_is_step_time_beyond_one_step_a_call(ranks):
-  assert all(r["input_seconds"] == 0 and r["step_seconds"] > 0
-             for r in ranks[0]["k4"]["history"])
+def test_under_determinism_the_input_wait_is_step_time_at_any_k(ranks):
+  """The step reads its batches inside the call, at one step a call too;
+  op determinism (these runs') refuses the stamps that time their wait
+  apart (TrainStep.train; tests/test_step.py times it)."""
+  for run in ("k1", "k4"):
+    assert all(r["input_seconds"] == 0 and r["step_seconds"] > 0
+               for r in ranks[0][run]["history"])
 
 
 def test_a_stop_on_one_rank_ends_a_call_and_the_resume_is_exact(ranks):

@@ -5,6 +5,7 @@ from absl import logging
 import pytest
 import tensorflow as tf
 
+from engine.compute import step as steps
 from engine.core import run_files
 from engine.core.errors import WriteFailed
 from engine.loop import actions
@@ -96,17 +97,20 @@ def test_a_step_report_that_cannot_be_written_is_one_line(tmp_path):
   class TimedStep:  # what the loop's train step gives a profiled call
     timed_traces = 1
 
-    def timed(self, images, labels, stop_requested):
-      del images, labels, stop_requested
-      return False, {"forward": 0.001, "backward": 0.002}
+    def train(self, num_steps, stop_requested, timed):
+      del stop_requested
+      assert timed
+      return steps.Trained(steps=num_steps, stop_agreed=False,
+                           input_seconds=0.0005, phases={
+                               "input": 0.0005, "forward": 0.001,
+                               "backward": 0.002})
 
-  batches = iter([(None, None)] * 2)
   with pytest.raises(WriteFailed, match=rf"^could not write step report "
                      rf"{tmp_path}: "):
     for global_step in (1, 2):
       with profiler.step(global_step):
         assert profiler.timing
-        assert profiler.timed(TimedStep(), batches, 1, False) is False
+        assert profiler.timed(TimedStep(), 1, False).stop_agreed is False
       profiler.run(actions.At(global_step=global_step, epoch=0,
                               step=global_step, model=None, rank=0,
                               world_size=1, is_chief=True,

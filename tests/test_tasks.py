@@ -466,7 +466,8 @@ def test_a_tasks_own_step_updates_each_model_with_its_optimizer():
   before = [v.numpy().copy() for v in model.trainable_variables]
   images = tf.random.normal([6, 8, 8, 1])
   for _ in range(2):
-    assert step(images, tf.zeros([6], tf.int64)) is False
+    assert fixtures.one_step(step, images,
+                             tf.zeros([6], tf.int64)).stop_agreed is False
   assert step.traces == 1
   assert all(not np.array_equal(old, new.numpy())
              for old, new in zip(before, model.trainable_variables))
@@ -487,7 +488,8 @@ def test_a_tasks_own_step_applies_no_nonfinite_gradient():
   with pytest.raises(steps.NonFinite, match="the loss was non-finite on 1 "
                      "of 1 processes .* and the gradients of the task's "
                      "step were non-finite"):
-    step(tf.fill([6, 8, 8, 1], np.nan), tf.zeros([6], tf.int64))
+    fixtures.one_step(step, tf.fill([6, 8, 8, 1], np.nan),
+                      tf.zeros([6], tf.int64))
   for old, new in zip(before, discriminator):
     np.testing.assert_array_equal(old, new.numpy())
   # Each optimizer counted the step it skipped, as the built-in step does.
@@ -674,10 +676,12 @@ def test_a_tasks_own_step_is_timed_in_the_phases_it_runs():
   model, _, step = tiny_gan_step()
   images = tf.random.normal([6, 8, 8, 1])
   began = tf.timestamp()
-  stop, seconds = step.timed(images, tf.zeros([6], tf.int64))
+  trained = fixtures.one_step(step, images, tf.zeros([6], tf.int64),
+                              timed=True)
   call = float(tf.timestamp() - began)
-  assert not stop
-  assert list(seconds) == ["task_step", "communication"]
+  seconds = trained.phases
+  assert not trained.stop_agreed
+  assert list(seconds) == ["input", "task_step", "communication"]
   assert all(s >= 0 for s in seconds.values())
   assert 0 < sum(seconds.values()) <= call
   assert (step.traces, step.timed_traces) == (0, 1)

@@ -43,6 +43,7 @@ from engine import distributed
 from engine import tasks
 from engine.compute import communication
 from engine.compute import precision
+from engine.compute.step import TrainStep
 from engine.core import cpu
 from engine.core import run_files
 from engine.core.config import TrainConfig
@@ -89,7 +90,7 @@ BASELINE = "none"  # float32, either way
 
 def decide(config: TrainConfig, world: distributed.World,
            preferred: precision.Choice, splits: datasets.Splits,
-           task: tasks.Task, step_of: Callable[[str, str], Callable],
+           task: tasks.Task, step_of: Callable[[str, str], TrainStep],
            model: keras.Model, measure: bool = True
            ) -> tuple[precision.Choice, communication.Choice]:
   """The run's precision and gradient compression: as asked, or auto's
@@ -195,7 +196,7 @@ def described(option: Option, images_per_sec: dict, chosen: str) -> str:
 
 
 def timed(config: TrainConfig, world: distributed.World,
-          splits: datasets.Splits, train_steps: dict[str, Callable],
+          splits: datasets.Splits, train_steps: dict[str, TrainStep],
           name: str) -> dict:
   """Each variant's images/s over all ranks (this rank's timing), the
   steps a round each ran (rank 0's count, on every rank: each step holds
@@ -208,11 +209,15 @@ def timed(config: TrainConfig, world: distributed.World,
   batches = list(itertools.islice(datasets.TrainingStream.of(
       config, splits, rank=world.rank, world_size=world.size,
       resizing=False, steps=MEASURED_STEPS).batches(), MEASURED_STEPS))
+  # Read once, before any is timed, and again and again from memory.
+  in_memory = tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(
+      lambda *parts: tf.stack(parts), *batches)).repeat()
   step_seconds = {}
   for variant, train_step in train_steps.items():
-    train_step(*batches[0])  # tracing, not timed
+    train_step.start(in_memory)
+    train_step.train(1)  # tracing, not timed
     started = time.perf_counter()
-    train_step(*batches[1 % len(batches)])
+    train_step.train(1)
     step_seconds[variant] = time.perf_counter() - started
   share = MEASURED_SECONDS / (len(train_steps) * MEASURED_ROUNDS)
   steps = distributed.on_chief(lambda: {
@@ -223,9 +228,8 @@ def timed(config: TrainConfig, world: distributed.World,
   for round_ in range(MEASURED_ROUNDS):
     for variant in variants[::-1] if round_ % 2 else variants:
       started = time.perf_counter()
-      for images, labels in itertools.islice(itertools.cycle(batches),
-                                             steps[variant]):
-        train_steps[variant](images, labels)
+      for _ in range(steps[variant]):
+        train_steps[variant].train(1)
       seconds[variant].append(time.perf_counter() - started)
   examples = len(batches[0][1]) * world.size  # a step's, over all ranks
   spread = max((max(s) - min(s)) / statistics.median(s)

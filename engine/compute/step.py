@@ -9,6 +9,7 @@ With every rank holding the same weights, that is the gradient of the mean
 loss over the global batch, so N processes with batch B take the step one
 process with batch N*B would.
 """
+import dataclasses
 from typing import Optional
 
 import keras
@@ -22,6 +23,18 @@ from engine.compute import step_outcome
 from engine.compute.step_outcome import NonFinite
 from engine.distributed import gradients as allreduce
 from engine.tasks import Task
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+  """What the host learns of one call of `TrainStep.train`: how many steps
+  ran, whether the ranks agreed to stop, this rank's seconds waiting for
+  its batches, and in a profiled call the phases' seconds on this rank's
+  clock, summed over its steps (step_outcome.py)."""
+  steps: int
+  stop_agreed: bool
+  input_seconds: float
+  phases: dict
 
 
 class TrainStep:
@@ -45,12 +58,15 @@ class TrainStep:
   minimum scale of 1 raises. That also bounds the steps skipped in a row:
   halving from 2^15, the 16th is at the minimum.
 
-  `steps` takes up to K steps in one call, reading its batches inside the
-  call (Keras' steps_per_execution, Orbit's use_tf_while_loop): one host
-  round trip per K steps instead of per step. Every step's status is read
-  inside the loop, and a step that asks to stop or was not finite ends the
-  call after it, on every rank alike, so the host learns of it after the
-  very step it would have at K = 1.
+  It owns its input, as Orbit's StandardTrainer does: `start` gives it
+  this rank's batches, and `train(num_steps)` takes up to that many steps
+  in one call, reading each batch inside it (Keras' steps_per_execution,
+  Orbit's use_tf_while_loop, beyond one step a call): one host round trip
+  per call, one trace for any count and for images of any size
+  (--progressive_resizing: the batches' spec leaves it open). Every step's status is read inside the
+  loop, and a step that asks to stop or was not finite ends the call
+  after it, on every rank alike, so the host learns of it after the very
+  step it would have at one step a call.
 
   Counts its traces (`traces`) because a retrace per step or per epoch is a
   silent, large slowdown that tests should catch.
@@ -62,16 +78,14 @@ class TrainStep:
                allreduce_op: str = "average", compression: str = "none",
                accumulation_steps: int = 1, weight_average=None,
                xla: bool = False, overlap_allreduce: Optional[bool] = None,
-               any_image_size: bool = False):
+               steps_per_call: int = 1, deterministic: bool = False):
     """`task`: what is learnt (engine/tasks); by default classification
     into the model's outputs. `weight_average`: an ema.WeightAverage,
     updated after each update applied. `overlap_allreduce`: None, as suits the
-    device (above). `any_image_size`: the batches' images change size
-    (--progressive_resizing), and one step a call is traced once for
-    images of any size, as a call of several steps is: traced for one
-    size, TensorFlow folds the shapes into constants, which rounds Keras
-    3's batch normalization otherwise, and the two would part by a
-    rounding."""
+    device (above). `steps_per_call`: the most steps a call of `train`
+    takes (--steps_per_call). `deterministic`: under op determinism
+    (--deterministic), which refuses tf.timestamp, the wait for input is
+    not stamped apart: it is the step's time."""
     self.model = model
     self.task = task or eval_step.classification_of(model)
     self._weight_average = weight_average
@@ -79,7 +93,7 @@ class TrainStep:
     self._build_optimizer_state()
     self.totals = metrics.Totals("train_totals", self.task)
     self.traces = 0
-    self.timed_traces = 0  # of the copy `timed` runs
+    self.timed_traces = 0  # of the copy a profiled window runs
     # By the float16 loss scaler, since the counts were reset.
     self.skipped_steps = 0
     self._accumulation_steps = accumulation_steps
@@ -98,9 +112,10 @@ class TrainStep:
                      if xla else self._forward_pass)
     # Tensors, not Python floats: a Python argument would be traced in.
     self._flags = {False: tf.constant(0.0), True: tf.constant(1.0)}
-    self._any_image_size = any_image_size
-    self._step = None  # traced for the first batch's shapes (_traced)
-    self._timed_step = None  # the same, with a StepClock (`timed`)
+    self._batches = None  # an iterator over this rank's batches (`start`)
+    self._steps_per_call = steps_per_call
+    self._deterministic = deterministic
+    # One function for any number of steps a call: the count is a tensor.
     self._steps = tf.function(self._train_steps)
     self._timed_steps = tf.function(self._clocked_train_steps)
 
@@ -125,76 +140,32 @@ class TrainStep:
   def _build_optimizer_state(self) -> None:
     optimizers.build_state(self.optimizer, self.model.trainable_variables)
 
-  def __call__(self, images: tf.Tensor, labels: tf.Tensor,
-               stop_requested: bool = False) -> bool:
-    """One step; returns whether any rank asked to stop (see preemption).
+  def start(self, batches: tf.data.Dataset) -> None:
+    """The batches its calls read from (this rank's, from where the run
+    stands: a start's, a rollback's), each call going on from where the
+    last ended, as Orbit's trainer owns its dataset's iterator."""
+    self._batches = iter(batches)
 
-    Reads one integer from the step, as it read one flag before there were
-    non-finite checks: the details are read only when something was not
-    finite.
-    """
-    return self._read(self._traced(images, labels)(
-        images, labels, self._flags[stop_requested]))
-
-  def timed(self, images: tf.Tensor, labels: tf.Tensor,
-            stop_requested: bool = False) -> tuple[bool, dict]:
-    """One step, as `__call__`, and its phases' seconds on this rank's
-    clock (step_outcome.py): for a profiled window's steps only, traced the
-    first time it is called."""
-    if self._timed_step is None:
-      self._timed_step = self._function(self._clocked_step, images, labels)
-    outcome = self._timed_step(images, labels, self._flags[stop_requested])
-    return self._read(outcome), _seconds(outcome)
-
-  def timed_steps(self, batches, count: int, stop_requested: bool = False
-                  ) -> tuple[int, bool, dict]:
-    """Up to `count` steps in one call, as `steps`, and the phases'
-    seconds on this rank's clock summed over the steps that ran (reading
-    each batch inside the call is its `input`): a profiled window's calls
-    of several steps."""
-    outcome = self._timed_steps(batches, tf.constant(count),
-                                self._flags[stop_requested])
+  def train(self, num_steps: int, stop_requested: bool = False,
+            timed: bool = False) -> Trained:
+    """Up to `num_steps` steps in one call, each on the next batch; the
+    call's one read of its status. A stop or a non-finite step ends the
+    call after that step, on every rank alike (NonFinite says which step
+    it was). `timed`: the copy with a StepClock, whose phases a profiled
+    window reports (step_outcome.py), traced the first time it is
+    called."""
+    if not 1 <= num_steps <= self._steps_per_call:
+      raise ValueError(f"{num_steps} steps a call: this step takes 1 to "
+                       f"{self._steps_per_call}")
+    function = self._timed_steps if timed else self._steps
+    outcome = function(self._batches, tf.constant(num_steps),
+                       self._flags[stop_requested])
     ran = int(outcome["steps"])
-    return ran, self._read(outcome, step=ran), _seconds(outcome)
-
-  def _plain_step(self, images, labels, stop_requested):
-    self.traces += 1  # Python side effect: runs only while tracing.
-    return self._train_step(images, labels, stop_requested)
-
-  def _clocked_step(self, images, labels, stop_requested):
-    """The step with a StepClock: a copy for a profiled window, traced once
-    by design, and counted apart from the step's own traces, whose count
-    catches retracing."""
-    self.timed_traces += 1
-    clock = step_outcome.StepClock()
-    outcome = self._train_step(images, labels, stop_requested, clock)
-    return dict(outcome, phases=clock.seconds())
-
-  def _traced(self, images, labels):
-    """The step's tf.function, for batches like these."""
-    if self._step is None:
-      self._step = self._function(self._plain_step, images, labels)
-    return self._step
-
-  def _function(self, step, images, labels):
-    """`step` as a tf.function for batches like these: of any image size
-    if `any_image_size`."""
-    signature = None
-    if self._any_image_size:
-      signature = [_of_any_size(images), _of_any_size(labels),
-                   tf.TensorSpec([], tf.float32)]
-    return tf.function(step, input_signature=signature)
-
-  def steps(self, batches, count: int,
-            stop_requested: bool = False) -> tuple[int, bool]:
-    """Up to `count` steps in one call, each on the next of `batches` (an
-    iterator over a tf.data.Dataset of (images, labels)); returns how many
-    ran and whether the ranks agreed to stop. A stop or a non-finite step
-    ends the call after that step (NonFinite says which step it was)."""
-    outcome = self._steps(batches, tf.constant(count),
-                          self._flags[stop_requested])
-    ran = int(outcome["steps"])
-    return ran, self._read(outcome, step=ran)
+    phases = {phase: float(seconds)
+              for phase, seconds in outcome.get("phases", {}).items()}
+    return Trained(steps=ran, stop_agreed=self._read(outcome, step=ran),
+                   input_seconds=float(outcome["input_seconds"]),
+                   phases=phases)
 
   def _read(self, outcome, step: int = 1) -> bool:
     """The host's one read of a call's status: whether the ranks agreed to
@@ -206,27 +177,42 @@ class TrainStep:
 
   def _train_steps(self, batches, count, stop_requested):
     self.traces += 1  # Python side effect: runs only while tracing.
-    return self._loop(batches, count, stop_requested, timed=False)
+    return self._steps_of_a_call(batches, count, stop_requested, timed=False)
 
   def _clocked_train_steps(self, batches, count, stop_requested):
-    self.timed_traces += 1  # a profiled window's copy, counted apart
-    return self._loop(batches, count, stop_requested, timed=True)
+    """The steps with a StepClock: a copy for a profiled window, traced
+    once by design, and counted apart from the step's own traces, whose
+    count catches retracing."""
+    self.timed_traces += 1
+    return self._steps_of_a_call(batches, count, stop_requested, timed=True)
+
+  def _steps_of_a_call(self, batches, count, stop_requested, timed: bool):
+    """A call's steps: in a while loop beyond one step a call, else the
+    step alone (whose steps TensorBoard's profile overview lists: it lists
+    none run inside a while loop)."""
+    if self._steps_per_call > 1:
+      return self._loop(batches, count, stop_requested, timed)
+    clock = step_outcome.StepClock() if timed else step_outcome.NO_CLOCK
+    outcome, waited = self._next_step(batches, stop_requested, clock)
+    return dict(outcome, steps=tf.constant(1), input_seconds=waited,
+                **({"phases": clock.seconds()} if timed else {}))
 
   def _loop(self, batches, count, stop_requested, timed: bool):
     """`count` steps in a while loop, ended early by a step whose status is
-    not 0; returns the last step's outcome and how many steps ran, and if
-    `timed`, each step's phases on a StepClock of its own, summed."""
+    not 0; returns the last step's outcome, how many steps ran and their
+    wait for input, and if `timed`, each step's phases on a StepClock of
+    its own, summed."""
     outcome = step_outcome.no_outcome(self._gradient_checks())
     ran = tf.constant(0)
+    input_seconds = tf.constant(0.0, tf.float64)
     summed = {phase: tf.constant(0.0, tf.float64)
               for phase in step_outcome.PHASES} if timed else {}
     ran_phases = []  # the phases a step runs, known once its body is traced
     for _ in tf.range(count):
       clock = step_outcome.StepClock(after=tf.nest.flatten(summed)) if (
           timed) else step_outcome.NO_CLOCK
-      with clock.phase("input"):
-        images, labels = next(batches)
-      outcome = self._train_step(images, labels, stop_requested, clock)
+      outcome, waited = self._next_step(batches, stop_requested, clock)
+      input_seconds += waited
       if timed:
         seconds = clock.seconds()
         ran_phases[:] = list(seconds)
@@ -236,7 +222,23 @@ class TrainStep:
       if outcome["status"] != 0:
         break
     phases = {phase: summed[phase] for phase in ran_phases}
-    return dict(outcome, steps=ran, **({"phases": phases} if timed else {}))
+    return dict(outcome, steps=ran, input_seconds=input_seconds,
+                **({"phases": phases} if timed else {}))
+
+  def _next_step(self, batches, stop_requested, clock):
+    """One step on the next of `batches`: its outcome, and its wait for
+    the batch. The wait is stamped timed or not: two stamps a step, around
+    reading the batch, which nothing else waits on; not under op
+    determinism (`deterministic`), whose wait is 0."""
+    stamped = not self._deterministic
+    began = [tf.timestamp()] if stamped else []
+    with tf.control_dependencies(began), clock.phase("input"):
+      images, labels = next(batches)
+    waited = tf.constant(0.0, tf.float64)
+    if stamped:
+      with tf.control_dependencies(tf.nest.flatten((images, labels))):
+        waited = tf.timestamp() - began[0]
+    return self._train_step(images, labels, stop_requested, clock), waited
 
   def _gradient_checks(self) -> int:
     """How many gradients' finiteness a step's outcome gives."""
@@ -360,21 +362,6 @@ class TrainStep:
       loss_sum += tf.cast(loss, tf.float32)
       sums = [s + g for s, g in zip(sums, tape.gradient(loss, variables))]
     return [s / k for s in sums], loss_sum / k
-
-
-def _seconds(outcome: dict) -> dict:
-  """A timed call's phases (popped from its `outcome`), in seconds."""
-  return {phase: float(seconds)
-          for phase, seconds in outcome.pop("phases").items()}
-
-
-def _of_any_size(batch: tf.Tensor) -> tf.TensorSpec:
-  """A batch's spec with its height and width unknown (images
-  [B, H, W, C], masks [B, H, W])."""
-  shape = batch.shape.as_list()
-  if len(shape) >= 3:
-    shape[1:3] = [None, None]
-  return tf.TensorSpec(shape, batch.dtype)
 
 
 def count_skipped(optimizer) -> None:

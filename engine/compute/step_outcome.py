@@ -43,7 +43,7 @@ _NAMES_SHOWN = 3  # the variables named of those not finite
 class NonFinite(Exception):
   """A step whose loss or gradients were not finite, on some rank; it was
   not applied. Raised on every rank after the same step: the call's
-  `step`-th (1-based; a call of `TrainStep.steps` takes several)."""
+  `step`-th (1-based; a call of `TrainStep.train` takes several)."""
 
   def __init__(self, what: str, step: int = 1):
     super().__init__(what)
@@ -99,8 +99,8 @@ def _gradients_described(finite, names: Optional[list]) -> str:
 
 # The phases.
 
-# In the order a step runs them. `input` is timed in the graph only where
-# the call reads its batches itself (several steps a call). Backward ends
+# In the order a step runs them; `input` is reading the step's batch, in
+# the graph (the step owns its iterator: TrainStep.train). Backward ends
 # when the backward pass has every gradient, communication when they are
 # reduced: where the backward pass hands each gradient to the allreduce as
 # it has it (GPU), what the transfers overlap is in backward, and

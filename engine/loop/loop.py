@@ -149,9 +149,7 @@ class TrainLoop:
         config=config, precision_choice=self._parts.precision,
         compression=self._parts.communication.compression, world=world,
         directory=self.directory if chief else None, state=state,
-        train_totals=self._train_step.totals,
-        gradient_bytes=self._train_step.gradient_bytes,
-        stream=stream, callbacks=KerasCallbacks(
+        train_step=self._train_step, stream=stream, callbacks=KerasCallbacks(
             self._parts.callbacks, model=self._model, is_chief=chief,
             epochs=training.epochs, steps_per_epoch=steps_per_epoch,
             optimizer=self._optimizer, learning_rate=self._learning_rate))
@@ -336,25 +334,17 @@ class TrainLoop:
     return train, time.perf_counter() - began
 
   def _call(self, session: Session, count: int) -> bool:
-    """`count` steps (fewer if the ranks agree to stop): one call of the
-    train step per step at --steps_per_call=1, the batch read on the host
-    and its wait timed apart; one call for all of them beyond, reading its
-    batches inside (their wait is then step time). Returns whether the
-    ranks agreed to stop."""
+    """`count` steps in one call of the train step (fewer if the ranks
+    agree to stop), which reads its batches itself; timed part by part in
+    a profiled window. Returns whether the ranks agreed to stop."""
     requested = session.stop_requests.requested
-    if session.profiler.timing:  # a profiled call, timed
-      with session.times.step():
-        return session.profiler.timed(self._train_step, session.batches,
-                                      count, requested)
-    if self._config.performance.steps_per_call == 1:
-      with session.times.input():
-        images, labels = next(session.batches)
-      with session.times.step():
-        return self._train_step(images, labels, requested)
     with session.times.step():
-      _, stop_agreed = self._train_step.steps(session.batches, count,
-                                              requested)
-      return stop_agreed
+      if session.profiler.timing:
+        trained = session.profiler.timed(self._train_step, count, requested)
+      else:
+        trained = self._train_step.train(count, requested)
+    session.times.waited_for_input(trained.input_seconds)
+    return trained.stop_agreed
 
   def _at(self, session: Session, stop_agreed: bool = False) -> actions.At:
     global_step, epoch, step = session.state.where()

@@ -36,6 +36,15 @@ def stop(signum: int, where: str, save: Optional[Callable[[], str]]):
   raise Preempted(signum, f"stopped by {name} at {where}")
 
 
+def exiting() -> None:
+  """A rank that agreed to stop is on its way out with 128 + the signal's
+  number: a later signal no longer cuts its exit short. horovodrun sends
+  its SIGTERM to the ranks still exiting as soon as one has exited
+  non-zero, and a rank it killed would lose its exit status."""
+  for signum in SIGNALS:
+    signal.signal(signum, signal.SIG_IGN)
+
+
 class StopRequests:
   """Records SIGTERM and SIGINT instead of dying on them."""
 

@@ -48,11 +48,11 @@ class EpochTimes:
     self.step_seconds = 0.0
     self.eval_seconds = 0.0
 
-  @contextlib.contextmanager
-  def input(self):
-    start = time.perf_counter()
-    yield
-    self.input_seconds += time.perf_counter() - start
+  def waited_for_input(self, seconds: float) -> None:
+    """Of the step's time, what it waited for its batches (stamped in the
+    step: TrainStep.train) goes to the input's."""
+    self.input_seconds += seconds
+    self.step_seconds -= seconds
 
   @contextlib.contextmanager
   def step(self):
@@ -82,9 +82,8 @@ class StepProfiler(actions.Action):
   does, for the report (step_advice.Settings); `link_probe`, if given,
   times each level of the links at each window's end (every rank's).
 
-  Inside a window the calls are the run's own: one step a call at
-  --steps_per_call=1, its batch read on the host; K steps a call beyond,
-  their batches read inside (`timed`).
+  Inside a window the calls are the run's own, --steps_per_call steps
+  each, reading their batches inside (`timed`).
   """
 
   def __init__(self, model_dir: str, *, steps: tuple, rank: int,
@@ -139,8 +138,8 @@ class StepProfiler(actions.Action):
     if global_step + 1 < self._first:
       return self._first - 1
     if global_step < self._last:
-      return global_step + 1 if self._settings.performance.steps_per_call == 1 else (
-          self._last)
+      return global_step + 1 if (
+          self._settings.performance.steps_per_call == 1) else self._last
     return None
 
   def run(self, at: actions.At) -> None:
@@ -157,35 +156,26 @@ class StepProfiler(actions.Action):
         return
       self._first, self._last = upcoming
 
-  def timed(self, train_step, batches, count: int,
-            stop_requested: bool) -> bool:
+  def timed(self, train_step, count: int, stop_requested: bool):
     """One call of the window, as the run makes it, timed part by part
-    (the step's phases on its own clock: TrainStep.timed, timed_steps);
-    whether the ranks agreed to stop."""
+    (the step's phases on its own clock, the batches' reading its
+    `input`: TrainStep.train); the call's steps.Trained."""
     traces = train_step.timed_traces
     began = time.perf_counter()
-    if self._settings.performance.steps_per_call == 1:
-      images, labels = next(batches)
-      called = time.perf_counter()
-      stop_agreed, phases = train_step.timed(images, labels, stop_requested)
-      ran, read = 1, {"input": called - began}
-    else:  # the batches read inside the call: their wait is its `input`
-      called = began
-      ran, stop_agreed, phases = train_step.timed_steps(batches, count,
-                                                        stop_requested)
-      read = {}
+    trained = train_step.train(count, stop_requested, timed=True)
+    phases, ran = trained.phases, trained.steps
     ended = time.perf_counter()
     between = began - self._call_ended if self._call_ended else None
     self._call_ended = ended
     graph = sum(phases.values())
-    parts = dict(phases, **read, between_calls=between,
-                 launch_and_read=ended - called - graph)
+    parts = dict(phases, between_calls=between,
+                 launch_and_read=ended - began - graph)
     self._timed_calls.append(dict(
         {part: None if seconds is None else seconds / max(1, ran)
          for part, seconds in parts.items()},
         global_step=self._global_step, steps=ran, graph=graph / max(1, ran),
         traced=train_step.timed_traces > traces))
-    return stop_agreed
+    return trained
 
   @contextlib.contextmanager
   def step(self, global_step: int):

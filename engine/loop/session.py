@@ -81,15 +81,15 @@ class Session:
                precision_choice: precision.Choice, compression: str,
                world: distributed.World,
                directory: Optional[RunDirectory], state: LoopState,
-               train_totals: metrics.Totals, gradient_bytes: int,
-               stream: datasets.TrainingStream,
+               train_step, stream: datasets.TrainingStream,
                callbacks: KerasCallbacks):
     """`precision_choice`: the start-up's, whose mode the run's hparams
     name; `compression`, the gradients' as start-up decided it.
-    `train_totals`: the train step's running sums, which summaries within
-    an epoch read; `gradient_bytes`, an update's (the step report's
-    bandwidth). `stream`: this rank's training batches. `callbacks`: a
-    fit script's Keras callbacks, for this start."""
+    `train_step`: the run's (engine/compute/step.py), which reads the
+    batches of `stream`, this rank's, from where the state stands; its
+    running sums are what summaries within an epoch read, its gradients'
+    bytes the step report's bandwidth. `callbacks`: a fit script's Keras
+    callbacks, for this start."""
     self.world = world
     self.callbacks = callbacks
     self.directory = directory  # rank 0's model_dir; None on the others
@@ -97,6 +97,7 @@ class Session:
     chief = distributed.is_chief()
     training, profile = config.training, config.profiling
     self._stream = stream
+    self._train_step = train_step
     self.read_from_state()
     # Rank 0's is its model_dir's; the others' does nothing.
     self.reporter = directory.reporter if directory else report.Reporter(
@@ -112,22 +113,22 @@ class Session:
     self.stop_requests = preemption.StopRequests()
     self.stop_requests.install()
     self.times = profiling.EpochTimes()
-    self.window = metrics.StepWindow(train_totals)
+    self.window = metrics.StepWindow(train_step.totals)
     self.profiler = profiling.StepProfiler(
         training.model_dir, steps=profile.profile_steps, rank=world.rank,
         all_ranks=profile.profile_all_ranks,
         timeline=profile.horovod_timeline, every=profile.profile_every,
         settings=_profiled_settings(config, world, precision_choice.mode,
-                                    compression, gradient_bytes),
+                                    compression, train_step.gradient_bytes),
         host=socket.gethostname(), local_rank=distributed.local_rank(),
         link_probe=link_probe.LinkProbe(world.dynamic_process_sets),
         reporter=self.reporter)
 
   def read_from_state(self) -> None:
-    """This rank's batches from where the state stands on (a start, or a
-    rollback's)."""
-    self.batches = iter(self._stream.batches(first_epoch=self.state.epoch,
-                                             first_step=self.state.step))
+    """The train step reads this rank's batches from where the state
+    stands on (a start, or a rollback's)."""
+    self._train_step.start(self._stream.batches(
+        first_epoch=self.state.epoch, first_step=self.state.step))
 
   def start_epoch(self) -> None:
     """The epoch's timing, summaries' window and progress, from the step

@@ -126,7 +126,8 @@ def data_parallel_steps(out_dir: str, name: str = "plain",
   per_rank = GLOBAL_BATCH // hvd.size()
   mine = slice(hvd.rank() * per_rank, (hvd.rank() + 1) * per_rank)
   for i in range(STEPS):
-    train_step(tf.constant(images[i, mine]), tf.constant(labels[i, mine]))
+    fixtures.one_step(train_step, tf.constant(images[i, mine]),
+                      tf.constant(labels[i, mine]))
     if i == 0:
       distributed.broadcast_from_chief(model.variables +
                                        optimizers.state(optimizer))
@@ -163,8 +164,9 @@ def stop_requests_across_ranks() -> list:
                                optimizer=keras.optimizers.SGD(0.1))
   images = tf.zeros((2, 28, 28, 1))
   labels = tf.zeros((2,), tf.int64)
-  return [train_step(images, labels, stop_requested=hvd.rank() == 1),
-          train_step(images, labels)]
+  return [fixtures.one_step(train_step, images, labels,
+                            stop_requested=hvd.rank() == 1).stop_agreed,
+          fixtures.one_step(train_step, images, labels).stop_agreed]
 
 
 def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",

@@ -51,13 +51,14 @@ _saved = []
 
 
 def _step_with_events(original):
-  """A step (TrainStep.__call__, or .timed in a profiled window) journaled,
-  and the events the environment asks for after it."""
-  def step(self, images, labels, stop_requested=False):
+  """A call of the step (TrainStep.train: one step, the tests' runs take
+  one a call; timed in a profiled window) journaled, and the events the
+  environment asks for after it."""
+  def step(self, num_steps, stop_requested=False, timed=False):
     entry = dict(size=hvd.size(),
                  iteration=int(self.optimizer.iterations.numpy()))
     _journal.append(entry)  # a step that fails is journaled too
-    outcome = original(self, images, labels, stop_requested)
+    outcome = original(self, num_steps, stop_requested, timed)
     # Keras' optimizer keeps the rate of its last update.
     entry["learning_rate"] = float(self.optimizer.learning_rate)
     done = len(_journal)
@@ -123,8 +124,7 @@ def _train_and_record(original):
 
 
 if __name__ == "__main__":
-  steps.TrainStep.__call__ = _step_with_events(steps.TrainStep.__call__)
-  steps.TrainStep.timed = _step_with_events(steps.TrainStep.timed)
+  steps.TrainStep.train = _step_with_events(steps.TrainStep.train)
   RecordFiles.rank_files = _rank_files_recorded(RecordFiles.rank_files)
   checkpoint.Checkpoints.save = _save_recorded(checkpoint.Checkpoints.save)
   engine_train.train = _train_and_record(engine_train.train)

@@ -48,21 +48,21 @@ def watched(cls, name, note):
   and its result after (unless it raised)."""
   original = getattr(cls, name)
 
-  def wrapper(self, *args):
+  def wrapper(self, *args, **options):
     note(BEFORE, *args)
-    result = original(self, *args)
+    result = original(self, *args, **options)
     note(result, *args)
     return result
 
   setattr(cls, name, wrapper)
 
 
-def note_call(result, batches, count, stop_requested=False):
-  del batches, stop_requested
+def note_call(result, count, stop_requested=False):
+  del stop_requested
   if result is BEFORE:
     seen["calls"].append(count)
   else:
-    seen["steps_run"] += result[0]
+    seen["steps_run"] += result.steps
 
 
 def note_step(note, argument):
@@ -71,14 +71,7 @@ def note_step(note, argument):
                                 and note.append(args[argument]))
 
 
-def note_one_step(result, *args):
-  del args
-  if result is not BEFORE:
-    seen["steps_run"] += 1
-
-
-watched(steps.TrainStep, "steps", note_call)
-watched(steps.TrainStep, "__call__", note_one_step)
+watched(steps.TrainStep, "train", note_call)
 watched(run_directory.RunDirectory, "save", note_step(seen["saves"], 1))
 watched(report.Reporter, "steps", note_step(seen["summaries"], 0))
 # A stop asked for on rank 1 alone, once `stop_after` steps have run (in
