@@ -10,6 +10,7 @@ from engine.compute import step as steps
 from engine.core.errors import UserError
 from engine.records import checkpoint
 from engine.records import warm_start
+from tests import fixtures
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,7 +43,7 @@ def trained(model):
   step = steps.TrainStep(model=model,
                          optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
   for seed in range(2):
-    step(*batch(seed=seed))
+    fixtures.one_step(step, *batch(seed=seed))
   return step
 
 

@@ -55,6 +55,11 @@ def first_line(error: BaseException) -> str:
 
 def op_detail(error) -> str:
   """A TensorFlow op error's message on one line, without its op and graph
-  names."""
+  names, nor the Python lines that built the op (an error inside a
+  tf.function's graph names them: the train step reads its own
+  batches)."""
+  message = re.sub(r"^Graph execution error:\s*|Detected at node \S+ defined "
+                   r"at \(most recent call last\):\n(?:\s*File .*\n+)*", "",
+                   error.message)
   return " ".join(re.sub(r"\{\{.*?\}\}|\[\[.*?\]\]|\[Op:.*", "",
-                         error.message, flags=re.DOTALL).split())
+                         message, flags=re.DOTALL).split())

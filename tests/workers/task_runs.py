@@ -165,7 +165,7 @@ def volumes(out_dir: str, volumes_dir: str, damaged_dir: str) -> dict:
   # Our kernels' ops in the train step's graph that ran, forward and
   # backward (the gradients the tape took through them).
   observed["winograd_ops_in_step"] = sorted({
-      op.type for graph in convolved_in if graph.name == "_plain_step"
+      op.type for graph in convolved_in if graph.name == "_train_steps"
       for op in graph.get_operations() if op.type.startswith("Winograd3D")})
   damaged = config.replace(
       data=dict(dir=damaged_dir),
