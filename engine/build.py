@@ -254,14 +254,12 @@ def _check_resizing(config: TrainConfig, info: datasets.DatasetInfo,
 
 
 def stage(config: TrainConfig, world: distributed.World,
-          splits: datasets.Splits) -> tuple[datasets.Splits, Optional[dict]]:
-  """With --stage_dir: the splits reading this rank's files from their
+          splits: datasets.Splits) -> tuple[datasets.Splits, dict]:
+  """For --stage_dir: the splits reading this rank's files from their
   node-local copies (engine/datasets/staging.py), and the staging's record for
   metrics.jsonl: files and bytes over all ranks, the bytes copied, and the
   seconds until the slowest process had its share."""
   data_dir, stage_dir = config.data.dir, config.data.stage_dir
-  if not stage_dir:
-    return splits, None
   if config.faults.elastic:
     raise UserError("--stage_dir with --elastic: a process's share of the "
                     "files changes with the workers; stage without --elastic")
@@ -393,7 +391,9 @@ def training_parts(config: TrainConfig,
   world, choice, sent, splits, task, model, decides, config = prepare(
       config, given=given)
   # With --stage_dir, each rank reads its files from node-local copies.
-  splits, staged = stage(config, world, splits)
+  staged = None
+  if config.data.stage_dir:
+    splits, staged = stage(config, world, splits)
   info = splits.info
   logging.info("%s: %d train, %d test examples of %s", info.name,
                info.num_train, info.num_test,

@@ -179,13 +179,13 @@ class Route:
     for key, value in list(attributes.items()):
       if key not in code.co_names:
         continue
-      if id(value) in self._data or isinstance(
+      if dataclasses.is_dataclass(value):  # a record: the field it reads
+        if any(field.name in code.co_names
+               and self.is_data(getattr(value, field.name, None))
+               for field in dataclasses.fields(value)):
+          return True
+      elif id(value) in self._data or isinstance(
           value, (tf.data.Dataset, tf.data.Iterator)):
-        return True
-      if dataclasses.is_dataclass(value) and any(
-          field.name in code.co_names
-          and self.is_data(getattr(value, field.name, None))
-          for field in dataclasses.fields(value)):
         return True
     return False
 
