@@ -5,6 +5,7 @@ processes, test_multiprocess.py and test_multihost.py); and what the
 profiler leaves out of them across an epoch's end."""
 import dataclasses
 
+import numpy as np
 import pytest
 
 from engine.loop import session
@@ -45,6 +46,24 @@ def test_a_ranks_parts_are_their_means_and_sum_to_its_step():
   # 5 + 1 + 2 ms.
   assert figures["step"] == pytest.approx(0.012)
   assert figures["in_graph"] == pytest.approx(0.007 / 0.008)
+
+
+@pytest.mark.parametrize("count", [5, 20, 100])
+def test_percentiles_interpolate_between_the_samples_around_them(count):
+  """A window of `count` steps, the last one slow: p50 and p95 are
+  numpy's (interpolated between the two samples around each), and with
+  few steps p95 is not the max (the nearest rank's was, up to 20 steps).
+  Of 5 steps, 1 to 4 ms and 10 ms: p95 is 0.8 of the way from 4 to 10."""
+  steps = [0.001 * (i % 4 + 1) for i in range(count - 1)] + [0.010]
+  spread = step_report.of_rank([dict(forward=s) for s in steps])[
+      "distribution"]["forward"]
+  assert spread["p50"] == pytest.approx(np.percentile(steps, 50))
+  assert spread["p95"] == pytest.approx(np.percentile(steps, 95))
+  assert spread["max"] == 0.010
+  assert spread["p95"] < spread["max"]
+  if count == 5:
+    assert spread["p95"] == pytest.approx(0.0088)
+    assert spread["p50"] == pytest.approx(0.003)
 
 
 def test_the_verdict_is_the_largest_part_of_the_slowest_ranks_step():

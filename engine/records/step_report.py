@@ -149,10 +149,17 @@ def _calls_of(rank: dict) -> str:
 
 
 def _distribution(values: list[float]) -> dict:
+  """p50, p95 and max of `values`, each percentile interpolated between
+  the two samples around it (numpy's default): of 20 samples or fewer, the
+  nearest rank's p95 is the max, which says nothing of the tail."""
   ordered = sorted(values)
-  def percentile(q):  # the nearest rank's
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if (
-        ordered) else 0.0
+  def percentile(q):
+    if not ordered:
+      return 0.0
+    at = q * (len(ordered) - 1)
+    below = int(at)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (at - below) * (ordered[above] - ordered[below])
   return dict(p50=percentile(0.5), p95=percentile(0.95),
               max=ordered[-1] if ordered else 0.0)
 
