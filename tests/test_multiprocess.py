@@ -100,6 +100,14 @@ def test_keras_3_variables_are_broadcast_and_averaged_across_ranks(two):
       {"broadcast": [[1.0, 1.0]] * 3, "averaged": [1.5, 1.5]}] * 2
 
 
+def test_rank_0_alone_gathers_every_ranks_value(one, two):
+  """One alltoall that sends each rank's bytes to rank 0 alone (the step
+  report's series): rank 0 holds both ranks' values, rank 1 none."""
+  assert [r["gathered_on_chief"] for r in two[1]] == [
+      [{"rank": 0, "series": [0, 1]}, {"rank": 1, "series": [0, 1, 2]}], None]
+  assert one[1][0]["gathered_on_chief"] == [{"rank": 0, "series": [0, 1]}]
+
+
 def test_a_stop_one_rank_asks_for_stops_every_rank(one, two):
   # Rank 1 alone asked to stop, then no rank did.
   assert [r["stops"] for r in two[1]] == [[True, False]] * 2

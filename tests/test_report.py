@@ -169,7 +169,7 @@ def test_tensorflows_own_info_lines_are_dropped_and_its_warnings_kept(
 
 def test_a_step_report_goes_to_tensorboard_at_its_windows_last_step(
     tmp_path):
-  from engine.records import step_report  # pylint: disable=import-outside-toplevel
+  from engine.records import step_report, step_table  # pylint: disable=import-outside-toplevel
   found = step_report.across(
       [step_report.of_rank([dict(input=0.001, forward=0.002, backward=0.003,
                                  communication=0.004, optimizer=0.001,
@@ -177,7 +177,7 @@ def test_a_step_report_goes_to_tensorboard_at_its_windows_last_step(
                                  between_calls=0.001)])] * 2,
       (4, 5), fixtures.step_settings(gradient_bytes=4_000_000))
   reporter = report.Reporter(str(tmp_path), chief=True, epochs=1)
-  reporter.step_report(found, step_report.table(found))
+  reporter.step_report(found, step_table.table(found))
   reporter.close()
   figures = scalars(str(tmp_path), "train")
   assert figures[("profile/step_ms", 5)] == pytest.approx(13.0)

@@ -4,6 +4,8 @@ parts (the parts themselves are measured in test_step.py and, on two
 processes, test_multiprocess.py and test_multihost.py); and what the
 profiler leaves out of them across an epoch's end."""
 import dataclasses
+import json
+import os
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from engine.loop import session
 from engine.records import scaling
 from engine.records import step_report
+from engine.records import step_table
 from tests import fixtures
 
 CPU = fixtures.step_settings(processes_per_host=2, records=True)
@@ -211,7 +214,7 @@ def test_ranks_alike_have_no_straggler():
 def test_the_table_shows_each_rank_the_verdict_and_what_to_try():
   report = step_report.across([rank(communication=0.012),
                                rank(forward=0.014)], (4, 5), CPU)
-  lines = step_report.table(report).splitlines()
+  lines = step_table.table(report).splitlines()
   assert lines[0].split() == ["rank", "step", *step_report.PARTS,
                               "waiting"]
   assert [line.split()[0] for line in lines[1:3]] == ["0", "1"]
@@ -268,16 +271,16 @@ def test_the_call_after_an_epochs_end_is_not_timed_from_the_last(tmp_path):
   assert 0.04 < between < 0.2, between  # step 2's alone: with 3's, 0.3
 
 
-def window(host, local_rank, communication, forward=None):
+def window(host, local_rank, communication, forward=None, profiled=False):
   """One rank's window of steps: `communication` and `forward` lists of
   seconds a step (forward 4 ms each if not given), the rest as `rank`
-  has it."""
+  has it; `profiled`, traced by TensorFlow's profiler."""
   forward = forward or [0.004] * len(communication)
   return step_report.of_rank(
       [dict(input=0.001, forward=f, backward=0.008, communication=c,
             optimizer=0.001, launch_and_read=0.001, between_calls=0.001)
        for c, f in zip(communication, forward)], host=host,
-      local_rank=local_rank)
+      local_rank=local_rank, profiled=profiled)
 
 
 def test_a_node_whose_ranks_are_all_late_is_named_with_how_late():
@@ -303,7 +306,7 @@ def test_a_node_whose_ranks_are_all_late_is_named_with_how_late():
   spread = report["ranks"][0]["distribution"]["communication"]
   assert spread == pytest.approx(dict(p50=0.043, p95=0.044, max=0.044))
   assert report["ranks"][0]["series"]["communication"] == early
-  text = step_report.table(report)
+  text = step_table.table(report)
   assert "a straggler: node host1 " in text
   assert "rank 2 on host1 (local rank 0): step p50 " in text
 
@@ -334,6 +337,29 @@ def test_a_rank_late_in_some_steps_is_named_with_how_often():
   report = step_report.across(
       [window("a", 0, waits), window("b", 0, own, forward)], (1, 20), CPU)
   assert report["verdict"]["stragglers"] == []
+
+
+def test_the_rank_tensorflows_profiler_traced_alone_is_not_a_straggler():
+  """Rank 0, traced by TensorFlow's profiler alone, computes 30 ms longer
+  in 8 steps of 20: the profiler's doing, so no straggler is named, and
+  the table says why; traced alike (--profile_all_ranks), the same rank
+  is named."""
+  waits, forward = [0.002] * 20, [0.004] * 20
+  for i in range(0, 20, 5):
+    waits[i] = waits[i + 1] = 0.032
+    forward[i] = forward[i + 1] = 0.034
+  def report(rank1_profiled):
+    return step_report.across(
+        [window("a", 0, [0.002] * 20, forward, profiled=True),
+         window("a", 1, waits, profiled=rank1_profiled)], (1, 20), CPU)
+  alone = report(rank1_profiled=False)
+  assert alone["ranks"][0]["late"]["steps"] == [0, 1, 5, 6, 10, 11, 15, 16]
+  assert alone["verdict"]["stragglers"] == []
+  assert ("rank 0 ran TensorFlow's profiler, which slows it: not named a "
+          "straggler") in step_table.table(alone)
+  alike = report(rank1_profiled=True)
+  assert alike["verdict"]["straggler"].startswith("rank 0 computes longer")
+  assert "ran TensorFlow's profiler" not in step_table.table(alike)
 
 
 def test_the_allreduces_bandwidth_is_set_against_the_link():
@@ -390,7 +416,7 @@ def test_the_links_levels_name_the_host_whose_own_links_are_slowest():
            bus_gbit=pytest.approx(0.4)),
       dict(level=across, processes=2, hosts=2, bytes=1_000_000,
            bus_gbit=pytest.approx(0.1))]
-  assert step_report.table(report).endswith(
+  assert step_table.table(report).endswith(
       "link levels: probed with 1 MB allreduces: inside a host 400 Mbit/s "
       "(b's 2 processes, the slowest of 2 hosts), across hosts 100 Mbit/s "
       "(2 processes, one a host; 10% of the link)")
@@ -405,7 +431,7 @@ def test_the_links_levels_name_the_host_whose_own_links_are_slowest():
   alone = step_report.across([window("a", 0, [0.002] * 3),
                               window("b", 0, [0.003] * 3)], (1, 3), linked)
   assert alone["link"]["levels"] == []
-  assert "link levels" not in step_report.table(alone)
+  assert "link levels" not in step_table.table(alone)
 
 
 def test_ranks_late_by_turns_are_noise_not_stragglers():
@@ -450,3 +476,67 @@ def test_a_slow_node_and_a_rank_slow_half_the_time_are_both_named():
   assert "together in 13 of 13 steps, by 40 ms a step" in node
   assert rank.startswith("rank 1 computes longer")
   assert "in 7 of 13 steps, by 100 ms a step" in rank
+
+
+RECORDED = os.path.join(fixtures.REPO, "tests", "data",
+                        "step_report_series.json")
+
+
+def recorded_ranks(count, per_host, slowed_host=None, slowed_ms=30):
+  """`count` ranks, `per_host` a host, with a real run's series
+  (tests/data/step_report_series.json: two ranks, its rank 0 traced by
+  TensorFlow's profiler): rank 0 its rank 0's, the others its rank 1's;
+  the ranks of `slowed_host` compute `slowed_ms` longer in every third
+  step, in which the others wait that much longer in the allreduce."""
+  with open(RECORDED) as f:
+    series = [rank["series"] for rank in json.load(f)["ranks"]]
+  ranks = []
+  for r in range(count):
+    host = f"node{r // per_host}"
+    own = series[min(r, 1)]
+    calls = [{part: values[i] for part, values in own.items()}
+             for i in range(len(own["forward"]))]
+    for i in range(0, len(calls), 3):
+      calls[i]["forward" if host == slowed_host else "communication"] += (
+          slowed_ms / 1e3)
+    ranks.append(step_report.of_rank(calls, host=host,
+                                     local_rank=r % per_host,
+                                     profiled=r == 0))
+  return ranks
+
+
+def test_the_table_of_many_ranks_stays_short_and_the_json_keeps_each():
+  """16 ranks on 4 hosts, from a real run's series, node2's ranks 30 ms
+  slower in every third step: the table shows the slowest ranks, the
+  least busy and a line for the rest, then the hosts, the slow node first
+  and named the straggler; 64 ranks on 16 hosts take one line more, for
+  the hosts not shown. The JSON keeps every rank's series."""
+  def report(count):
+    return step_report.across(recorded_ranks(count, 4, "node2"), (6, 28),
+                              settings(gradient_bytes=420_000))
+  sixteen, sixty_four = report(16), report(64)
+  assert len(sixteen["ranks"]) == 16
+  assert all(len(rank["series"]["forward"]) == 23
+             for rank in sixteen["ranks"])
+  lines = step_table.table(sixteen).splitlines()
+  many = step_table.table(sixty_four).splitlines()
+  assert len(many) == len(lines) + 1 < 30, "\n".join(many)  # more hosts
+  rows = [line.split()[0] for line in lines[1:7]]
+  assert rows[:5] == sorted(rows[:5], key=int) and rows[5] == "..."
+  assert {"8", "9", "10", "11"} <= set(rows[:5])  # node2's: the slowest
+  assert lines[6].split()[1:4] == ["11", "more", "ranks:"]
+  hosts = [line for line in lines if line.startswith("host ")]
+  assert hosts[0].startswith("host node2: 4 ranks (8-11), step ")
+  assert len(hosts) == step_table.SHOWN_HOSTS
+  stragglers = [line for line in lines if line.startswith("a straggler")]
+  assert [line.split(" computes")[0] for line in stragglers] == [
+      "a straggler: node node2"]
+  assert lines[-1].startswith("network: the allreduce's bus bandwidth ")
+  assert many[-2].startswith("12 more hosts: busy ")
+  # However many straggle, the table names the first few.
+  crowded = dict(sixty_four, verdict=dict(
+      sixty_four["verdict"], stragglers=[f"rank {r} ..." for r in range(7)]))
+  named = [line for line in step_table.table(crowded).splitlines()
+           if "straggler" in line and "profiler" not in line]
+  assert named == [f"a straggler: rank {r} ..." for r in range(4)] + [
+      "3 more stragglers (the report's JSON, verdict.stragglers)"]

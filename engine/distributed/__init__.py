@@ -17,6 +17,7 @@ from engine.distributed.collectives import agree
 from engine.distributed.collectives import average_across_ranks
 from engine.distributed.collectives import broadcast_from_chief
 from engine.distributed.collectives import gathered
+from engine.distributed.collectives import gathered_on_chief
 from engine.distributed.collectives import is_peer_failure
 from engine.distributed.collectives import max_across_ranks
 from engine.distributed.collectives import on_chief

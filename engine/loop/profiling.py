@@ -28,6 +28,7 @@ from engine.loop import actions
 from engine.records import report
 from engine.records import step_advice
 from engine.records import step_report
+from engine.records import step_table
 from engine.records import storage
 
 
@@ -205,24 +206,26 @@ class StepProfiler(actions.Action):
     self._timeline = None  # the first window's
 
   def _report(self) -> None:
-    """Every rank's window gathered; rank 0 writes the report, logs its
-    table, and gives its figures to TensorBoard. A call that traced the
-    timed step is left out, unless it is the only one."""
+    """Every rank's window gathered on rank 0, which makes the report,
+    writes it, logs its table, and gives its figures to TensorBoard. A
+    call that traced the timed step is left out, unless it is the only
+    one."""
     calls = [c for c in self._timed_calls if not c["traced"]] or (
         self._timed_calls)
     self._timed_calls = []
     probed = self._link_probe.probe(self._settings.gradient_bytes) if (
         self._link_probe) else None
-    ranks = distributed.gathered(
-        step_report.of_rank(calls, **self._where, link_probe=probed),
+    ranks = distributed.gathered_on_chief(
+        step_report.of_rank(calls, **self._where, link_probe=probed,
+                            profiled=self._traces),
         name="step_report")
-    last = calls[-1]["global_step"] + calls[-1]["steps"] - 1
-    found = step_report.across(ranks, (calls[0]["global_step"], last),
-                               self._settings)
+    window = (calls[0]["global_step"],
+              calls[-1]["global_step"] + calls[-1]["steps"] - 1)
     def write():
+      found = step_report.across(ranks, window, self._settings)
       with storage.writing("step report", self._model_dir):
         path = step_report.write(self._model_dir, found)
-      text = step_report.table(found)
+      text = step_table.table(found)
       logging.info("step report of steps %d-%d in %s:\n%s",
                    *found["window"], path, text)
       if self._reporter:

@@ -75,13 +75,15 @@ SLOW_LINK_SHARE = 0.5
 
 
 def of_rank(calls: list[dict], *, host: str = "", local_rank: int = 0,
-            link_probe: Optional[dict] = None) -> dict:
+            link_probe: Optional[dict] = None, profiled: bool = False
+            ) -> dict:
   """One rank's window from its timed `calls` (each a dict of a part ->
   seconds a step, `steps` it ran and `graph`, the seconds its clock
   stamped; a phase the call does not have counts 0; a part None was not
   measured that call, and is the mean of the others): each part's mean,
   p50, p95 and max a step, the series, their sum (the step), and the share
-  of the call the clock covers."""
+  of the call the clock covers. `profiled`: TensorFlow's profiler traced
+  this rank's window, which slows it."""
   measured = [p for p in (*PARTS, TASK_STEP)
               if p in PARTS or any(p in call for call in calls)]
   series, mean, spread = {}, {}, {}
@@ -98,7 +100,7 @@ def of_rank(calls: list[dict], *, host: str = "", local_rank: int = 0,
   call_seconds = graph + mean["launch_and_read"]
   steps = [sum(series[part][i] for part in measured)
            for i in range(len(calls))]
-  return dict(host=host, local_rank=local_rank,
+  return dict(host=host, local_rank=local_rank, profiled=profiled,
               link_probe=link_probe or dict(bytes=0, seconds={}),
               steps=sum(call.get("steps", 1) for call in calls),
               calls=len(calls), step=sum(mean.values()), parts=mean,
@@ -261,6 +263,9 @@ def _stragglers(report: dict) -> list[str]:
   together, each rank often late elsewhere (with its host); or, where none
   was, the slowest rank if it is busier on average."""
   ranks, hosts = report["ranks"], report["hosts"]
+  # TensorFlow's profiler slows the rank it traces: a straggler of its
+  # own making, unless every rank is traced alike.
+  unfair = profiled_alone(report)
   nodes = sorted((h for h in hosts if len(hosts) > 1 and len(h["ranks"]) > 1
                   and _stands_out(h["late"], [
                       ranks[r]["late"] for r in range(len(ranks))
@@ -274,13 +279,13 @@ def _stragglers(report: dict) -> list[str]:
            for node in nodes]
   on_nodes = {r for node in nodes for r in node["ranks"]}
   late = sorted((r for r in range(len(ranks)) if r not in on_nodes
-                 and _stands_out(ranks[r]["late"], [
+                 and r not in unfair and _stands_out(ranks[r]["late"], [
                      ranks[o]["late"] for o in range(len(ranks))
                      if o != r and o not in on_nodes])),
                 key=lambda r: _total(ranks[r]["late"]), reverse=True)
   slowest = report["slowest_rank"]
-  if not found and not late and report["slowest_by"] >= (
-      STRAGGLER_SHARE * ranks[slowest]["step"]):
+  if not found and not late and slowest not in unfair and report[
+      "slowest_by"] >= STRAGGLER_SHARE * ranks[slowest]["step"]:
     late = [slowest]
   for r in late:
     rank = ranks[r]
@@ -292,6 +297,13 @@ def _stragglers(report: dict) -> list[str]:
                + _how_often(rank["late"], report))
     found.append(text)
   return found
+
+
+def profiled_alone(report: dict) -> list[int]:
+  """The ranks TensorFlow's profiler traced, where it did not trace all."""
+  profiled = [rank["rank"] for rank in report["ranks"]
+              if rank.get("profiled")]
+  return profiled if len(profiled) < len(report["ranks"]) else []
 
 
 def _extra_in(report: dict, r: int) -> str:
@@ -379,49 +391,6 @@ def _parts_of(bound: str) -> tuple:
 
 def _of(rank: dict, bound: str) -> float:
   return sum(rank["parts"].get(part, 0.0) for part in _parts_of(bound))
-
-
-def table(report: dict) -> str:
-  """The report as the log's table: milliseconds per step, a row a rank,
-  then the window, the verdict, what to try, the ranks' spread and hosts,
-  and the link."""
-  parts = [part for part in (*PARTS, TASK_STEP)
-           if part in report["ranks"][0]["parts"]]
-  heads = ["rank", "step", *parts, "waiting"]
-  widths = [max(len(head), 7) for head in heads]
-  lines = ["  ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
-  for rank in report["ranks"]:
-    cells = [rank["step"], *(rank["parts"][p] for p in parts),
-             rank["waiting"]]
-    lines.append("  ".join([f"{rank['rank']:>{widths[0]}}", *(
-        f"{1e3 * c:>{w}.2f}" for c, w in zip(cells, widths[1:]))]))
-  first, last = report["window"]
-  lines.append(
-      f"steps {first}-{last}, ms a step; slowest rank {report['slowest_rank']}"
-      f", busy {1e3 * report['slowest_by']:.2f} ms a step longer than the "
-      f"least busy, in its {report['slowest_in']}; the allreduce's transfer "
-      f"about {1e3 * report['transfer']:.2f} ms")
-  found = report["verdict"]
-  lines.append(f"{found['bound']}-bound: " + ", ".join(
-      f"{bound} {share:.0%}" for bound, share in found["shares"].items())
-               + " of the slowest rank's step")
-  lines += [f"a straggler: {text}" for text in found["stragglers"]]
-  lines += [f"  try {text}" for text in found["suggestions"]]
-  for rank in report["ranks"]:
-    step = rank["distribution"]["step"]
-    lines.append(
-        f"rank {rank['rank']} on {rank['host'] or '?'} (local rank "
-        f"{rank['local_rank']}): step p50 {1e3 * step['p50']:.2f}, p95 "
-        f"{1e3 * step['p95']:.2f}, max {1e3 * step['max']:.2f} ms over "
-        f"{rank['calls']} {report['late_in']}" + (
-            f"; late to the allreduce in {len(rank['late']['steps'])}"
-            f" of {rank['late']['of']}" if rank["late"]["steps"] else ""))
-  if found["network"]:
-    lines.append(f"network: {found['network']}")
-  if report["link"] and report["link"]["levels"]:
-    lines.append("link levels: " + link_levels.described(
-        report["link"]["levels"], report["link"].get("link_gbit")))
-  return "\n".join(lines)
 
 
 def write(model_dir: str, report: dict) -> str:

@@ -226,6 +226,10 @@ def main(out_dir: str, fashion_mnist_dir: str, cifar10_dir: str = "",
         profiling=dict(profile_steps=(2, 3), profile_all_ranks=True)))
   observed["keras_variables"] = keras_variables_across_ranks()
   observed["stops"] = stop_requests_across_ranks()
+  # Each rank's own, of its own size: on rank 0, every rank's in order.
+  observed["gathered_on_chief"] = distributed.gathered_on_chief(
+      {"rank": hvd.rank(), "series": list(range(hvd.rank() + 2))},
+      name="gathered_on_chief")
   data_parallel_steps(out_dir)
   if hvd.size() > 1:
     for name, options in STEP_VARIANTS.items():
