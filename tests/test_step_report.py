@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine.loop import session
+from engine.records import link_levels
 from engine.records import scaling
 from engine.records import step_report
 from engine.records import step_table
@@ -540,3 +541,37 @@ def test_the_table_of_many_ranks_stays_short_and_the_json_keeps_each():
            if "straggler" in line and "profiler" not in line]
   assert named == [f"a straggler: rank {r} ..." for r in range(4)] + [
       "3 more stragglers (the report's JSON, verdict.stragglers)"]
+
+
+@pytest.mark.parametrize("gbit, latency_us, hosts, expected", [
+    # No link named: the gradients' bytes, within 1 and 16 MiB.
+    (None, 0, 2, 1 << 20), (None, 0, 64, 1 << 20),
+    # 100 Gbit/s, 5 us, 64 hosts: 9 x 64 x 5 us x 12.5 GB/s = 36 MB.
+    (100, 5, 64, 36_000_000),
+    # 1 Gbit/s, 50 us, 2 hosts: 9 x 2 x 50 us x 125 MB/s = 112.5 kB,
+    # less than the gradients' 420 kB, less than 1 MiB: 1 MiB.
+    (1, 50, 2, 1 << 20),
+])
+def test_the_link_probe_sends_what_the_links_bandwidth_sets(
+    gbit, latency_us, hosts, expected):
+  link = scaling.Link.of(gbit, latency_us) if gbit else None
+  nbytes = link_levels.probe_bytes(420_000, hosts, link)
+  assert nbytes == expected
+  if link:  # the ring's time is 90% its bandwidth's, or more
+    latency = 2 * (hosts - 1) * link.latency
+    assert latency <= 0.1 * scaling.ring_allreduce_seconds(nbytes, hosts,
+                                                           link) + 1e-12
+
+
+def test_the_link_probe_takes_at_most_half_a_second_a_repeat():
+  """94 MB of gradients over a 100 Mbit/s link between 2 hosts: the probe
+  sends the 6.25 MB that take half a second, 12.5 MB/s x 0.5 s x 2 / 2."""
+  link = scaling.Link.of(0.1, 20)
+  assert link_levels.probe_bytes(94_000_000, 2, link) == 6_250_000
+  assert scaling.ring_allreduce_seconds(6_250_000, 2, link) == (
+      pytest.approx(0.5, rel=1e-3))
+  # Without a link named, the 16 MiB that measured every link before.
+  assert link_levels.probe_bytes(94_000_000, 2, None) == 16 << 20
+  # 1 Mbit/s: 62.5 kB, not the 1 MiB that took 8 s a repeat.
+  assert link_levels.probe_bytes(420_000, 2, scaling.Link.of(0.001, 20)) == (
+      62_500)

@@ -23,10 +23,6 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 INSIDE, ACROSS = "inside a host", "across hosts"
-# The probe's bytes: the gradients' (what the step moves), but at least
-# enough that the link's bandwidth rather than its latency sets the time,
-# and at most what its repeats move in seconds on a slow network.
-SMALLEST_BYTES, LARGEST_BYTES = 1 << 20, 16 << 20
 REPEATS = 3  # timed, after one that sets the process set's links up
 
 
@@ -40,14 +36,15 @@ class LinkProbe:
     self._dynamic_process_sets = dynamic_process_sets
     self._sets = None  # level -> the process set this rank is in
 
-  def probe(self, gradient_bytes: int) -> dict:
-    """`bytes` allreduced, and `seconds`: the levels this rank took part
-    in -> its seconds for each repeat; no levels where the run has one
-    (a host, or a rank a host) or Horovod takes no process sets now."""
+  def probe(self, nbytes: int) -> dict:
+    """`bytes` allreduced (`nbytes`, as many as the link's speed and the
+    hosts need: records/link_levels.probe_bytes), and `seconds`: the
+    levels this rank took part in -> its seconds for each repeat; no
+    levels where the run has one (a host, or a rank a host) or Horovod
+    takes no process sets now."""
     if self._sets is None:
       self._sets = _process_sets() if (
           hvd.size() > 1 and self._dynamic_process_sets) else {}
-    nbytes = min(max(gradient_bytes, SMALLEST_BYTES), LARGEST_BYTES) // 4 * 4
     data = tf.zeros([nbytes // 4], tf.float32)
     return dict(bytes=nbytes, seconds={
         level: _timed(data, process_set, level.replace(" ", "_"))

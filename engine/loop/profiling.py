@@ -27,6 +27,7 @@ from engine.distributed import link_probe as link_probe_lib
 from engine.loop import actions
 from engine.records import report
 from engine.records import step_advice
+from engine.records import link_levels
 from engine.records import step_report
 from engine.records import step_table
 from engine.records import storage
@@ -213,8 +214,9 @@ class StepProfiler(actions.Action):
     calls = [c for c in self._timed_calls if not c["traced"]] or (
         self._timed_calls)
     self._timed_calls = []
-    probed = self._link_probe.probe(self._settings.gradient_bytes) if (
-        self._link_probe) else None
+    probed = self._link_probe.probe(link_levels.probe_bytes(
+        self._settings.gradient_bytes, hosts=distributed.hosts()[0],
+        link=self._settings.link)) if self._link_probe else None
     ranks = distributed.gathered_on_chief(
         step_report.of_rank(calls, **self._where, link_probe=probed,
                             profiled=self._traces),

@@ -11,8 +11,36 @@ the level's.
 import statistics
 from typing import Optional
 
+from engine.records import scaling
+
 # The level the allreduce over every rank runs at: its slowest link's.
 ACROSS = "across hosts"
+# The probe's bytes without a link named: the gradients' (what the step
+# moves), within these.
+SMALLEST_BYTES, LARGEST_BYTES = 1 << 20, 16 << 20
+# With a link named (--profile_link_gbit): enough bytes that the ring's
+# bandwidth term is this many times its latency term (over 90% of the
+# time is the bandwidth's), however fast the link and many the hosts, and
+# at most what a repeat moves in SECONDS_A_REPEAT.
+BANDWIDTH_OVER_LATENCY = 9
+SECONDS_A_REPEAT = 0.5
+
+
+def probe_bytes(gradient_bytes: int, hosts: int,
+                link: Optional[scaling.Link]) -> int:
+  """The bytes each probe allreduces across `hosts` (a multiple of 4):
+  16 MiB measure a 1 Gbit/s link's bandwidth, but on a 100 Gbit/s ring
+  over 64 hosts, 126 hops of 5 us are a fifth of their time."""
+  if link is None:
+    nbytes = min(max(gradient_bytes, SMALLEST_BYTES), LARGEST_BYTES)
+  else:
+    # A ring of N: 2 (N - 1) hops of alpha, 2 (N - 1) / N * bytes / beta.
+    filled = BANDWIDTH_OVER_LATENCY * max(hosts, 2) * link.latency * (
+        link.bandwidth)
+    most = SECONDS_A_REPEAT * link.bandwidth * max(hosts, 2) / (
+        2 * (max(hosts, 2) - 1))
+    nbytes = min(max(gradient_bytes, filled, SMALLEST_BYTES), most)
+  return int(nbytes) // 4 * 4
 
 
 def of(ranks: list[dict]) -> list[dict]:
