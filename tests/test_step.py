@@ -487,6 +487,52 @@ def test_a_calls_input_wait_ends_before_its_math_begins(count):
         for op in takers), [(op.type, op.name) for op in takers]
 
 
+def ancestors(op) -> set:
+  """Every op `op` waits for, by data or control, within its graph."""
+  found, todo = set(), [op]
+  while todo:
+    current = todo.pop()
+    for before in [t.op for t in current.inputs] + current.control_inputs:
+      if before not in found:
+        found.add(before)
+        todo.append(before)
+  return found
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_overlapped_allreduces_wait_for_their_gradient_alone(timed):
+  """Where each gradient goes to an allreduce of its own (GPUs), none
+  waits for the backward pass to end, timed or not; the timed step's
+  stamps run in order. (Each allreduce read Horovod's size, a stateful op
+  run in the order written: after the stamp that ends the backward pass,
+  which held every allreduce of the profiled step until then.)"""
+  step = steps.TrainStep(model=tiny_model(),
+                         optimizer=keras.optimizers.SGD(0.1),
+                         overlap_allreduce=True)
+  step.start(tf.data.Dataset.from_tensors(batch(8, 0)).repeat())
+  step.train(1, timed=timed)
+  function = step._timed_steps if timed else step._steps  # pylint: disable=protected-access
+  graph = function.get_concrete_function(
+      step._batches, tf.constant(1), tf.constant(0.0)).graph  # pylint: disable=protected-access
+  operations = graph.get_operations()
+  backward = [op for op in operations if op.name.startswith("gradient_tape/")]
+  # Each gradient's allreduce, and the step's flags' and statistics'
+  # beside them: the conds on whether processes share the step.
+  reductions = [op for op in operations if op.type in ("If", "StatelessIf")
+                and any(i.op.type == "HorovodSize"
+                        for i in op.inputs[0].op.inputs)]
+  assert len(reductions) == len(step.model.trainable_variables) + 1
+  stamps = [op for op in operations if op.type == "Timestamp"]
+  # The stamp that ends the backward pass waits on its ops.
+  ends_backward = [stamp for stamp in stamps
+                   if any(c in backward for c in stamp.control_inputs)]
+  assert bool(ends_backward) == timed
+  for reduction in reductions:
+    assert not ancestors(reduction) & set(ends_backward), reduction.name
+  for before, after in zip(stamps, stamps[1:]):
+    assert before in ancestors(after)
+
+
 def test_calls_of_several_timed_steps_train_as_the_run_does():
   """A profiled window's calls at K steps a call train exactly as the
   run's, read their batches inside (their `input`), and their phases,

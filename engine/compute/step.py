@@ -259,6 +259,7 @@ class TrainStep:
     """One step's math, each phase in `clock.phase` (step_outcome.py)."""
     variables = self.model.trainable_variables
     reduce = self._reduce
+    several = allreduce.several_processes()  # before the step's work
     if self._accumulation_steps == 1:
       with tf.GradientTape() as tape:
         with clock.phase("forward"):
@@ -272,7 +273,7 @@ class TrainStep:
       # The gradients averaged; BatchNorm's moving statistics set to their
       # average; the shares of ranks that asked to stop and whose loss was
       # not finite.
-      reduced = reduce.step(local, stop_requested, loss)
+      reduced = reduce.step(local, stop_requested, loss, several)
     gradients = reduced.gradients
     stop_share = reduced.stop_share
     nonfinite_loss_share = reduced.nonfinite_loss_share

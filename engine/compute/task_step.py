@@ -10,6 +10,7 @@ from engine.compute import step
 from engine.compute import step_outcome
 from engine.compute import weight_decay
 from engine.core.errors import UserError
+from engine.distributed import gradients as allreduce
 
 
 class TaskTrainStep(step.TrainStep):
@@ -69,6 +70,7 @@ class TaskTrainStep(step.TrainStep):
                   clock=step_outcome.NO_CLOCK):
     """The task's step (in a profiled window one phase, `task_step`: what
     it does inside is the task's), then the flags agreed across ranks."""
+    several = allreduce.several_processes()  # before the step's work
     with clock.phase("task_step"):
       self._gradients_finite.assign(True)
       loss, sums = self.task.train_step(self.model, self.optimizer.by_name,
@@ -79,7 +81,7 @@ class TaskTrainStep(step.TrainStep):
         self._weight_average.update()
     with clock.phase("communication"):
       # Its flags and the models' BatchNorm statistics.
-      reduced = self._reduce.step(None, stop_requested, loss)
+      reduced = self._reduce.step(None, stop_requested, loss, several)
       gradients_finite = self._gradients_finite.read_value()
       finite = tf.logical_and(reduced.nonfinite_loss_share == 0,
                               gradients_finite)

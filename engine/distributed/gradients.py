@@ -37,36 +37,49 @@ class Reduction:
     self._options = dict(op=_OPS[op], compression=_COMPRESSIONS[compression])
 
   @_AS_WRITTEN
-  def each(self, gradients: list) -> list:
+  def each(self, gradients: list, several) -> list:
     """`gradients`, each handed to an allreduce of its own as the backward
     pass has it, so that its transfer overlaps the rest of the backward
     pass (what hvd.DistributedGradientTape does, on the tensors). A
-    process alone skips Horovod's queue."""
+    process alone (`several` false: `several_processes`) skips Horovod's
+    queue."""
     return [None if gradient is None else tf.cond(
-        hvd.size_op() > 1,
+        several,
         lambda gradient=gradient: hvd.allreduce(gradient, **self._options),
         lambda gradient=gradient: gradient) for gradient in gradients]
 
   @_AS_WRITTEN
-  def grouped(self, tensors: list, *, alone_skips: bool = True) -> list:
+  def grouped(self, tensors: list, several, *,
+              alone_skips: bool = True) -> list:
     """`tensors` reduced in one grouped allreduce: one negotiation and one
-    collective. A process alone skips Horovod's queue (as
-    DistributedGradientTape does), which would add a cycle of its
+    collective. A process alone (`several` false) skips Horovod's queue
+    (as DistributedGradientTape does), which would add a cycle of its
     background thread to every step; unless not `alone_skips`, where a
     process alone takes the same float16 rounding as many would."""
     if not alone_skips:
       return hvd.grouped_allreduce(tensors, **self._options)
-    return tf.cond(hvd.size_op() > 1,
+    return tf.cond(several,
                    lambda: hvd.grouped_allreduce(tensors, **self._options),
                    lambda: tensors)
 
 
 @_AS_WRITTEN
-def averaged(tensor: tf.Tensor, name: str) -> tf.Tensor:
+def several_processes() -> tf.Tensor:
+  """Whether the step is shared with other processes, read once a step
+  before its work: HorovodSize is stateful, and a compiled step runs its
+  stateful ops in the order they were written, so one read at each
+  allreduce waited for what was written before it (the profiled step's
+  stamp after the backward pass, which held every overlapped allreduce
+  until the backward pass ended)."""
+  return hvd.size_op() > 1
+
+
+@_AS_WRITTEN
+def averaged(tensor: tf.Tensor, name: str, several) -> tf.Tensor:
   """`tensor` averaged over ranks, inside a compiled step; submitted beside
   gradients reduced one by one, Horovod fuses it into one of their
-  allreduces. A process alone skips Horovod's queue."""
-  return tf.cond(hvd.size_op() > 1,
+  allreduces. A process alone (`several` false) skips Horovod's queue."""
+  return tf.cond(several,
                  lambda: hvd.allreduce(tensor, op=hvd.Average, name=name),
                  lambda: tensor)
 
@@ -109,19 +122,20 @@ class StepReduction:
     self._statistics = [v for v in model.non_trainable_variables
                         if v.dtype == tf.float32 and id(v) not in frozen]
 
-  def step(self, local: Optional[list], stop_requested,
-           loss) -> "Reduced":
+  def step(self, local: Optional[list], stop_requested, loss,
+           several) -> "Reduced":
     """A step's one reduction across ranks: its local gradients (None for
     a task's own step, which reduced its gradients itself: `gradients`),
     its flags and the model's statistics (`_shared`), reduced as
     `together` and `overlaps` say; the statistics set to their average;
     the averaged gradients and the shares of ranks that asked to stop and
-    whose loss was not finite returned."""
+    whose loss was not finite returned. `several`: the step's
+    `several_processes()`, read before its work."""
     shared = self._shared(stop_requested, loss)
     if local is None:
-      gradients, shared = None, self._averaged_alone(shared)
+      gradients, shared = None, self._averaged_alone(shared, several)
     else:
-      gradients, shared = self._reduced(local, shared)
+      gradients, shared = self._reduced(local, several, shared)
     # [flags | statistics], as _shared packed them.
     parts = tf.split(shared, [FLAGS] + [v.shape.num_elements()
                                         for v in self._statistics])
@@ -133,7 +147,7 @@ class StepReduction:
   def gradients(self, local: list) -> list:
     """Gradients a task's own step computed (engine/tasks/own_step.py),
     averaged across ranks as the built-in step's are."""
-    return self._reduced(local)[0]
+    return self._reduced(local, several_processes())[0]
 
   def _shared(self, stop_requested, loss) -> tf.Tensor:
     """What a step averages over ranks besides its gradients: its flags
@@ -150,20 +164,21 @@ class StepReduction:
     return tf.concat([step_flags(stop_requested, loss)]
                      + [tf.reshape(v, [-1]) for v in self._statistics], 0)
 
-  def _reduced(self, local: list, shared=None):
+  def _reduced(self, local: list, several, shared=None):
     """The local gradients averaged across ranks, and `shared` (if given)
     averaged, or None: in one grouped allreduce (`together`); else each
     gradient as the backward pass has it (`overlaps`), or, with
     accumulation, all at once, and `shared` beside them."""
     if self.together:
-      return self._reduced_together(local, shared)
+      return self._reduced_together(local, several, shared)
     if self.overlaps:
-      gradients = self._reduction.each(local)
+      gradients = self._reduction.each(local, several)
     else:
-      gradients = self._reduction.grouped(local, alone_skips=False)
-    return gradients, None if shared is None else self._averaged_alone(shared)
+      gradients = self._reduction.grouped(local, several, alone_skips=False)
+    return gradients, None if shared is None else self._averaged_alone(
+        shared, several)
 
-  def _averaged_alone(self, shared: tf.Tensor) -> tf.Tensor:
+  def _averaged_alone(self, shared: tf.Tensor, several) -> tf.Tensor:
     """`shared` averaged over ranks, beside gradients reduced one by one:
     submitted when the gradients start to be (it depends on the forward
     pass only), as an average like theirs, so Horovod fuses it into one of
@@ -172,9 +187,9 @@ class StepReduction:
     Alone, a process skips Horovod's queue (as DistributedGradientTape
     does), which would add a cycle of its background thread to every step.
     """
-    return averaged(shared, "step_flags")
+    return averaged(shared, "step_flags", several)
 
-  def _reduced_together(self, local: list, shared=None):
+  def _reduced_together(self, local: list, several, shared=None):
     """The local gradients and `shared` (if given), averaged over ranks in
     one grouped allreduce; a process alone skips Horovod's queue."""
     present = [i for i, gradient in enumerate(local) if gradient is not None]
@@ -182,7 +197,7 @@ class StepReduction:
     tensors = [tf.convert_to_tensor(local[i]) for i in present]
     if shared is not None:
       tensors.append(shared)
-    reduced = self._reduction.grouped(tensors)
+    reduced = self._reduction.grouped(tensors, several)
     gradients = list(local)  # a variable the loss does not use keeps None
     for i, gradient in zip(present, reduced):
       gradients[i] = gradient
