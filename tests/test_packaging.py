@@ -76,3 +76,19 @@ def test_the_wheel_runs_the_engine_without_the_checkout(tmp_path):
   assert helped.stdout.startswith("Data-parallel training with Horovod")
   for module in ("flags.data", "flags.training", "flags.checkpoints"):
     assert f"\n{module}:\n" in helped.stdout
+
+
+def test_an_environment_without_horovod_is_told_how_to_build_it():
+  """pip installs the engine without Horovod, which setup builds with our
+  patch: importing the engine's command says so on its last line. (An
+  environment without horovod: its import made to fail.)"""
+  result = subprocess.run(
+      [sys.executable, "-c", "import sys; sys.modules['horovod'] = None; "
+       "import engine.train"], cwd=fixtures.REPO, capture_output=True,
+      text=True, timeout=timeouts.bound(120), env=fixtures.engine_env())
+  assert result.returncode == 1
+  assert result.stderr.splitlines()[-1] == (
+      "ModuleNotFoundError: Horovod is not installed in this environment: "
+      "it is built against its TensorFlow with the engine's patch; run "
+      "VENV=<this venv> bash scripts/setup.sh from the engine's checkout "
+      "(BUILD.md, \"Horovod\")")

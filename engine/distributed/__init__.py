@@ -13,6 +13,18 @@ concern:
 The package's own names are world's and collectives' (`distributed.init`,
 `distributed.on_chief`): what the rest of the engine calls.
 """
+try:
+  import horovod.tensorflow  # pylint: disable=unused-import
+except ModuleNotFoundError as e:
+  if e.name not in ("horovod", "horovod.tensorflow"):
+    raise
+  # pip installs the engine without it: Horovod is compiled against the
+  # installed TensorFlow, with our patch.
+  raise ModuleNotFoundError(
+      "Horovod is not installed in this environment: it is built against "
+      "its TensorFlow with the engine's patch; run VENV=<this venv> bash "
+      "scripts/setup.sh from the engine's checkout (BUILD.md, \"Horovod\")",
+      name="horovod") from None
 from engine.distributed.collectives import agree
 from engine.distributed.collectives import average_across_ranks
 from engine.distributed.collectives import broadcast_from_chief
