@@ -25,9 +25,9 @@ from engine import distributed
 from engine.core import run_files
 from engine.distributed import link_probe as link_probe_lib
 from engine.loop import actions
+from engine.records import link_levels
 from engine.records import report
 from engine.records import step_advice
-from engine.records import link_levels
 from engine.records import step_report
 from engine.records import step_table
 from engine.records import storage
