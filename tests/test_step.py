@@ -458,6 +458,16 @@ def test_a_call_stamps_its_input_wait_timed_or_not():
   assert step.traces == 1
 
 
+def traced_graph(step, count=1, timed=False):
+  """The graph of `step`'s call of `count` steps (its timed copy if
+  `timed`), traced on batches in memory."""
+  step.start(tf.data.Dataset.from_tensors(batch(8, 0)).repeat())
+  step.train(count, timed=timed)
+  function = step._timed_steps if timed else step._steps  # pylint: disable=protected-access
+  return function.get_concrete_function(
+      step._batches, tf.constant(count), tf.constant(0.0)).graph  # pylint: disable=protected-access
+
+
 @pytest.mark.parametrize("count", [1, 3])
 def test_a_calls_input_wait_ends_before_its_math_begins(count):
   """The wait for input is stamped around the batch's read, and the step
@@ -469,10 +479,7 @@ def test_a_calls_input_wait_ends_before_its_math_begins(count):
   step = steps.TrainStep(model=tiny_model(),
                          optimizer=keras.optimizers.SGD(0.1),
                          steps_per_call=count)
-  step.start(tf.data.Dataset.from_tensors(batch(8, 0)).repeat())
-  step.train(count)
-  graph = step._steps.get_concrete_function(  # pylint: disable=protected-access
-      step._batches, tf.constant(count), tf.constant(0.0)).graph  # pylint: disable=protected-access
+  graph = traced_graph(step, count)
   graphs = [graph, *(f.graph for f in graph._functions.values()  # pylint: disable=protected-access
                      if hasattr(f, "graph"))]
   reads = [op for g in graphs for op in g.get_operations()
@@ -509,12 +516,7 @@ def test_overlapped_allreduces_wait_for_their_gradient_alone(timed):
   step = steps.TrainStep(model=tiny_model(),
                          optimizer=keras.optimizers.SGD(0.1),
                          overlap_allreduce=True)
-  step.start(tf.data.Dataset.from_tensors(batch(8, 0)).repeat())
-  step.train(1, timed=timed)
-  function = step._timed_steps if timed else step._steps  # pylint: disable=protected-access
-  graph = function.get_concrete_function(
-      step._batches, tf.constant(1), tf.constant(0.0)).graph  # pylint: disable=protected-access
-  operations = graph.get_operations()
+  operations = traced_graph(step, timed=timed).get_operations()
   backward = [op for op in operations if op.name.startswith("gradient_tape/")]
   # Each gradient's allreduce, and the step's flags' and statistics'
   # beside them: the conds on whether processes share the step.

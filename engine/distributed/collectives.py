@@ -98,10 +98,9 @@ def gathered_on_chief(value: Any, name: str) -> Optional[list]:
       name=name)
   if not is_chief():
     return None
-  ends = np.cumsum(sizes.numpy())
-  data = received.numpy()
+  sizes, data = sizes.numpy(), received.numpy()
   return [pickle.loads(data[end - size:end].tobytes())
-          for end, size in zip(ends, sizes.numpy())]
+          for end, size in zip(np.cumsum(sizes), sizes)]
 
 
 def agree(action: Callable[[], Any], name: str,

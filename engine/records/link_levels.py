@@ -35,10 +35,9 @@ def probe_bytes(gradient_bytes: int, hosts: int,
     nbytes = min(max(gradient_bytes, SMALLEST_BYTES), LARGEST_BYTES)
   else:
     # A ring of N: 2 (N - 1) hops of alpha, 2 (N - 1) / N * bytes / beta.
-    filled = BANDWIDTH_OVER_LATENCY * max(hosts, 2) * link.latency * (
-        link.bandwidth)
-    most = SECONDS_A_REPEAT * link.bandwidth * max(hosts, 2) / (
-        2 * (max(hosts, 2) - 1))
+    ring = max(hosts, 2)
+    filled = BANDWIDTH_OVER_LATENCY * ring * link.latency * link.bandwidth
+    most = SECONDS_A_REPEAT * link.bandwidth * ring / (2 * (ring - 1))
     nbytes = min(max(gradient_bytes, filled, SMALLEST_BYTES), most)
   return int(nbytes) // 4 * 4
 

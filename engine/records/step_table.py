@@ -77,7 +77,8 @@ def _range(values: list[float]) -> str:
 
 
 def _the_rest(ranks: list[dict], shown: list[dict]) -> str:
-  rest = [rank for rank in ranks if rank not in shown]
+  numbers = {rank["rank"] for rank in shown}
+  rest = [rank for rank in ranks if rank["rank"] not in numbers]
   return (f"{'...':>7}  {len(rest)} more ranks: step "
           f"{_range([r['step'] for r in rest])} ms, waiting "
           f"{_range([r['waiting'] for r in rest])} ms")
