@@ -10,7 +10,8 @@ final weights) on a tiny Fashion-MNIST:
   site's default is none; horovodrun over ssh; mpirun), world size 2
   across the two hosts; Adasum under srun's MPI; an srun without a PMI,
   refused in one line; a job preempted by SIGTERM, requeued and resumed
-  (on srun); a frozen rank under MPI, ended by Horovod's stall shutdown.
+  (on srun); a frozen rank under MPI, ended by Horovod's stall shutdown;
+  a rank crashed under srun, its job ended rather than hung.
 
 Skipped, with the reason, where not root or where SLURM, munge or Open MPI
 are missing (scripts/setup.sh installs them as root).
@@ -84,7 +85,12 @@ class Job:
     self.out = out
 
   def wait(self, **kwargs):
-    return self.cluster.slurm.wait(self.id, **kwargs)
+    """The job's fields once it reaches one of the states; on a timeout,
+    its output's end with SLURM's logs."""
+    try:
+      return self.cluster.slurm.wait(self.id, **kwargs)
+    except TimeoutError as e:
+      raise TimeoutError(f"{e}\njob.out: {self.output[-3000:]}") from None
 
   @property
   def output(self):
@@ -267,6 +273,19 @@ def test_a_stuck_rank_under_mpi_ends_by_the_stall_shutdown(cluster):  # pylint: 
           "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), and its last warning "
           "above marks that rank with '!'; run the same command again: it "
           "starts from the beginning (no checkpoint yet)") in output
+
+
+def test_a_crashed_rank_ends_the_srun_job(cluster):  # pylint: disable=redefined-outer-name
+  """Rank 0 dies mid-run: rank 1, left waiting in MPI for a coordinator
+  that is gone, is ended by srun, and the job fails instead of holding its
+  nodes until the time limit."""
+  job = cluster.submit("crashed", "--epochs=3", RECORD_CRASH_RANK="0",
+                       RECORD_CRASH_AT="3", EXIT_WAIT_SECONDS="5")
+  fields = job.wait(timeout=120)
+  output = job.output
+  assert fields["JobState"] == "FAILED", output[-3000:]
+  assert "host0: task 0: Segmentation fault" in output, output[-3000:]
+  assert "host1: task 1: Killed" in output, output[-3000:]
 
 
 def test_slurm_leaves_the_machine_as_it_found_it():

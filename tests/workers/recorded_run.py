@@ -24,6 +24,8 @@ tests/test_slurm_cluster.py. The environment says what to do:
   RECORD_STUCK_AT    step, as one stuck on a hung file system would: alive,
                      Horovod's thread still answering, never reaching the
                      next collective.
+  RECORD_CRASH_RANK  the process of this rank dies of SIGSEGV after its Nth
+  RECORD_CRASH_AT    step, as one hit by a native crash would.
 """
 import json
 import os
@@ -71,6 +73,9 @@ def _step_with_events(original):
     if (done == int(os.environ.get("RECORD_STUCK_AT", 0))
         and hvd.rank() == int(os.environ["RECORD_STUCK_RANK"])):
       time.sleep(3600)
+    if (done == int(os.environ.get("RECORD_CRASH_AT", 0))
+        and hvd.rank() == int(os.environ["RECORD_CRASH_RANK"])):
+      os.kill(os.getpid(), signal.SIGSEGV)
     if (os.environ.get("ELASTIC_ADD_HOST") and hvd.rank() == 0
         and done == int(os.environ["ELASTIC_ADD_AT"])):
       with open(os.environ["ELASTIC_HOSTS"], "a") as f:
