@@ -38,7 +38,9 @@ flags.DEFINE_bool("horovod_timeline", False,
                   "Also record Horovod's timeline of the first "
                   "--profile_steps window (its allreduces, negotiation "
                   "and wait) to model_dir/timeline.json, for "
-                  "chrome://tracing or Perfetto). Not named --timeline: "
+                  "chrome://tracing or Perfetto); the window's step report "
+                  "then splits communication into negotiation and the "
+                  "collective itself. Not named --timeline: "
                   "horovodrun would take that for its own "
                   "--timeline-filename.")
 

@@ -278,15 +278,16 @@ def test_the_profiled_steps_report_each_ranks_step_split(command_line):
 @pytest.fixture(scope="module")
 def slowed(data_dir, tmp_path_factory):
   """Rank 1's forward pass sleeps 80 ms; two micro-batches a step, two
-  steps a call, and a window that runs past the run's 8 steps. (At 30 ms
-  a busy machine once slowed rank 0 more, in a CI run.)"""
+  steps a call, and a window that runs past the run's 8 steps, recorded in
+  Horovod's timeline too. (At 30 ms a busy machine once slowed rank 0
+  more, in a CI run.)"""
   model_dir = tmp_path_factory.mktemp("slowed") / "run"
   result = fixtures.launch(
       ["-m", "engine.train", f"--data_dir={data_dir}", "--epochs=2",
        "--batch_size=16", "--grad_accum_steps=2", "--steps_per_epoch=4",
        "--steps_per_call=2", f"--model_dir={model_dir}",
        "--model=tests/workers/slowed_model.py:conv_net",
-       "--profile_steps=3,20"],
+       "--profile_steps=3,20", "--horovod_timeline"],
       processes=2, env=dict(SLOWED_RANK="1", SLOWED_MS="80"))
   assert result.returncode == 0, result.stderr[-3000:]
   return model_dir, result
@@ -317,6 +318,24 @@ def test_a_slowed_rank_is_named_with_where_its_time_goes(slowed):
       "rank 1 computes longer than the others")
   assert "step report of steps 5-8 in " in result.stderr
   assert "a straggler: rank 1 computes longer" in result.stderr
+
+
+def test_the_timeline_splits_a_waiting_ranks_communication(slowed):
+  """Rank 0 waits for rank 1's sleep in its negotiation: its communication
+  grows, and the collective itself, from Horovod's timeline, does not."""
+  model_dir, result = slowed
+  report = json.loads((model_dir / "profile" / "step_report.json")
+                      .read_text())
+  collective = report["collective"]
+  assert collective["source"] == "Horovod's timeline"
+  assert len(collective["series"]) == 2  # the window's calls
+  assert 0 < collective["seconds"] < 0.04
+  first, second = report["ranks"]
+  assert first["negotiation"] > 0.04 + second["negotiation"]
+  assert first["negotiation"] + collective["seconds"] == pytest.approx(
+      first["parts"]["communication"], abs=1e-3)
+  assert ("communication, from Horovod's timeline: the collective itself "
+          in result.stderr)
 
 
 def test_horovod_timeline_records_the_profiled_steps_allreduces(

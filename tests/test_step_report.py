@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine.loop import session
+from engine.records import horovod_timeline
 from engine.records import link_levels
 from engine.records import scaling
 from engine.records import step_report
@@ -389,6 +390,65 @@ def test_the_allreduces_bandwidth_is_set_against_the_link():
           fast["verdict"]["network"])
   assert report(1.2)["verdict"]["network"].endswith(
       "the network does what the link allows")
+
+
+def test_the_timeline_splits_communication_into_negotiation_and_collective():
+  """Rank 0 waits 40 ms for rank 1 in every step; Horovod's Cycle and the
+  negotiation cost rank 1 (the last to arrive) 1 ms; the allreduce itself
+  runs 3 ms. The timeline's collective is each rank's communication less
+  its negotiation, and the link's bandwidth is the collective's, not the
+  least communication's (4 ms)."""
+  ranks = [window("a", 0, [0.044] * 4), window("b", 0, [0.004] * 4)]
+  settings_ = dataclasses.replace(CPU, gradient_bytes=1_000_000)
+  report = step_report.across(ranks, (1, 4), settings_,
+                              collective=[0.003] * 4)
+  assert report["collective"]["seconds"] == pytest.approx(0.003)
+  assert [r["negotiation"] for r in report["ranks"]] == pytest.approx(
+      [0.041, 0.001])
+  # 1 MB, each rank sending and receiving half twice, in 3 ms.
+  assert report["link"]["bus_gbit"]["p50"] == pytest.approx(8 / 3)
+  assert ("communication, from Horovod's timeline: the collective itself "
+          "3.00 ms a step; negotiating and waiting for the others rank 0 "
+          "41.00 ms, rank 1 1.00 ms") in step_table.table(report)
+  # Without the timeline: the least communication is the transfer.
+  estimated = step_report.across(ranks, (1, 4), settings_)
+  assert "collective" not in estimated and "negotiation" not in (
+      estimated["ranks"][0])
+  assert estimated["link"]["bus_gbit"]["p50"] == pytest.approx(2.0)
+
+
+def test_the_timeline_gives_each_calls_collective_time(tmp_path):
+  """Horovod's timeline as rank 0 writes it: microseconds from its start,
+  which its first record gives since the epoch. Two tensors fused into
+  one allreduce count once; the negotiation before it is not the
+  collective's; a collective running past a call's end counts within the
+  call alone; a call of two steps is halved."""
+  start = 1_000_000_000_000_000  # in microseconds since the epoch
+  events = [
+      {"name": "process_name", "ph": "M", "pid": 0,
+       "args": {"start_time_since_epoch_in_micros": start}}]
+  def tensor(pid, negotiated, began, ended, collective="ALLREDUCE"):
+    events.extend([
+        {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": negotiated,
+         "pid": pid},
+        {"ph": "E", "ts": began, "pid": pid},
+        {"ph": "B", "name": collective, "ts": began, "pid": pid},
+        {"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": began,
+         "pid": pid},
+        {"ph": "E", "ts": began + 100, "pid": pid},
+        {"ph": "E", "ts": ended, "pid": pid}])
+  tensor(1, 0, 40_000, 43_000)  # 40 ms negotiating, 3 ms reducing
+  tensor(2, 0, 40_500, 43_000)  # fused with the first
+  tensor(1, 100_000, 101_000, 106_000)  # 1 ms negotiating, 5 ms reducing
+  tensor(3, 200_000, 210_000, 214_000, collective="ADASUM")
+  path = tmp_path / "timeline.json"
+  path.write_text(json.dumps(events))
+  def call(began_ms, ended_ms, steps=1):
+    return dict(span=((start + 1e3 * began_ms) * 1e-6,
+                      (start + 1e3 * ended_ms) * 1e-6), steps=steps)
+  seconds = horovod_timeline.collective_seconds(
+      str(path), [call(0, 50), call(50, 104), call(150, 250, steps=2)])
+  assert seconds == pytest.approx([0.003, 0.003, 0.002], abs=1e-6)
 
 
 def test_the_links_levels_name_the_host_whose_own_links_are_slowest():

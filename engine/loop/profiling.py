@@ -25,6 +25,7 @@ from engine import distributed
 from engine.core import run_files
 from engine.distributed import link_probe as link_probe_lib
 from engine.loop import actions
+from engine.records import horovod_timeline
 from engine.records import link_levels
 from engine.records import report
 from engine.records import step_advice
@@ -163,10 +164,10 @@ class StepProfiler(actions.Action):
     (the step's phases on its own clock, the batches' reading its
     `input`: TrainStep.train); the call's steps.Trained."""
     traces = train_step.timed_traces
-    began = time.perf_counter()
+    began, began_at = time.perf_counter(), time.time()
     trained = train_step.train(count, stop_requested, timed=True)
     phases, ran = trained.phases, trained.steps
-    ended = time.perf_counter()
+    ended, ended_at = time.perf_counter(), time.time()
     between = began - self._call_ended if self._call_ended else None
     self._call_ended = ended
     graph = sum(phases.values())
@@ -176,7 +177,7 @@ class StepProfiler(actions.Action):
         {part: None if seconds is None else seconds / max(1, ran)
          for part, seconds in parts.items()},
         global_step=self._global_step, steps=ran, graph=graph / max(1, ran),
-        traced=train_step.timed_traces > traces))
+        traced=train_step.timed_traces > traces, span=(began_at, ended_at)))
     return trained
 
   @contextlib.contextmanager
@@ -224,7 +225,9 @@ class StepProfiler(actions.Action):
     window = (calls[0]["global_step"],
               calls[-1]["global_step"] + calls[-1]["steps"] - 1)
     def write():
-      found = step_report.across(ranks, window, self._settings)
+      found = step_report.across(
+          ranks, window, self._settings,
+          collective=self._collective(calls) if len(ranks) > 1 else None)
       with storage.writing("step report", self._model_dir):
         path = step_report.write(self._model_dir, found)
       text = step_table.table(found)
@@ -234,6 +237,20 @@ class StepProfiler(actions.Action):
         self._reporter.step_report(found, text)
     distributed.on_chief(write if self._rank == 0 else None,
                          name="step_report_written")
+
+  def _collective(self, calls: list[dict]) -> Optional[list[float]]:
+    """Of a window Horovod's timeline recorded (rank 0 writes it): the
+    seconds a step its collectives ran, call by call; None without one,
+    or, said in a warning, when it cannot be read."""
+    if not self._timeline:
+      return None
+    try:
+      return horovod_timeline.collective_seconds(self._timeline, calls)
+    except (OSError, ValueError, LookupError) as e:
+      logging.warning("Horovod's timeline %s could not be read (%s): the "
+                      "step report's communication is not split into "
+                      "negotiation and the collective", self._timeline, e)
+      return None
 
   def _start(self, global_step: int) -> None:
     self._call_ended = None  # the time since the last window is not a call's

@@ -19,7 +19,10 @@ reached the allreduce (the first one's communication less its own): no
 clocks are compared across hosts. The slowest rank is the one busiest
 outside the allreduce on average; a straggler is named with how often and
 by how much it was late, and where all ranks of one host were late
-together, the host is named instead.
+together, the host is named instead. Where Horovod's timeline recorded the
+window, the collective's own time is read from it
+(engine/records/horovod_timeline.py), and each rank's communication split
+into that and its negotiation.
 
 The transfer's bus bandwidth, bytes * 2 (N - 1) / N / seconds (nccl-tests'
 measure: a ring's bus bandwidth is its slowest link's), is set against the
@@ -110,11 +113,16 @@ def of_rank(calls: list[dict], *, host: str = "", local_rank: int = 0,
 
 
 def across(ranks: list[dict], window: tuple[int, int],
-           settings: step_advice.Settings) -> dict:
+           settings: step_advice.Settings,
+           collective: Optional[list[float]] = None) -> dict:
   """The report of every rank's `of_rank`, for global steps `window`: the
   transfer, each rank's wait in the allreduce and lateness step by step,
   the hosts, the slowest rank and where its extra time goes, the link,
-  and the verdict (`verdict`, given the run's `settings`)."""
+  and the verdict (`verdict`, given the run's `settings`). `collective`,
+  from Horovod's timeline (horovod_timeline.py), the seconds a step the
+  collective itself ran, call by call: each rank's communication is then
+  split into that and its negotiation, and the link's bandwidth is the
+  collective's own."""
   transfer = min(rank["parts"]["communication"] for rank in ranks)
   busy = [rank["step"] - rank["parts"]["communication"] for rank in ranks]
   slowest = max(range(len(ranks)), key=busy.__getitem__)
@@ -132,9 +140,28 @@ def across(ranks: list[dict], window: tuple[int, int],
       slowest_by=busy[slowest] - busy[least],
       slowest_in=max(extra, key=extra.get),
       late_threshold=lateness["threshold"], late_in=_calls_of(ranks[0]),
-      link=_link(ranks, settings),
+      link=_link(ranks, settings, collective),
       settings=_flat(settings))
+  if collective:
+    report = _split_communication(report, collective)
   return dict(report, verdict=verdict(report, settings))
+
+
+def _split_communication(report: dict, collective: list[float]) -> dict:
+  """Each rank's communication split, step by step, into the collective's
+  own time (the timeline's, at most the rank's communication: with the
+  allreduces overlapping the backward pass some of it is hidden there)
+  and the rest, its negotiation: Horovod's cycle and waiting for the
+  others."""
+  ranks = []
+  for rank in report["ranks"]:
+    series = rank["series"]["communication"]
+    negotiation = [max(0.0, c - t) for c, t in zip(series, collective)]
+    ranks.append(dict(rank, negotiation=sum(negotiation) / max(
+        1, len(negotiation))))
+  return dict(report, ranks=ranks, collective=dict(
+      seconds=sum(collective) / len(collective), series=collective,
+      source="Horovod's timeline"))
 
 
 def _flat(settings: step_advice.Settings) -> dict:
@@ -206,17 +233,19 @@ def _hosts(ranks: list[dict], lateness: dict) -> list[dict]:
   return hosts
 
 
-def _link(ranks: list[dict],
-          settings: step_advice.Settings) -> Optional[dict]:
-  """The allreduce's bus bandwidth step by step (over the step's smallest
+def _link(ranks: list[dict], settings: step_advice.Settings,
+          collective: Optional[list[float]]) -> Optional[dict]:
+  """The allreduce's bus bandwidth step by step (over the collective's
+  own time where the timeline gives it, else the step's smallest
   communication across ranks: its transfer), and the scaling model's
   time for the run's link, where it names one."""
   processes = len(ranks)
   if processes < 2 or not settings.gradient_bytes:
     return None
   communication = [rank["series"]["communication"] for rank in ranks]
-  transfers = [min(c[i] for c in communication)
-               for i in range(min(len(c) for c in communication))]
+  transfers = collective or [
+      min(c[i] for c in communication)
+      for i in range(min(len(c) for c in communication))]
   bus_bytes = settings.gradient_bytes * 2 * (processes - 1) / processes
   gbit = [8e-9 * bus_bytes / seconds for seconds in transfers if seconds > 0]
   hosts = len({rank["host"] for rank in ranks})

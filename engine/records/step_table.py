@@ -56,6 +56,8 @@ def table(report: dict) -> str:
     lines += _hosts(report)
   if found["network"]:
     lines.append(f"network: {found['network']}")
+  if "collective" in report:
+    lines.append(_split(report, shown))
   if report["link"] and report["link"]["levels"]:
     lines.append("link levels: " + link_levels.described(
         report["link"]["levels"], report["link"].get("link_gbit")))
@@ -82,6 +84,15 @@ def _the_rest(ranks: list[dict], shown: list[dict]) -> str:
   return (f"{'...':>7}  {len(rest)} more ranks: step "
           f"{_range([r['step'] for r in rest])} ms, waiting "
           f"{_range([r['waiting'] for r in rest])} ms")
+
+
+def _split(report: dict, shown: list[dict]) -> str:
+  """Communication as Horovod's timeline splits it."""
+  return (f"communication, from Horovod's timeline: the collective itself "
+          f"{1e3 * report['collective']['seconds']:.2f} ms a step; "
+          "negotiating and waiting for the others " + ", ".join(
+              f"rank {rank['rank']} {1e3 * rank['negotiation']:.2f} ms"
+              for rank in shown))
 
 
 def _spread(rank: dict, report: dict) -> str:
