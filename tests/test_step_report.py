@@ -120,6 +120,26 @@ def test_what_the_run_already_does_is_not_suggested():
                                            "--xla"]
 
 
+def test_processes_sharing_a_host_on_gloo_are_offered_mpi():
+  """Communication-bound, 2 processes a host: on Gloo, MPI is offered
+  (faster between processes of one host, measured); on MPI, or with a
+  process a host, it is not. The network's line names the controller."""
+  slow = [rank(communication=0.05)] * 2
+  def report(**changed):
+    return step_report.across(slow, (1, 2), settings(
+        gradient_bytes=1_000_000, **changed))
+  gloo = report(controller="Gloo")
+  assert any(text.startswith("Horovod's MPI for processes that share a "
+                             "host") for text in gloo["verdict"][
+                                 "suggestions"])
+  assert "2 processes, across one host, on Horovod's Gloo)" in (
+      gloo["verdict"]["network"])
+  for changed in (dict(controller="MPI"),
+                  dict(controller="Gloo", processes_per_host=1)):
+    assert not any("Horovod's MPI" in text
+                   for text in report(**changed)["verdict"]["suggestions"])
+
+
 def test_a_cpu_decoding_its_records_each_epoch_is_offered_the_cache():
   """On a CPU, records of declared features streamed each epoch are
   decoded on the cores that compute: a compute-bound run is offered

@@ -53,6 +53,7 @@ def _profiled_settings(config: TrainConfig, world: distributed.World,
                                       mixed_precision=precision_mode,
                                       gradient_compression=compression),
       stage_dir=bool(config.data.stage_dir), gradient_bytes=gradient_bytes,
+      controller=distributed.controller() if world.size > 1 else "",
       link=scaling.Link.of(profile.profile_link_gbit,
                            profile.profile_link_latency_us)
       if profile.profile_link_gbit else None,

@@ -251,6 +251,7 @@ def _link(ranks: list[dict], settings: step_advice.Settings,
   hosts = len({rank["host"] for rank in ranks})
   found = dict(gradient_bytes=settings.gradient_bytes, processes=processes,
                crosses="hosts" if hosts > 1 else "one host",
+               controller=settings.controller,
                bus_gbit=_distribution(gbit), levels=link_levels.of(ranks))
   if settings.link:
     expected = scaling.update_allreduce_seconds(settings.gradient_bytes,
@@ -378,9 +379,11 @@ def _network(link: Optional[dict], matters: bool) -> Optional[str]:
   it; None for a process alone."""
   if not link:
     return None
+  on = f", on Horovod's {link['controller']}" if link["controller"] else ""
   achieved = (f"the allreduce's bus bandwidth "
-              f"{link_levels.rate(link['bus_gbit']['p50'])} (p50 of its steps; {link['processes']} processes, across "
-              f"{link['crosses']})")
+              f"{link_levels.rate(link['bus_gbit']['p50'])} (p50 of its "
+              f"steps; {link['processes']} processes, across "
+              f"{link['crosses']}{on})")
   if "link_gbit" not in link:
     return achieved + "; give --profile_link_gbit to set it against the link"
   achieved += (f", {link['share']:.0%} of the "
