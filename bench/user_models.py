@@ -16,7 +16,8 @@ by each variant:
   `fit-xla` with `jit_compile`, `fit-bfloat16` under Keras'
   `mixed_bfloat16` policy;
 - `engine-1` and `engine-2`: `engine.train` on 1 and 2 processes
-  (`horovodrun --gloo`), at its defaults (`--mixed_precision=auto`
+  (`horovodrun --gloo`; `engine-2-mpi`: `horovodrun --mpi`, Horovod's
+  MPI controller), at its defaults (`--mixed_precision=auto`
   measures float32 against bfloat16 where the CPU has AVX512_BF16 or AMX);
   `--engine_flags` adds flags to every engine run, and a variant
   `engine-1+mixed_precision=none+fused_batch_norm=off` to its own (that
@@ -40,8 +41,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["guide_resnet"],
                   "Functions of bench/user_model_files.py.")
 flags.DEFINE_list("variants", ["fit", "fit-bfloat16", "engine-1", "engine-2"],
-                  "fit, fit-xla, fit-bfloat16, engine-N (N processes), and "
-                  "engine-N+FLAG "
+                  "fit, fit-xla, fit-bfloat16, engine-N (N processes on "
+                  "Gloo), engine-N-mpi (on MPI), and engine-N+FLAG "
                   "(+FLAG...) with flags of its own: "
                   "engine-1+fused_batch_norm=off.")
 flags.DEFINE_integer("repeats", 2, "Rounds.", lower_bound=1)
@@ -94,9 +95,11 @@ def run(model: str, variant: str, round_: int) -> dict:
                         *_shared_flags()])
   else:
     name, *own_flags = variant.split("+")
-    processes = int(name.split("-")[1])
+    _, processes, *controller = name.split("-")
+    processes = int(processes)
     interleaved.launch([
-        interleaved.HOROVODRUN, "--gloo", "-np", str(processes),
+        interleaved.HOROVODRUN, f"--{controller[0] if controller else 'gloo'}",
+        "-np", str(processes),
         interleaved.PYTHON, "-m", "engine.train",
         f"--model={MODEL_FILE}:{model}", "--dataset=fashion_mnist",
         f"--batch_size={FLAGS.global_batch // processes}",
