@@ -85,8 +85,8 @@ def _offered(bound: str, settings: Settings) -> list[str]:
           # bench/RESULTS.md, "Processes of one host: Gloo against MPI".
           (settings.controller == "Gloo" and settings.processes_per_host > 1,
            "Horovod's MPI for processes that share a host (mpirun or "
-           "srun; Horovod built with MPI): its allreduce trained 1.07-1.08x "
-           "faster than Gloo's on 2 processes of one host; Gloo alone names "
+           "srun; Horovod built with MPI): it trained 1.08-1.13x as fast as "
+           "Gloo on 2 processes of one host, measured; Gloo alone names "
            "a frozen rank")],
       # Measured at the run's own steps a call (the window runs them).
       "host": [
