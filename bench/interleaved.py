@@ -43,6 +43,16 @@ def launch(command: list[str], **env: str) -> str:
   return result.stdout
 
 
+def variant(name: str) -> tuple[str, int, str, list[str]]:
+  """A launched variant's name, RUNNER-N[-mpi][+FLAG...] (engine-2,
+  engine-2-mpi+steps_per_call=4): its runner, its N processes, Horovod's
+  controller (`gloo` unless `-mpi`) and its own flags (FLAG, without --)."""
+  launched, *own_flags = name.split("+")
+  runner, processes, *controller = launched.split("-")
+  return runner, int(processes), controller[0] if controller else "gloo", \
+      own_flags
+
+
 def epochs(model_dir: str) -> list[dict]:
   """A finished run's epoch records, from its metrics.jsonl (the engine's,
   or a bench worker's written in its shape)."""

@@ -57,3 +57,11 @@ def mobilenet_v2(input_shape, num_classes):
 def resnet50_v2(input_shape, num_classes):
   return _application(keras.applications.ResNet50V2, input_shape,
                       num_classes)
+
+
+def resnet50(input_shape, num_classes):
+  """Horovod's synthetic benchmark's network (bench/horovod_benchmark.py) at
+  the images' own size, with logits."""
+  return keras.applications.ResNet50(
+      weights=None, input_shape=input_shape, classes=num_classes,
+      classifier_activation=None)

@@ -94,12 +94,9 @@ def run(model: str, variant: str, round_: int) -> dict:
                         f"--worker={model},{model_dir},{variant}",
                         *_shared_flags()])
   else:
-    name, *own_flags = variant.split("+")
-    _, processes, *controller = name.split("-")
-    processes = int(processes)
+    _, processes, controller, own_flags = interleaved.variant(variant)
     interleaved.launch([
-        interleaved.HOROVODRUN, f"--{controller[0] if controller else 'gloo'}",
-        "-np", str(processes),
+        interleaved.HOROVODRUN, f"--{controller}", "-np", str(processes),
         interleaved.PYTHON, "-m", "engine.train",
         f"--model={MODEL_FILE}:{model}", "--dataset=fashion_mnist",
         f"--batch_size={FLAGS.global_batch // processes}",

@@ -9,7 +9,7 @@ equal epochs on five recipe and seed pairs (bench/RESULTS.md, "Toward
 94% in 5 minutes") and is slower for narrow models, so
 neither is right everywhere. XLA made the CPU step 1.7-4.7x slower than
 TensorFlow's oneDNN kernels (bench/cpu_defaults.py); several steps a call
-were no faster on 2 processes (bench/steps_per_call.py). GPU recipes turn
+were no faster on 2 processes (bench/RESULTS.md, "Steps per call"). GPU recipes turn
 on --xla.
 """
 from absl import flags
