@@ -18,6 +18,7 @@ are missing (scripts/setup.sh installs them as root).
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -244,6 +245,35 @@ def test_a_preempted_job_requeues_and_resumes(cluster):  # pylint: disable=redef
   seconds = [m["cumulative_seconds"] for m in metrics]
   assert seconds == sorted(seconds)
   assert_trained_on_both_hosts_after_restart(job)
+
+
+def test_a_preempted_mpirun_job_saves_steps_longer_than_mpiruns_grace(
+    cluster):  # pylint: disable=redefined-outer-name
+  """mpirun passes SIGTERM on only to kill: SIGKILL follows a second later,
+  and a 2 s step never ends in time. train.sbatch sends it SIGUSR1, which
+  it passes on, and the ranks save at their next step; rank 0's save,
+  slowed to 3 s, lands though mpirun kills what still runs a second or
+  two after a rank exits."""
+  job = cluster.submit("preempted_mpirun", "--epochs=30", launcher="mpirun",
+                       RECORD_STEP_SECONDS="2", RECORD_SAVE_SECONDS="3")
+  deadline = time.monotonic() + timeouts.bound(180)
+  while not job.metrics():  # an epoch in: signal it mid-run
+    assert time.monotonic() < deadline, job.output[-3000:]
+    time.sleep(0.2)
+  signalled = cluster.slurm.run(["scancel", "--batch", "--signal=TERM",
+                                 str(job.id)])
+  assert signalled.returncode == 0, signalled.stderr
+  fields = job.wait(states=("PENDING", "COMPLETED", "FAILED"))
+  output = job.output
+  assert (fields["JobState"], fields["Restarts"]) == ("PENDING", "1"), (
+      output[-3000:])
+  saved = re.findall(r"engine.train: stopped by SIGUSR1 at epoch \d+, "
+                     r"step \d+; saved \S+/(ckpt-\d+)", output)
+  assert len(saved) == 1, output[-3000:]
+  assert f"{saved[0]}.index" in os.listdir(job.out / "run" / "checkpoints")
+  cancelled = cluster.slurm.run(["scancel", str(job.id)])
+  assert cancelled.returncode == 0, cancelled.stderr
+  job.wait(states=("CANCELLED",))
 
 
 def assert_trained_on_both_hosts_after_restart(job):

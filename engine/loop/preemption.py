@@ -1,11 +1,16 @@
-"""Preemption: SIGTERM or SIGINT ends the run at a step boundary, saved.
+"""Preemption: SIGTERM, SIGINT or SIGUSR1 ends the run at a step boundary,
+saved.
 
 Schedulers (SLURM, Kubernetes, spot instances) announce a preemption with
 SIGTERM, and Ctrl-C sends SIGINT; horovodrun passes either on to every rank
-as SIGTERM and kills them 5 s later. The handler only records the signal.
-The train step reduces that record across ranks with the gradients, so all
-ranks learn of it after the same step, even if the signal reached them a
-step apart; then they agree on which signal it was (horovodrun's SIGTERM
+as SIGTERM and kills them 5 s later. Open MPI's mpirun passes neither: it
+sends the ranks SIGTERM itself only to kill them, a second before SIGKILL,
+too soon for a step and a save; it passes SIGUSR1 on as it comes, and
+SLURM's `--signal=USR1@SECONDS` sends it too, so SIGUSR1 asks for the same
+stop (scripts/slurm/train.sbatch sends it to mpirun). The handler only
+records the signal. The train step reduces that record across ranks with
+the gradients, so all ranks learn of it after the same step, even if the
+signal reached them a step apart; then they agree on which signal it was (horovodrun's SIGTERM
 can reach one rank after the others agreed), rank 0 saves a checkpoint
 and every rank exits with 128 + its number. A second signal interrupts at
 once, for a user who does not want to wait.
@@ -13,7 +18,7 @@ once, for a user who does not want to wait.
 import signal
 from typing import Callable, Optional
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class Preempted(Exception):
@@ -46,7 +51,7 @@ def exiting() -> None:
 
 
 class StopRequests:
-  """Records SIGTERM and SIGINT instead of dying on them."""
+  """Records SIGTERM, SIGINT and SIGUSR1 instead of dying on them."""
 
   def __init__(self):
     self.signum = 0

@@ -26,6 +26,9 @@ tests/test_slurm_cluster.py. The environment says what to do:
                      next collective.
   RECORD_CRASH_RANK  the process of this rank dies of SIGSEGV after its Nth
   RECORD_CRASH_AT    step, as one hit by a native crash would.
+  RECORD_STEP_SECONDS every process sleeps this long after each step, and
+  RECORD_SAVE_SECONDS rank 0 before each save: a large model's step and
+                     save, slower than a launcher's grace.
 """
 import json
 import os
@@ -64,6 +67,7 @@ def _step_with_events(original):
     # Keras' optimizer keeps the rate of its last update.
     entry["learning_rate"] = float(self.optimizer.learning_rate)
     done = len(_journal)
+    time.sleep(float(os.environ.get("RECORD_STEP_SECONDS", 0)))
     if done == int(os.environ.get("ELASTIC_SLEEP_AT", 0)):
       time.sleep(float(os.environ["ELASTIC_SLEEP_SECONDS"]))
     if (os.environ.get("ELASTIC_KILL_HOST") and os.environ.get(
@@ -105,6 +109,7 @@ def _rank_files_recorded(original):
 def _save_recorded(original):
   def save(self, position, global_step):
     _saved.append(dict(rank=hvd.rank(), global_step=global_step))
+    time.sleep(float(os.environ.get("RECORD_SAVE_SECONDS", 0)))
     return original(self, position, global_step)
   return save
 
