@@ -8,12 +8,12 @@ sends the ranks SIGTERM itself only to kill them, a second before SIGKILL,
 too soon for a step and a save; it passes SIGUSR1 on as it comes, and
 SLURM's `--signal=USR1@SECONDS` sends it too, so SIGUSR1 asks for the same
 stop (scripts/slurm/train.sbatch sends it to mpirun). The handler only
-records the signal. The train step reduces that record across ranks with
-the gradients, so all ranks learn of it after the same step, even if the
-signal reached them a step apart; then they agree on which signal it was (horovodrun's SIGTERM
-can reach one rank after the others agreed), rank 0 saves a checkpoint
-and every rank exits with 128 + its number. A second signal interrupts at
-once, for a user who does not want to wait.
+records the signal. The train step reduces that record across ranks with the
+gradients, so all ranks learn of it after the same step, even if the signal
+reached them a step apart; then they agree on which signal it was
+(horovodrun's SIGTERM can reach one rank after the others agreed), rank 0
+saves a checkpoint and every rank exits with 128 + its number. A second
+signal interrupts at once, for a user who does not want to wait.
 """
 import signal
 from typing import Callable, Optional
