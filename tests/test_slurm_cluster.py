@@ -93,6 +93,21 @@ class Job:
     except TimeoutError as e:
       raise TimeoutError(f"{e}\njob.out: {self.output[-3000:]}") from None
 
+  def preempt_after_an_epoch(self, epoch_seconds):
+    """Once an epoch is in (within `epoch_seconds` nominal seconds), what
+    SLURM does before the time limit (--signal=B:TERM@120); the job then
+    stopped and requeued."""
+    deadline = time.monotonic() + timeouts.bound(epoch_seconds)
+    while not self.metrics():
+      assert time.monotonic() < deadline, self.output[-3000:]
+      time.sleep(0.2)
+    signalled = self.cluster.slurm.run(["scancel", "--batch", "--signal=TERM",
+                                        str(self.id)])
+    assert signalled.returncode == 0, signalled.stderr
+    fields = self.wait(states=("PENDING", "COMPLETED", "FAILED"))
+    assert (fields["JobState"], fields["Restarts"]) == ("PENDING", "1"), (
+        self.output[-3000:])
+
   @property
   def output(self):
     with open(self.out / "job.out", errors="replace") as f:
@@ -218,17 +233,7 @@ def test_srun_without_a_pmi_is_refused_in_one_line(cluster):  # pylint: disable=
 def test_a_preempted_job_requeues_and_resumes(cluster):  # pylint: disable=redefined-outer-name
   epochs = 30
   job = cluster.submit("preempted", f"--epochs={epochs}")
-  deadline = time.monotonic() + timeouts.bound(120)
-  while not job.metrics():  # an epoch in: signal it mid-run
-    assert time.monotonic() < deadline, job.output[-3000:]
-    time.sleep(0.2)
-  # What SLURM does before the time limit (--signal=B:TERM@120).
-  signalled = cluster.slurm.run(["scancel", "--batch", "--signal=TERM",
-                                 str(job.id)])
-  assert signalled.returncode == 0, signalled.stderr
-  fields = job.wait(states=("PENDING", "COMPLETED", "FAILED"))
-  assert (fields["JobState"], fields["Restarts"]) == ("PENDING", "1"), (
-      job.output[-3000:])
+  job.preempt_after_an_epoch(epoch_seconds=120)
   stopped_at = len(job.metrics())
   assert stopped_at < epochs, "the signal came after the run had finished"
   # SLURM holds the requeued job for the credentials' lifetime
@@ -256,17 +261,8 @@ def test_a_preempted_mpirun_job_saves_steps_longer_than_mpiruns_grace(
   two after a rank exits."""
   job = cluster.submit("preempted_mpirun", "--epochs=30", launcher="mpirun",
                        RECORD_STEP_SECONDS="2", RECORD_SAVE_SECONDS="3")
-  deadline = time.monotonic() + timeouts.bound(180)
-  while not job.metrics():  # an epoch in: signal it mid-run
-    assert time.monotonic() < deadline, job.output[-3000:]
-    time.sleep(0.2)
-  signalled = cluster.slurm.run(["scancel", "--batch", "--signal=TERM",
-                                 str(job.id)])
-  assert signalled.returncode == 0, signalled.stderr
-  fields = job.wait(states=("PENDING", "COMPLETED", "FAILED"))
+  job.preempt_after_an_epoch(epoch_seconds=180)
   output = job.output
-  assert (fields["JobState"], fields["Restarts"]) == ("PENDING", "1"), (
-      output[-3000:])
   saved = re.findall(r"engine.train: stopped by SIGUSR1 at epoch \d+, "
                      r"step \d+; saved \S+/(ckpt-\d+)", output)
   assert len(saved) == 1, output[-3000:]
