@@ -12,8 +12,8 @@ rank 0's initial weights; average the metrics at epoch ends; narrate on rank
     --records=/tmp/keras_fit.jsonl
 
 With TensorFlow 2.15 (Keras 2.15) Horovod 0.28.1's Keras DistributedOptimizer
-takes the current `keras.optimizers.Adam`, the engine's optimizer; no
-legacy optimizer is needed. `_check_weights_agree` proves after training
+takes the current `keras.optimizers.Adam` (the engine runs its update in
+one kernel); no legacy optimizer is needed. `_check_weights_agree` proves after training
 that the gradients really were averaged.
 """
 from absl import app

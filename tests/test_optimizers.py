@@ -124,6 +124,26 @@ def _assert_steps_close(actual, expected, message, **tolerance):
                                  err_msg=f"{message}, step {step}",
                                  **tolerance)
 
+def _assert_same_steps_to_the_bit(ours, keras_own):
+  """Two optimizers' 5 steps on `_variables`, equal to the bit."""
+  for step, (our_values, keras_values) in enumerate(zip(
+      _run(ours, _variables(), _gradients(5)),
+      _run(keras_own, _variables(), _gradients(5)), strict=True), start=1):
+    for our_value, keras_value in zip(our_values, keras_values, strict=True):
+      np.testing.assert_array_equal(our_value, keras_value,
+                                    err_msg=f"step {step}")
+
+
+def _kernels_a_step(optimizer) -> list[str]:
+  """The op types of `optimizer`'s traced update of `_variables`."""
+  variables = _variables()
+  optimizer.build(variables)
+  update = tf.function(lambda gradients: optimizer.apply_gradients(
+      zip(gradients, variables)))
+  return [op.type for op in update.get_concrete_function(
+      _gradients(1)[0]).graph.get_operations()]
+
+
 
 @pytest.mark.parametrize("case, name, nesterov", [
     ("sgd", "sgd", False), ("sgd_nesterov", "sgd", True),
@@ -140,11 +160,16 @@ def test_same_steps_as_the_tf_keras_engine_and_tensorflow_addons(
                                momentum=0.9, nesterov=nesterov),
               _variables(), _gradients(steps))
   # Keras' Lamb takes 1 - beta in float64 before its cast, where addons
-  # took it in float32 (1 - float32(0.9) is 0.1 * (1 + 1.5e-7), and
-  # 1 - float32(0.999) 0.001 * (1 + 1.3e-5)): nearer the exact update, by
+  # took it in float32 (1 - float32(0.9) is 0.1 * (1 + 2.4e-7), and
+  # 1 - float32(0.999) 0.001 * (1 - 1.3e-5)): nearer the exact update, by
   # up to 1e-5 of it.
   rtol = 2e-5 if name == "lamb" else 1e-6
-  _assert_steps_close(ours, theirs, case, rtol=rtol, atol=1e-7)
+  # Adam's kernel takes 1 - beta_2 in float32 (1 - float32(0.999) is 0.001
+  # * (1 - 1.3e-5)), where both Kerases take it in Python's float: a step
+  # moves by up to 1.3e-5 of itself, here 1.4e-6 after 5 of lr <= 0.05
+  # (to the bit at the betas in float32: the test below).
+  atol = 2e-6 if name == "adam" else 1e-7
+  _assert_steps_close(ours, theirs, case, rtol=rtol, atol=atol)
   # The steps moved the weights: equal results are not both of nothing.
   assert not np.allclose(ours[-1][0], _variables()[0].numpy(), atol=1e-3)
 
@@ -159,20 +184,29 @@ def test_sgd_is_keras_sgd_to_the_bit_in_one_kernel_a_variable(
                           momentum=momentum, nesterov=nesterov)
   keras_own = keras.optimizers.SGD(_decaying_schedule(), momentum=momentum,
                                    nesterov=nesterov)
-  for step, (our_values, keras_values) in enumerate(zip(
-      _run(ours, _variables(), _gradients(5)),
-      _run(keras_own, _variables(), _gradients(5)), strict=True), start=1):
-    for our_value, keras_value in zip(our_values, keras_values, strict=True):
-      np.testing.assert_array_equal(our_value, keras_value,
-                                    err_msg=f"step {step}")
-  variables, fresh = _variables(), optimizers.build(
-      "sgd", learning_rate=0.1, momentum=momentum, nesterov=nesterov)
-  fresh.build(variables)
-  update = tf.function(lambda gradients: fresh.apply_gradients(
-      zip(gradients, variables)))
-  ops = [op.type for op in
-         update.get_concrete_function(_gradients(1)[0]).graph.get_operations()]
-  assert ops.count(kernel) == len(variables)
+  _assert_same_steps_to_the_bit(ours, keras_own)
+  assert _kernels_a_step(optimizers.build(
+      "sgd", learning_rate=0.1, momentum=momentum,
+      nesterov=nesterov)).count(kernel) == len(_variables())
+
+
+@pytest.mark.parametrize("name, weight_decay", [("adam", 0.0),
+                                                 ("adamw", 0.04)])
+def test_adam_is_keras_adam_to_the_bit_in_one_kernel_a_variable(
+    name, weight_decay):
+  """At the betas rounded to float32, which the kernel computes in."""
+  ours = optimizers.build(name, learning_rate=_decaying_schedule(),
+                          momentum=0.9, nesterov=False,
+                          weight_decay=weight_decay)
+  keras_own = (keras.optimizers.AdamW if weight_decay else
+               keras.optimizers.Adam)(
+                   _decaying_schedule(), beta_1=float(np.float32(0.9)),
+                   beta_2=float(np.float32(0.999)),
+                   **dict(weight_decay=weight_decay) if weight_decay else {})
+  _assert_same_steps_to_the_bit(ours, keras_own)
+  assert _kernels_a_step(optimizers.build(
+      name, learning_rate=0.1, momentum=0.9,
+      nesterov=False)).count("ResourceApplyAdam") == len(_variables())
 
 
 def test_novograd_by_hand():
@@ -229,7 +263,7 @@ def test_lamb_by_hand():
                              0.05 * np.linalg.norm(before), rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["novograd", "lamb"])
+@pytest.mark.parametrize("name", ["novograd", "lamb", "adam"])
 def test_checkpoint_restores_slots(name, tmp_path):
   def build():
     variables = _variables()
@@ -256,7 +290,7 @@ def test_checkpoint_restores_slots(name, tmp_path):
                       f"{name} restored", rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["novograd", "lamb"])
+@pytest.mark.parametrize("name", ["novograd", "lamb", "adam"])
 @pytest.mark.parametrize("xla", [False, True])
 def test_steps_in_a_tf_function(name, xla):
   gradients = _gradients(3)

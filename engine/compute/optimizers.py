@@ -1,7 +1,8 @@
 """Optimizers by name, and their state.
 
-adam, adamw and lamb are Keras' own optimizers; sgd is Keras' with its
-update run by TensorFlow's fused kernel (`SGD`); novograd, a
+adam, adamw, sgd and lamb are Keras' own optimizers, the first three with
+each variable's update run by one TensorFlow kernel (`Adam`, `AdamW`,
+`SGD`); novograd, a
 large-batch optimizer of the Horovod lab, is the engine's own, written on
 Keras 3's optimizer API (`build`, `update_step`). The lab took NovoGrad and
 LAMB from tensorflow-addons, which is end-of-life and does not import on
@@ -49,9 +50,9 @@ def build(name: str, *, learning_rate, momentum: float, nesterov: bool,
   if name == "sgd":
     return SGD(learning_rate, momentum=momentum, nesterov=nesterov)
   if name == "adam":
-    return keras.optimizers.Adam(learning_rate)
+    return Adam(learning_rate)
   if name == "adamw":
-    return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
+    return AdamW(learning_rate, weight_decay=weight_decay)
   if name == "novograd":
     return NovoGrad(learning_rate)
   if name == "lamb":
@@ -136,6 +137,43 @@ class SGD(keras.optimizers.SGD):
         lr=learning_rate, grad=gradient,
         momentum=tf.cast(self.momentum, variable.dtype),
         use_nesterov=self.nesterov)
+
+
+class _AdamInOneKernel:
+  """Keras' Adam update, each variable's in one TensorFlow kernel
+  (ResourceApplyAdam, which TensorFlow 1's and tf_keras' legacy Adam ran)
+  rather than Keras 3's twelve elementwise ops, each a pass over a
+  variable's memory: ResNet50V2's 23.5M weights in 53-59 ms a step against
+  105-107, 2 processes on a core each (bench/RESULTS.md, "Processes of one
+  host"). The same slots, so checkpoints
+  of either read alike, and Keras' update to the bit at the betas rounded
+  to float32: the kernel takes 1 - beta in float32 (1 - float32(0.999) is
+  0.001 * (1 - 1.3e-5)) where Keras takes it in Python's float, which
+  moves a step by up to 1.3e-5 of itself. Not amsgrad, which the engine
+  does not build."""
+
+  def update_step(self, gradient, variable, learning_rate):
+    dtype = variable.dtype
+    index = self._get_variable_index(variable)
+    step = tf.cast(self.iterations + 1, dtype)
+    beta_1, beta_2 = (tf.cast(beta, dtype) for beta in (self.beta_1,
+                                                        self.beta_2))
+    tf.raw_ops.ResourceApplyAdam(
+        var=_handle(variable), m=_handle(self._momentums[index]),
+        v=_handle(self._velocities[index]),
+        beta1_power=tf.pow(beta_1, step), beta2_power=tf.pow(beta_2, step),
+        lr=tf.cast(learning_rate, dtype), beta1=beta_1, beta2=beta_2,
+        epsilon=tf.cast(self.epsilon, dtype),
+        grad=tf.cast(gradient, dtype))
+
+
+class Adam(_AdamInOneKernel, keras.optimizers.Adam):
+  """Keras' Adam, its update in one kernel a variable."""
+
+
+class AdamW(_AdamInOneKernel, keras.optimizers.AdamW):
+  """Keras' AdamW: its decoupled decay is Keras' own, taken from the
+  weights before each update (`apply`), apart from Adam's step."""
 
 
 class NovoGrad(keras.optimizers.Optimizer):
