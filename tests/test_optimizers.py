@@ -124,6 +124,7 @@ def _assert_steps_close(actual, expected, message, **tolerance):
                                  err_msg=f"{message}, step {step}",
                                  **tolerance)
 
+
 def _assert_same_steps_to_the_bit(ours, keras_own):
   """Two optimizers' 5 steps on `_variables`, equal to the bit."""
   for step, (our_values, keras_values) in enumerate(zip(
@@ -142,7 +143,6 @@ def _kernels_a_step(optimizer) -> list[str]:
       zip(gradients, variables)))
   return [op.type for op in update.get_concrete_function(
       _gradients(1)[0]).graph.get_operations()]
-
 
 
 @pytest.mark.parametrize("case, name, nesterov", [
@@ -198,11 +198,12 @@ def test_adam_is_keras_adam_to_the_bit_in_one_kernel_a_variable(
   ours = optimizers.build(name, learning_rate=_decaying_schedule(),
                           momentum=0.9, nesterov=False,
                           weight_decay=weight_decay)
-  keras_own = (keras.optimizers.AdamW if weight_decay else
-               keras.optimizers.Adam)(
-                   _decaying_schedule(), beta_1=float(np.float32(0.9)),
-                   beta_2=float(np.float32(0.999)),
-                   **dict(weight_decay=weight_decay) if weight_decay else {})
+  betas = dict(beta_1=float(np.float32(0.9)),
+               beta_2=float(np.float32(0.999)))
+  keras_own = (keras.optimizers.AdamW(_decaying_schedule(),
+                                      weight_decay=weight_decay, **betas)
+               if name == "adamw" else
+               keras.optimizers.Adam(_decaying_schedule(), **betas))
   _assert_same_steps_to_the_bit(ours, keras_own)
   assert _kernels_a_step(optimizers.build(
       name, learning_rate=0.1, momentum=0.9,

@@ -143,14 +143,13 @@ class _AdamInOneKernel:
   """Keras' Adam update, each variable's in one TensorFlow kernel
   (ResourceApplyAdam, which TensorFlow 1's and tf_keras' legacy Adam ran)
   rather than Keras 3's twelve elementwise ops, each a pass over a
-  variable's memory: ResNet50V2's 23.5M weights in 53-59 ms a step against
-  105-107, 2 processes on a core each (bench/RESULTS.md, "Processes of one
-  host"). The same slots, so checkpoints
-  of either read alike, and Keras' update to the bit at the betas rounded
-  to float32: the kernel takes 1 - beta in float32 (1 - float32(0.999) is
-  0.001 * (1 - 1.3e-5)) where Keras takes it in Python's float, which
-  moves a step by up to 1.3e-5 of itself. Not amsgrad, which the engine
-  does not build."""
+  variable's memory: ResNet50V2's 23.5M weights in 52-59 ms a step against
+  106-129, 2 processes on a core each (bench/RESULTS.md, "Processes of one
+  host"). The same slots, so checkpoints of either read alike, and Keras'
+  update to the bit at the betas rounded to float32: the kernel takes 1 -
+  beta in float32 (1 - float32(0.999) is 0.001 * (1 - 1.3e-5)) where Keras
+  takes it in Python's float, which moves a step by up to 1.3e-5 of
+  itself. Not amsgrad, which the engine does not build."""
 
   def update_step(self, gradient, variable, learning_rate):
     dtype = variable.dtype
