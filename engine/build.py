@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, Optional
 
 from absl import logging
 import keras
+import tensorflow as tf
 
 from engine import datasets
 from engine import distributed
@@ -42,6 +43,7 @@ from engine.records import report
 from engine.records import start_up
 from flags import reached
 from models import batch_norm
+from models import pointwise
 from models import winograd3d
 from models import whitening
 import models
@@ -190,6 +192,9 @@ class ModelBuilder:
                                 self._flags_model)
       if self._config.performance.fused_batch_norm == "auto":
         batch_norm.fuse(model)
+      if (self._config.performance.pointwise_matmul == "auto"
+          and not tf.config.list_logical_devices("GPU")):
+        pointwise.use(model)
       whitening.adapt(model, self._first_images)  # (a resume restores over it)
     return model
 
@@ -400,9 +405,11 @@ def training_parts(config: TrainConfig,
                "x".join(map(str, info.image_shape)))
   logging.info("model %s: %d parameters; batch norms trained through "
                "TensorFlow's fused kernel: %d (--fused_batch_norm=%s); "
-               "task %s", model.name, model.count_params(),
-               batch_norm.fused(model), config.performance.fused_batch_norm,
-               task.name)
+               "pointwise convolutions as matrix products: %d "
+               "(--pointwise_matmul=%s); task %s", model.name,
+               model.count_params(), batch_norm.fused(model),
+               config.performance.fused_batch_norm, pointwise.served(model),
+               config.performance.pointwise_matmul, task.name)
   kernels = start_up.cpu_kernels(config, model)
   # Optimizer and learning rate: scaled with the global batch (linear:
   # base_lr * world.size, set for each number of processes the loop runs

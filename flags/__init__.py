@@ -214,6 +214,7 @@ def _performance() -> config.PerformanceConfig:
       grad_accum_steps=FLAGS.grad_accum_steps,
       steps_per_call=FLAGS.steps_per_call,
       fused_batch_norm=FLAGS.fused_batch_norm,
+      pointwise_matmul=FLAGS.pointwise_matmul,
       cpu_kernels=FLAGS.cpu_kernels,
       remeasure_auto=FLAGS.remeasure_auto)
 

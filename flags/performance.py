@@ -84,6 +84,16 @@ flags.DEFINE_enum("fused_batch_norm", "auto", ["auto", "off"],
                   "inference, the .keras export (models/batch_norm.py). "
                   "off: Keras 3's own computation, separate operations.",
                   case_sensitive=False)
+flags.DEFINE_enum("pointwise_matmul", "auto", ["auto", "off"],
+                  "auto: on a machine without GPUs, every float32 "
+                  "keras.layers.Conv2D and Conv3D with a kernel of 1 (one "
+                  "group, channels last), yours included, computes as a "
+                  "matrix product of the channels, its strides a "
+                  "subsampling before it: the same function, faster than "
+                  "oneDNN's convolution, and Keras' own layer in every "
+                  "other way: variables, checkpoints, the .keras export "
+                  "(models/pointwise.py). off: Keras' convolution.",
+                  case_sensitive=False)
 flags.DEFINE_bool("remeasure_auto", False,
                   "Measure --mixed_precision=auto and "
                   "--gradient_compression=auto again, and keep what this "

@@ -146,6 +146,7 @@ class PerformanceConfig:
   grad_accum_steps: int
   steps_per_call: int
   fused_batch_norm: str  # auto or off
+  pointwise_matmul: str  # auto or off
   cpu_kernels: str  # auto, off, or a variant (models/winograd3d.VARIANTS)
   remeasure_auto: bool  # auto's decisions measured again, not the kept ones
 
