@@ -86,11 +86,11 @@ flags.DEFINE_enum("fused_batch_norm", "auto", ["auto", "off"],
                   case_sensitive=False)
 flags.DEFINE_enum("pointwise_matmul", "auto", ["auto", "off"],
                   "auto: on a machine without GPUs, every float32 "
-                  "keras.layers.Conv2D and Conv3D with a kernel of 1 (one "
-                  "group, channels last), yours included, computes as a "
-                  "matrix product of the channels, its strides a "
-                  "subsampling before it: the same function, faster than "
-                  "oneDNN's convolution, and Keras' own layer in every "
+                  "keras.layers.Conv2D and Conv3D with a kernel of 1 and "
+                  "a stride of 1 (one group, channels last), yours "
+                  "included, computes as a matrix product of the "
+                  "channels: the same function, faster than oneDNN's "
+                  "convolution on small maps, and Keras' own layer in every "
                   "other way: variables, checkpoints, the .keras export "
                   "(models/pointwise.py). off: Keras' convolution.",
                   case_sensitive=False)

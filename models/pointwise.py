@@ -1,15 +1,18 @@
-"""Keras' pointwise convolutions (a kernel of 1) computed as matrix
-products, in any model: the built-in ones and a user's, without editing it.
+"""Keras' pointwise convolutions (a kernel of 1, stride 1) computed as
+matrix products, in any model: the built-in ones and a user's, without
+editing it.
 
 A convolution whose kernel is 1 along every axis mixes the channels at
-each position and nothing else: it is the product of the positions'
-channel vectors with a matrix, and its strides are a subsampling of the
-positions before it. On a CPU, oneDNN's convolution computed such a layer
-and its two gradients slower than oneDNN's matrix product computes the
-same: 14% slower for ResNet-50's shapes at batch 8 on one thread, and
-ResNet50V2's step at 32x32 images took 0.70-0.89x its time with them as
-products (bench/RESULTS.md, "Pointwise convolutions as matrix products").
-ResNets' bottlenecks hold two or three in each block.
+each position and nothing else: at stride 1, it is the product of the
+positions' channel vectors with a matrix. On a CPU, oneDNN's convolution
+computes such a layer and its two gradients slower than oneDNN's matrix
+product computes the same, the more so the fewer positions a map has:
+ResNet50V2's step at 32x32 images (maps of 8x8 to 1x1) took 0.70-0.79x
+its time with them as products, MobileNetV2's 0.79-0.98x; ResNet-50's at
+224 (56x56 to 7x7) about the same time (bench/RESULTS.md, "Pointwise
+convolutions as matrix products"). Strided ones keep Keras' convolution:
+the subsampling before the product and its gradient's scatter cost more
+than the product saved (the guide ResNet's strided shortcuts).
 
 `use` gives each qualifying `keras.layers.Conv2D` and `Conv3D` of a model
 a convolution through `tf.matmul`, and leaves the layer Keras' own in
@@ -56,17 +59,14 @@ def _qualifies(layer) -> bool:
           and type(layer).call is _KERAS_CALL
           and type(layer).convolution_op is _KERAS_CONVOLUTION
           and all(size == 1 for size in layer.kernel_size)
+          and all(stride == 1 for stride in layer.strides)
           and layer.groups == 1 and layer.data_format == "channels_last"
           and layer.compute_dtype == "float32")
 
 
 def _matrix_product(layer, inputs, kernel):
   """The layer's convolution: each position's channels times the kernel
-  as a (channels in, channels out) matrix, at every stride-th position
-  from the first (which "same" and "valid" padding both give a kernel of
-  1: neither pads)."""
-  if any(stride != 1 for stride in layer.strides):
-    inputs = inputs[(slice(None),)
-                    + tuple(slice(None, None, stride)
-                            for stride in layer.strides)]
+  as a (channels in, channels out) matrix ("same" and "valid" padding
+  alike: neither pads a kernel of 1)."""
+  del layer  # (the method's own; the product needs nothing of it)
   return tf.tensordot(inputs, tf.reshape(kernel, kernel.shape[-2:]), 1)
