@@ -268,7 +268,10 @@ def test_a_slowed_node_and_a_rank_slowed_now_and_then_are_named(jobs):
   late_by = np.median([seconds for seconds in host1["seconds"]])
   assert 0.75 * HOST_DELAY_MS < 1e3 * late_by < 1.5 * HOST_DELAY_MS, host1
   # In the phase the delay is in: host1's forward passes, by the delay.
-  forward = [r["parts"]["forward"] for r in report["ranks"]]
+  # Medians, as for rank 1 below: the suite's other workers stretch single
+  # passes, and a mean over the window took one such (61 ms over for the
+  # 40 ms delay once).
+  forward = [r["distribution"]["forward"]["p50"] for r in report["ranks"]]
   for slowed in (2, 3):
     assert (0.75 * HOST_DELAY_MS < 1e3 * (forward[slowed] - forward[0])
             < 1.5 * HOST_DELAY_MS), forward
