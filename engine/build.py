@@ -117,6 +117,7 @@ def start_processes(config: TrainConfig) -> distributed.World:
   world = distributed.init(
       intra_op_threads=devices.intra_op_threads,
       inter_op_threads=devices.inter_op_threads, bind_cpus=devices.bind_cpus,
+      idle_horovod_threads=devices.idle_horovod_threads,
       deterministic=devices.deterministic, timeline=profiled.horovod_timeline,
       link_levels=bool(profiled.profile_steps) and not config.faults.elastic)
   report.configure_logging(distributed.is_chief())

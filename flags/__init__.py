@@ -68,6 +68,7 @@ def config_from_flags() -> config.TrainConfig:
       devices=config.DeviceConfig(
           intra_op_threads=FLAGS.intra_op_threads,
           inter_op_threads=FLAGS.inter_op_threads, bind_cpus=FLAGS.bind_cpus,
+          idle_horovod_threads=FLAGS.idle_horovod_threads,
           deterministic=FLAGS.deterministic),
       performance=_performance(), profiling=_profiling(), mlperf=_mlperf(),
       trial=config.TrialConfig(study_dir=FLAGS.trial_study_dir,

@@ -1,6 +1,7 @@
 """engine.distributed.start_horovod: which controller a process takes, and
-the starts it refuses; Horovod's collectives on Keras 3's variables.
-Under real launchers: tests/test_slurm_cluster.py."""
+the starts it refuses; Horovod's collectives on Keras 3's variables; the
+priority of Horovod's threads, in process and under `horovodrun -np 2`.
+Under other launchers: tests/test_slurm_cluster.py."""
 import os
 
 import horovod.tensorflow as hvd
@@ -11,7 +12,10 @@ import tensorflow as tf
 
 from engine import distributed
 from engine.core.errors import UserError
+from tests import fixtures
 
+BUSY_RANK = os.path.join(fixtures.REPO, "tests", "workers", "busy_rank.py")
+GLOO_TIMEOUT_SECONDS = 4
 LAUNCHER_MARKS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
                    "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")
 
@@ -93,6 +97,41 @@ def test_init_after_tensorflow_ran_keeps_its_threads_and_says_so(caplog):
   assert (f"TensorFlow ran before the engine set up this process, so it "
           f"keeps its threads rather than {threads[0] + 3} intra-op and "
           f"{threads[1] + 3} inter-op") in caplog.text
+
+
+@pytest.mark.parametrize("idle", [True, False])
+def test_horovods_threads_and_no_others_yield_to_the_step_on_cpu(idle):
+  """The threads hvd.init starts (Horovod's loop, Gloo's transport) at
+  Linux's idle priority; this one, and TensorFlow's, at normal; off,
+  Horovod's at normal too."""
+  hvd.shutdown()
+  before = _threads()
+  world = distributed.init(idle_horovod_threads=idle, bind_cpus=False)
+  horovods = _threads() - before
+  assert len(horovods) >= 2, horovods
+  assert {os.sched_getscheduler(t) for t in horovods} == {
+      os.SCHED_IDLE if idle else os.SCHED_OTHER}
+  assert {os.sched_getscheduler(t) for t in before & _threads()} == {
+      os.SCHED_OTHER}
+  assert world.idle_horovod_threads == idle
+
+
+def _threads() -> set[int]:
+  return {int(thread) for thread in os.listdir("/proc/self/task")}
+
+
+def test_a_rank_busy_past_gloos_timeout_still_answers_at_idle_priority():
+  """Rank 1 keeps its core busy for 3x Gloo's timeout while rank 0 waits in
+  an allreduce: its Horovod threads, idle, still get turns on that core,
+  and the allreduce completes on both."""
+  result = fixtures.launch([BUSY_RANK, str(3 * GLOO_TIMEOUT_SECONDS)],
+                           processes=2, timeout=120, env={
+                               "HOROVOD_GLOO_TIMEOUT_SECONDS":
+                                   str(GLOO_TIMEOUT_SECONDS)})
+  assert result.returncode == 0, result.stderr[-3000:]
+  for rank in (0, 1):
+    assert (f"rank {rank}: sum 3.0, Horovod's threads idle: True"
+            in result.stdout), result.stdout
 
 
 @pytest.mark.parametrize("cores, processes, threads", [

@@ -360,6 +360,16 @@ def test_horovod_cycles_every_3_ms_on_cpu_unless_the_user_says(two,
                    result.stderr, re.MULTILINE)
 
 
+def test_horovods_threads_run_at_idle_priority_on_cpu(two):
+  """Its background loop and Gloo's transport (at least one transport
+  loop); TensorFlow's threads and the rest stay at normal priority."""
+  _, ranks = two
+  for r in ranks:
+    assert r["threads_by_policy"]["idle"] >= 2, r["threads_by_policy"]
+    assert r["threads_by_policy"]["normal"] > r["threads_by_policy"]["idle"]
+    assert "other" not in r["threads_by_policy"]
+
+
 def test_only_rank_zero_narrates(command_line):
   _, result = command_line
   lines = result.stdout.splitlines() + result.stderr.splitlines()

@@ -132,6 +132,7 @@ class DeviceConfig:
   intra_op_threads: int
   inter_op_threads: int
   bind_cpus: bool
+  idle_horovod_threads: bool
   deterministic: bool
 
 

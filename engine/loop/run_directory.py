@@ -50,9 +50,10 @@ from engine.records.mlperf import MLPerfLog
 # They say nothing of what the run computes, and a start gives its own.
 START_FLAGS = (*run_files.PLACE_FLAGS, "resume", "resume_from", "stage_dir",
                "intra_op_threads", "inter_op_threads", "bind_cpus",
-               "progress", "summary_every_steps", "profile_steps",
-               "profile_every", "profile_all_ranks", "horovod_timeline",
-               "profile_link_gbit", "profile_link_latency_us")
+               "idle_horovod_threads", "progress", "summary_every_steps",
+               "profile_steps", "profile_every", "profile_all_ranks",
+               "horovod_timeline", "profile_link_gbit",
+               "profile_link_latency_us")
 # Refused: what the run's checkpoints, data order and figures are of. Its
 # checkpoints hold this model's variables and this optimizer's slots; its
 # data order and augmentation are this data's and this seed's; it

@@ -64,7 +64,9 @@ def processes(world: distributed.World, kernels: str) -> str:
            if tf.test.is_built_with_cuda() else "")
           + f"CPU, {world.intra_op_threads} intra-op and "
           f"{world.inter_op_threads} inter-op threads per process, {kernels}"
-          f" kernels, Horovod cycle {os.environ['HOROVOD_CYCLE_TIME']} ms")
+          " kernels, " + ("Horovod's threads at idle priority, "
+                          if world.idle_horovod_threads else "")
+          + f"Horovod cycle {os.environ['HOROVOD_CYCLE_TIME']} ms")
 
 
 def cpu_kernels(config: TrainConfig, model: keras.Model) -> Optional[dict]:

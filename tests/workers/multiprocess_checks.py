@@ -91,7 +91,21 @@ def engine_run(config) -> dict:
       "action_runs": action_runs,
       "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
       "mpi_yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
+      "threads_by_policy": threads_by_policy(),
   }
+
+
+def threads_by_policy() -> dict:
+  """How many of this process's threads run in each scheduling class."""
+  names = {os.SCHED_OTHER: "normal", os.SCHED_IDLE: "idle"}
+  counts = {}
+  for thread in os.listdir("/proc/self/task"):
+    try:
+      policy = names.get(os.sched_getscheduler(int(thread)), "other")
+    except ProcessLookupError:  # it ended since the listing
+      continue
+    counts[policy] = counts.get(policy, 0) + 1
+  return counts
 
 
 def full_split_figures(model, config) -> tuple[float, float]:
