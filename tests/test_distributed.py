@@ -15,7 +15,10 @@ from engine.core.errors import UserError
 from tests import fixtures
 
 BUSY_RANK = os.path.join(fixtures.REPO, "tests", "workers", "busy_rank.py")
-GLOO_TIMEOUT_SECONDS = 4
+# Long enough for an idle thread's turn on a core the suite's other
+# workers share too (a turn of a few ms every second or more); the rank is
+# busy for twice that.
+GLOO_TIMEOUT_SECONDS = 10
 LAUNCHER_MARKS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
                    "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")
 
@@ -121,10 +124,10 @@ def _threads() -> set[int]:
 
 
 def test_a_rank_busy_past_gloos_timeout_still_answers_at_idle_priority():
-  """Rank 1 keeps its core busy for 3x Gloo's timeout while rank 0 waits in
-  an allreduce: its Horovod threads, idle, still get turns on that core,
-  and the allreduce completes on both."""
-  result = fixtures.launch([BUSY_RANK, str(3 * GLOO_TIMEOUT_SECONDS)],
+  """Rank 1 keeps its core busy for twice Gloo's timeout while rank 0 waits
+  in an allreduce: its Horovod threads, idle, still get turns on that
+  core, and the allreduce completes on both."""
+  result = fixtures.launch([BUSY_RANK, str(2 * GLOO_TIMEOUT_SECONDS)],
                            processes=2, timeout=120, env={
                                "HOROVOD_GLOO_TIMEOUT_SECONDS":
                                    str(GLOO_TIMEOUT_SECONDS)})
