@@ -55,8 +55,11 @@ class TrainCommands:
 
   def close(self) -> None:
     if self._server:
-      self._server.kill()
-      self._server.communicate()
+      try:  # the end of its stdin ends the server, which removes its files
+        self._server.communicate(timeout=timeouts.bound(30))
+      except subprocess.TimeoutExpired:  # hung in a command
+        self._server.kill()
+        self._server.communicate()
       self._server = None
 
 

@@ -23,14 +23,15 @@ def main() -> None:
   # between runs goes to stderr, so it cannot be taken for an answer.
   answers = os.dup(1)
   os.dup2(2, 1)
-  capture = tempfile.mkdtemp(prefix="engine_server_")
-  for line in sys.stdin:
-    run = fuzz_cases.run_engine(json.loads(line), capture)
-    stderr = run.stderr
-    if run.escaped:
-      stderr += f"Traceback (escaped app.run): {run.escaped}\n"
-    os.write(answers, (json.dumps({"code": run.code, "stdout": run.stdout,
-                                   "stderr": stderr}) + "\n").encode())
+  # Removed when stdin ends (TrainCommands.close).
+  with tempfile.TemporaryDirectory(prefix="engine_server_") as capture:
+    for line in sys.stdin:
+      run = fuzz_cases.run_engine(json.loads(line), capture)
+      stderr = run.stderr
+      if run.escaped:
+        stderr += f"Traceback (escaped app.run): {run.escaped}\n"
+      os.write(answers, (json.dumps({"code": run.code, "stdout": run.stdout,
+                                     "stderr": stderr}) + "\n").encode())
 
 
 if __name__ == "__main__":
