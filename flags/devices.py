@@ -16,9 +16,9 @@ flags.DEFINE_bool("idle_horovod_threads", True,
                   "Run Horovod's own threads (its background loop, Gloo's "
                   "transport) at Linux's idle priority on CPU, so that they "
                   "take a core while the step waits for the allreduce, not "
-                  "from its kernels (2 processes on 2 cores: the forward "
-                  "and backward passes 9-16% faster, BUILD.md). Off: "
-                  "normal priority, Horovod's default.")
+                  "from its kernels (2 processes on 2 cores: steps "
+                  "0.80-0.98x as long, BUILD.md). Off: normal priority, "
+                  "Horovod's default.")
 flags.DEFINE_bool("deterministic", False,
                   "Deterministic ops (tf.config.experimental."
                   "enable_op_determinism): reruns and resumed runs give the "
